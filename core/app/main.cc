@@ -1,0 +1,146 @@
+// idemsink command line.
+//
+// Exit codes: 0 success, 1 runtime failure, 2 bad usage, config or plugin.
+#include <boost/program_options.hpp>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/app/commands.h"
+#include "core/common/fault.h"
+#include "core/common/log.h"
+#include "core/config/config.h"
+#include "core/db/connection.h"
+#include "core/kafka/client.h"
+#include "core/plugin/plugin.h"
+
+namespace po = boost::program_options;
+using namespace idemsink;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: idemsink COMMAND [options]
+
+commands:
+  run --config FILE            consume and apply side effects until SIGTERM
+  check-config --config FILE   validate the config and load every plugin
+  schema print|apply --config FILE
+                               print or apply the claim, outbox and plugin DDL
+  plugin-info FILE.so          show a plugin's name, kind, ABI and options
+  dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
+                               run an embedded Kafka (librdkafka mock cluster)
+  config-reference             print the configuration reference (Markdown)
+
+run `idemsink COMMAND --help` for a command's options)";
+
+int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
+  po::options_description common("options");
+  common.add_options()("help,h", "show this help");
+
+  if (cmd == "run" || cmd == "check-config") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink " << cmd << " --config FILE\n\n" << desc;
+      return 0;
+    }
+    po::notify(vm);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level);
+    if (cmd == "run") return app::run(cfg);
+    return app::check_config(cfg);
+  }
+  if (cmd == "schema") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
+        "action", po::value<std::string>()->required(), "print or apply");
+    po::positional_options_description pos;
+    pos.add("action", 1);
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink schema print|apply --config FILE\n\n" << desc;
+      return 0;
+    }
+    po::notify(vm);
+    const std::string action = vm["action"].as<std::string>();
+    if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level);
+    return app::schema(cfg, action == "apply");
+  }
+  if (cmd == "plugin-info") {
+    po::options_description desc(common);
+    desc.add_options()("file", po::value<std::string>()->required(), "plugin .so");
+    po::positional_options_description pos;
+    pos.add("file", 1);
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink plugin-info FILE.so\n\n" << desc;
+      return 0;
+    }
+    po::notify(vm);
+    std::cout << plugin::Library::load(vm["file"].as<std::string>())->info();
+    return 0;
+  }
+  if (cmd == "dev-kafka") {
+    po::options_description desc(common);
+    desc.add_options()("brokers", po::value<int>()->default_value(1), "number of brokers")(
+        "topic", po::value<std::vector<std::string>>()->composing(), "NAME:PARTITIONS, repeatable")(
+        "control-port", po::value<int>()->default_value(0), "control channel port (0 = any)");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]\n\n"
+                << desc;
+      return 0;
+    }
+    po::notify(vm);
+    return app::dev_kafka(vm["brokers"].as<int>(),
+                          vm.count("topic") ? vm["topic"].as<std::vector<std::string>>() : std::vector<std::string>{},
+                          vm["control-port"].as<int>());
+  }
+  if (cmd == "config-reference") {
+    std::cout << config::reference_markdown();
+    return 0;
+  }
+  std::cerr << "idemsink: unknown command '" << cmd << "'\n\n" << kUsage << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  init_logging("info");
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage << "\n";
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    fault::init_from_env();
+    return dispatch(cmd, args);
+  } catch (const po::error& e) {
+    std::cerr << "idemsink " << cmd << ": " << e.what() << "\n";
+    return 2;
+  } catch (const config::ConfigError& e) {
+    std::cerr << "idemsink: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const plugin::LoadError& e) {
+    std::cerr << "idemsink: " << e.what() << "\n";
+    return 2;
+  } catch (const db::DbError& e) {
+    std::cerr << "idemsink: database: " << e.what() << "\n";
+    return 1;
+  } catch (const kafka::KafkaError& e) {
+    std::cerr << "idemsink: kafka: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "idemsink: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,359 @@
+#include "core/claim/claim_store.h"
+
+#include <ctime>
+#include <map>
+#include <stdexcept>
+
+#include "core/common/util.h"
+
+namespace idemsink::claim {
+namespace {
+
+using db::Connection;
+
+// Column list of every read; keep in sync with parse_existing().
+constexpr std::string_view kReadColumns =
+    "namespace, biz_key, bucket, status, attempt, idem_token, owner, "
+    "(lease_until IS NULL OR lease_until < NOW(3)), payload_hash, receipt, takeovers";
+
+std::string date_literal(const std::string& bucket) { return "DATE'" + bucket + "'"; }
+
+// "(namespace = X'..' AND biz_key IN (X'..', ...)) OR (...)": one IN list per
+// namespace, which the optimizer turns into primary-key range lookups.
+template <class Range, class KeyOf>
+std::string where_keys(const Range& items, KeyOf key_of) {
+  std::map<std::string, std::vector<std::string>> by_ns;
+  for (const auto& it : items) {
+    const RowKey& k = key_of(it);
+    by_ns[k.ns].push_back(Connection::hex(k.biz_key));
+  }
+  std::string out;
+  for (const auto& [ns, keys] : by_ns) {
+    if (!out.empty()) out += " OR ";
+    out += "(namespace = " + Connection::hex(ns) + " AND biz_key IN (";
+    for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
+    out += "))";
+  }
+  return out;
+}
+
+// "(namespace = .. AND biz_key = .. AND bucket = .. AND attempt = ..) OR ...":
+// exact row and claim epoch, the fencing condition of every transition.
+std::string where_epochs(std::span<const Outcome> outcomes) {
+  std::string out;
+  for (const auto& o : outcomes) {
+    if (!out.empty()) out += " OR ";
+    out += "(namespace = " + Connection::hex(o.row.ns) + " AND biz_key = " + Connection::hex(o.row.biz_key) +
+           " AND bucket = " + date_literal(o.row.bucket) + " AND attempt = " + std::to_string(o.attempt) + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+struct ClaimStore::Existing {
+  RowKey row;
+  Status status;
+  uint32_t attempt;
+  std::string idem_token;
+  std::optional<std::string> owner;
+  bool lease_expired;
+  std::string payload_hash;
+  std::string receipt;
+  uint32_t takeovers;
+};
+
+const char* to_string(Status s) {
+  switch (s) {
+    case Status::Pending: return "pending";
+    case Status::Done: return "done";
+    case Status::Failed: return "failed";
+    case Status::Unknown: return "unknown";
+  }
+  return "?";
+}
+
+const char* to_string(Verdict v) {
+  switch (v) {
+    case Verdict::Owned: return "owned";
+    case Verdict::Done: return "done";
+    case Verdict::Terminal: return "terminal";
+    case Verdict::Conflict: return "conflict";
+    case Verdict::Busy: return "busy";
+  }
+  return "?";
+}
+
+std::string bucket_of(int64_t timestamp_ms) {
+  std::time_t secs = static_cast<std::time_t>(timestamp_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-01", tm.tm_year + 1900, tm.tm_mon + 1);
+  return buf;
+}
+
+ClaimStore::ClaimStore(std::string host_id, std::string owner, std::chrono::milliseconds lease)
+    : host_id_(std::move(host_id)), owner_(std::move(owner)), lease_(lease) {}
+
+std::string ClaimStore::lease_expr() const {
+  return "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+}
+
+std::vector<ClaimStore::Existing> ClaimStore::fetch(Connection& c, std::span<const ClaimRequest> reqs) const {
+  std::vector<Existing> out;
+  if (reqs.empty()) return out;
+  const std::string sql = "SELECT " + std::string(kReadColumns) + " FROM idemsink_claim WHERE " +
+                          where_keys(reqs, [](const ClaimRequest& r) -> const RowKey& { return r.key; }) +
+                          " ORDER BY bucket";
+  for (auto& r : c.query(sql)) {
+    Existing e;
+    e.row = RowKey{*r[0], *r[1], *r[2]};
+    e.status = static_cast<Status>(std::stoi(*r[3]));
+    e.attempt = static_cast<uint32_t>(std::stoul(*r[4]));
+    e.idem_token = *r[5];
+    e.owner = r[6];
+    e.lease_expired = *r[7] == "1";
+    e.payload_hash = r[8].value_or("");
+    e.receipt = r[9].value_or("");
+    e.takeovers = static_cast<uint32_t>(std::stoul(*r[10]));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimRequest> reqs) const {
+  std::vector<ClaimResult> results(reqs.size());
+  if (reqs.empty()) return results;
+
+  // 1. What exists already, in any bucket (oldest first: the oldest governs).
+  auto index = [](const std::string& ns, const std::string& k) { return ns + '\0' + k; };
+  std::map<std::string, Existing> existing;
+  for (auto& e : fetch(c, reqs)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+
+  // 2. Insert rows for keys never seen; INSERT IGNORE leaves a row that a
+  //    concurrent host inserted first untouched, and RETURNING says which won.
+  std::vector<size_t> to_insert;
+  std::map<std::string, std::string> tokens;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) to_insert.push_back(i);
+  std::vector<size_t> lost_race;
+  if (!to_insert.empty()) {
+    std::string sql =
+        "INSERT IGNORE INTO idemsink_claim (namespace, biz_key, bucket, status, attempt, idem_token, owner, "
+        "lease_until, payload_hash, src_topic, src_partition, src_offset, created_at, updated_at) VALUES ";
+    const std::string owner = c.quote(owner_), lease = lease_expr();
+    for (size_t n = 0; n < to_insert.size(); ++n) {
+      const ClaimRequest& r = reqs[to_insert[n]];
+      std::string token = random_uuid();
+      sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
+             date_literal(r.key.bucket) + ", 1, 1, '" + token + "', " + owner + ", " + lease + ", " +
+             Connection::hex(r.payload_hash) + ", " + c.quote(r.src_topic) + ", " + std::to_string(r.src_partition) +
+             ", " + std::to_string(r.src_offset) + ", NOW(3), NOW(3))";
+      tokens[index(r.key.ns, r.key.biz_key)] = std::move(token);
+    }
+    sql += " RETURNING namespace, biz_key, bucket";
+    std::map<std::string, RowKey> inserted;
+    for (auto& row : c.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
+    for (size_t i : to_insert) {
+      const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
+      auto it = inserted.find(idx);
+      if (it == inserted.end()) {
+        lost_race.push_back(i);
+        continue;
+      }
+      ClaimResult& res = results[i];
+      res.verdict = Verdict::Owned;
+      res.row = it->second;
+      res.status = Status::Pending;
+      res.attempt = 1;
+      res.idem_token = tokens[idx];
+    }
+  }
+  // Keys another host inserted between our read and our insert.
+  if (!lost_race.empty()) {
+    std::vector<ClaimRequest> again;
+    for (size_t i : lost_race) again.push_back(reqs[i]);
+    for (auto& e : fetch(c, again)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+    for (size_t i : lost_race)
+      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key)))
+        throw db::DbError(0, "claim row for biz_key " + printable(reqs[i].key.biz_key) + " in bucket " +
+                                 reqs[i].key.bucket +
+                                 " was neither inserted nor found: is its monthly partition missing? "
+                                 "(`idemsink schema apply` creates partitions)");
+  }
+
+  // 3. Classify existing rows; collect pending rows we may take over.
+  struct Takeover {
+    size_t index;
+    const Existing* e;
+  };
+  std::vector<Takeover> candidates;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (results[i].verdict == Verdict::Owned) continue;
+    auto it = existing.find(index(reqs[i].key.ns, reqs[i].key.biz_key));
+    if (it == existing.end()) continue;  // unreachable: checked above
+    const Existing& e = it->second;
+    ClaimResult& res = results[i];
+    res.row = e.row;
+    res.status = e.status;
+    res.attempt = e.attempt;
+    res.idem_token = e.idem_token;
+    res.receipt = e.receipt;
+    if (reqs[i].check_payload && e.payload_hash != reqs[i].payload_hash) {
+      res.verdict = Verdict::Conflict;
+      continue;
+    }
+    switch (e.status) {
+      case Status::Done: res.verdict = Verdict::Done; break;
+      case Status::Failed:
+      case Status::Unknown: res.verdict = Verdict::Terminal; break;
+      case Status::Pending: {
+        const bool ours = e.owner && e.owner->substr(0, e.owner->find('#')) == host_id_;
+        if (!e.owner || e.lease_expired || ours) {
+          candidates.push_back({i, &e});
+        } else {
+          res.verdict = Verdict::Busy;
+        }
+        break;
+      }
+    }
+  }
+
+  // 4. Take over with one conditional UPDATE; the attempt in the condition
+  //    makes it a CAS per row. Then read back which ones we now hold.
+  if (!candidates.empty()) {
+    std::vector<Outcome> epochs;
+    for (const auto& t : candidates) epochs.push_back(Outcome{t.e->row, t.e->attempt, 0, {}, {}});
+    const std::string sql =
+        "UPDATE idemsink_claim SET attempt = attempt + 1, takeovers = takeovers + (owner IS NOT NULL), owner = " +
+        c.quote(owner_) + ", lease_until = " +
+        lease_expr() + ", updated_at = NOW(3) WHERE status = 1 AND (owner IS NULL OR lease_until < NOW(3) OR " +
+        "SUBSTRING_INDEX(owner, '#', 1) = " + c.quote(host_id_) + ") AND (" + where_epochs(epochs) + ")";
+    c.execute(sql);
+    std::vector<RowKey> keys;
+    for (const auto& t : candidates) keys.push_back(t.e->row);
+    std::map<std::string, ClaimResult> now;
+    for (auto& r : read(c, keys)) now.emplace(index(r.row.ns, r.row.biz_key), std::move(r));
+    for (const auto& t : candidates) {
+      ClaimResult& res = results[t.index];
+      auto it = now.find(index(t.e->row.ns, t.e->row.biz_key));
+      if (it == now.end()) throw db::DbError(0, "claim row vanished during takeover");
+      const ClaimResult& cur = it->second;
+      res.status = cur.status;
+      res.attempt = cur.attempt;
+      res.receipt = cur.receipt;
+      res.takeovers = cur.takeovers;
+      if (cur.status == Status::Pending && cur.attempt == t.e->attempt + 1 && cur.verdict == Verdict::Owned) {
+        res.verdict = Verdict::Owned;
+        res.taken_over = true;
+        res.previous_owner_vanished = t.e->owner.has_value();
+      } else {
+        res.verdict = cur.verdict == Verdict::Owned ? Verdict::Busy : cur.verdict;
+      }
+    }
+  }
+  return results;
+}
+
+std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey> keys) const {
+  std::vector<ClaimResult> out;
+  if (keys.empty()) return out;
+  const std::string sql = "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers "
+                          "FROM idemsink_claim WHERE " +
+                          where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }) + " ORDER BY bucket";
+  for (auto& r : c.query(sql)) {
+    ClaimResult res;
+    res.row = RowKey{*r[0], *r[1], *r[2]};
+    res.status = static_cast<Status>(std::stoi(*r[3]));
+    res.attempt = static_cast<uint32_t>(std::stoul(*r[4]));
+    res.idem_token = *r[5];
+    res.receipt = r[7].value_or("");
+    res.takeovers = static_cast<uint32_t>(std::stoul(*r[8]));
+    switch (res.status) {
+      case Status::Done: res.verdict = Verdict::Done; break;
+      case Status::Failed:
+      case Status::Unknown: res.verdict = Verdict::Terminal; break;
+      case Status::Pending: res.verdict = r[6] && *r[6] == owner_ ? Verdict::Owned : Verdict::Busy; break;
+    }
+    out.push_back(std::move(res));
+  }
+  return out;
+}
+
+std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<const Outcome> outcomes) const {
+  std::vector<bool> ok(outcomes.size(), false);
+  if (outcomes.empty()) return ok;
+  // One UPDATE joined to a derived table of (row, epoch, result) tuples.
+  const bool done = status == Status::Done;
+  std::string values;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const Outcome& o = outcomes[i];
+    values += (i ? " UNION ALL SELECT " : "SELECT ") + Connection::hex(o.row.ns) + " AS ns, " +
+              Connection::hex(o.row.biz_key) + " AS k, " + date_literal(o.row.bucket) + " AS b, " +
+              std::to_string(o.attempt) + " AS att, " + std::to_string(o.calls) + " AS calls, " +
+              (done ? Connection::hex(o.receipt) : c.quote(sanitize_utf8(o.error, 1024))) + " AS detail";
+  }
+  const std::string sql = "UPDATE idemsink_claim c JOIN (" + values +
+                          ") v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET c.status = " +
+                          std::to_string(static_cast<int>(status)) + ", " +
+                          (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
+                          ", c.calls = v.calls, c.lease_until = NULL, c.updated_at = NOW(3) "
+                          "WHERE c.status = 1 AND c.owner = " + c.quote(owner_) + " AND c.attempt = v.att";
+  const uint64_t affected = c.execute(sql);
+  if (affected == outcomes.size()) {
+    ok.assign(outcomes.size(), true);
+    return ok;
+  }
+  // Some rows were fenced, or an earlier run of this job already finished
+  // them (lost connection after commit): look at each.
+  std::vector<RowKey> keys;
+  for (const auto& o : outcomes) keys.push_back(o.row);
+  std::map<std::string, std::pair<Status, uint32_t>> now;
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, owner FROM idemsink_claim WHERE " +
+                         where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }))) {
+    if (r[5] && *r[5] == owner_) now[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = {static_cast<Status>(std::stoi(*r[3])),
+                                                                             static_cast<uint32_t>(std::stoul(*r[4]))};
+  }
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const Outcome& o = outcomes[i];
+    auto it = now.find(o.row.ns + '\0' + o.row.biz_key + '\0' + o.row.bucket);
+    ok[i] = it != now.end() && it->second.first == status && it->second.second == o.attempt;
+  }
+  return ok;
+}
+
+std::vector<bool> ClaimStore::mark_done(Connection& c, std::span<const Outcome> outcomes) const {
+  return finish(c, Status::Done, outcomes);
+}
+
+std::vector<bool> ClaimStore::mark_terminal(Connection& c, Status status, std::span<const Outcome> outcomes) const {
+  if (status != Status::Failed && status != Status::Unknown)
+    throw std::invalid_argument("mark_terminal takes failed or unknown");
+  return finish(c, status, outcomes);
+}
+
+std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome> outcomes) const {
+  std::vector<bool> owned(outcomes.size(), false);
+  if (outcomes.empty()) return owned;
+  std::map<std::string, bool> locked;
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim WHERE status = 1 AND owner = " +
+                         c.quote(owner_) + " AND (" + where_epochs(outcomes) + ") FOR UPDATE"))
+    locked[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = true;
+  for (size_t i = 0; i < outcomes.size(); ++i)
+    owned[i] = locked.count(outcomes[i].row.ns + '\0' + outcomes[i].row.biz_key + '\0' + outcomes[i].row.bucket) != 0;
+  return owned;
+}
+
+void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const {
+  if (outcomes.empty()) return;
+  c.execute("UPDATE idemsink_claim SET owner = NULL, lease_until = NULL, updated_at = NOW(3) WHERE status = 1 AND "
+            "owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")");
+}
+
+uint64_t ClaimStore::renew(Connection& c) const {
+  return c.execute("UPDATE idemsink_claim SET lease_until = " + lease_expr() + " WHERE owner = " + c.quote(owner_) +
+                   " AND status = 1");
+}
+
+}  // namespace idemsink::claim

@@ -1,0 +1,143 @@
+// The claim/dedup state machine, in the business MariaDB.
+//
+// One row per (namespace, biz_key): who may run the side effect of that key,
+// with which idempotency token, and what came of it.
+//
+//   (none) ──insert──▶ pending ──mark_done──▶ done      (terminal)
+//                        │  ▲  ──mark_failed─▶ failed    (terminal)
+//                        │  │  ──mark_unknown▶ unknown   (terminal)
+//                        └──┘ takeover: lease expired, released, or our own
+//                             host restarted; attempt+1 fences the old owner
+//
+// Rules (seed 000): every transition is one conditional statement, never
+// SELECT-then-write; terminal rows never change; done/failed/unknown require
+// owner AND attempt to match, so a zombie whose claim was taken over cannot
+// finish. The idem_token is generated before the first call, committed with
+// the claim row, and reused on every retry, restart and takeover.
+//
+// Batching: a whole poll is claimed with one read plus one multi-row
+// INSERT IGNORE ... RETURNING (plus, rarely, one takeover UPDATE and one
+// re-read); completions are marked in one UPDATE per group. All methods run
+// on a pool worker's connection and are safe to re-run after a lost
+// connection.
+//
+// Partitioning: rows live in monthly partitions keyed by `bucket`, the first
+// day of the month of the record's Kafka timestamp. A redelivered record has
+// the same timestamp, so it always meets its own row, across month ends too.
+// A different record with the same biz_key may land in another bucket; the
+// read step looks across all buckets and the oldest row governs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/db/connection.h"
+
+namespace idemsink::claim {
+
+enum class Status : int { Pending = 1, Done = 2, Failed = 3, Unknown = 4 };
+const char* to_string(Status s);
+
+/// Identity of one claim row.
+struct RowKey {
+  std::string ns;
+  std::string biz_key;
+  std::string bucket;  // "YYYY-MM-01"
+  bool operator==(const RowKey&) const = default;
+};
+
+/// First day of the UTC month of a Kafka timestamp, as "YYYY-MM-01".
+std::string bucket_of(int64_t timestamp_ms);
+
+struct ClaimRequest {
+  RowKey key;                // bucket from the record timestamp
+  std::string payload_hash;  // 16 bytes
+  bool check_payload = true;
+  std::string src_topic;
+  int32_t src_partition = 0;
+  int64_t src_offset = 0;
+};
+
+enum class Verdict {
+  Owned,     ///< we hold the claim: run the handler with (attempt, idem_token)
+  Done,      ///< already done: idempotent hit
+  Terminal,  ///< already failed or unknown: it was dead-lettered before
+  Conflict,  ///< same key already claimed with a different payload
+  Busy,      ///< pending under another live owner: wait and check again
+};
+const char* to_string(Verdict v);
+
+struct ClaimResult {
+  Verdict verdict = Verdict::Busy;
+  RowKey row;              // the governing row (its bucket may differ from the request's)
+  Status status = Status::Pending;
+  uint32_t attempt = 0;    // claim epoch after this claim
+  std::string idem_token;
+  std::string receipt;     // for Done
+  bool taken_over = false; // Owned by taking over an existing pending row
+  uint32_t takeovers = 0;  // times the row was taken from an owner that had not released it
+  /// The previous owner did not release the row (crashed, or its lease ran
+  /// out): a call may have been made under it.
+  bool previous_owner_vanished = false;
+};
+
+/// A completion to record: the claim epoch we hold and what happened.
+struct Outcome {
+  RowKey row;
+  uint32_t attempt = 0;
+  uint32_t calls = 0;        // handler calls made for this record
+  std::string receipt;       // done
+  std::string error;         // failed / unknown
+};
+
+class ClaimStore {
+ public:
+  /// `owner` is "<host id>#<run id>"; claims held by any earlier run of the
+  /// same host id may be taken over at once.
+  ClaimStore(std::string host_id, std::string owner, std::chrono::milliseconds lease);
+
+  const std::string& owner() const { return owner_; }
+
+  /// Claims a batch. Requests must have distinct (ns, biz_key).
+  std::vector<ClaimResult> claim(db::Connection& c, std::span<const ClaimRequest> reqs) const;
+
+  /// Marks pending rows we own as done, in one statement. Returns, per
+  /// outcome, whether this call (or an earlier run of it) made the row done
+  /// under our claim; false means we were fenced: someone else holds or
+  /// finished the row, and the caller must claim it again to learn its state.
+  std::vector<bool> mark_done(db::Connection& c, std::span<const Outcome> outcomes) const;
+
+  /// Same for failed / unknown (terminal with last_error).
+  std::vector<bool> mark_terminal(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
+
+  /// Locks the rows of these outcomes that we still own (SELECT ... FOR
+  /// UPDATE inside the caller's transaction); returns which ones.
+  std::vector<bool> lock_owned(db::Connection& c, std::span<const Outcome> outcomes) const;
+
+  /// Gives up claims we hold but never called (revocation, shutdown): owner
+  /// and lease are cleared so the next owner may proceed at once, and knows no
+  /// call was made under this claim.
+  void release(db::Connection& c, std::span<const Outcome> outcomes) const;
+
+  /// Extends the lease of every pending row we own. Returns rows touched.
+  uint64_t renew(db::Connection& c) const;
+
+  /// Re-reads the current state of rows (tests, reconcile).
+  std::vector<ClaimResult> read(db::Connection& c, std::span<const RowKey> keys) const;
+
+ private:
+  struct Existing;
+  std::vector<Existing> fetch(db::Connection& c, std::span<const ClaimRequest> reqs) const;
+  std::string lease_expr() const;
+  std::vector<bool> finish(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
+
+  std::string host_id_;
+  std::string owner_;
+  std::chrono::milliseconds lease_;
+};
+
+}  // namespace idemsink::claim

@@ -1,0 +1,177 @@
+#include "core/claim/dlq_outbox.h"
+
+#include <cstring>
+
+#include "core/common/util.h"
+
+namespace idemsink::claim {
+namespace {
+
+using db::Connection;
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+bool get_u32(std::string_view& in, uint32_t& v) {
+  if (in.size() < 4) return false;
+  v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  in.remove_prefix(4);
+  return true;
+}
+
+std::string opt_hex(const std::optional<std::string>& v) { return v ? Connection::hex(*v) : "NULL"; }
+
+std::string id_list(std::span<const uint64_t> ids) {
+  std::string s;
+  for (uint64_t id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+}  // namespace
+
+// Layout: per header, u32 name length, name, u32 value length or
+// 0xFFFFFFFF for a null value, value.
+std::string encode_headers(const std::vector<StoredHeader>& headers) {
+  std::string out;
+  for (const auto& h : headers) {
+    put_u32(out, static_cast<uint32_t>(h.name.size()));
+    out += h.name;
+    if (h.value) {
+      put_u32(out, static_cast<uint32_t>(h.value->size()));
+      out += *h.value;
+    } else {
+      put_u32(out, 0xFFFFFFFFu);
+    }
+  }
+  return out;
+}
+
+std::vector<StoredHeader> decode_headers(std::string_view in) {
+  std::vector<StoredHeader> out;
+  while (!in.empty()) {
+    uint32_t n = 0, vn = 0;
+    if (!get_u32(in, n) || in.size() < n) break;
+    StoredHeader h;
+    h.name = std::string(in.substr(0, n));
+    in.remove_prefix(n);
+    if (!get_u32(in, vn)) break;
+    if (vn != 0xFFFFFFFFu) {
+      if (in.size() < vn) break;
+      h.value = std::string(in.substr(0, vn));
+      in.remove_prefix(vn);
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+const char* DlqOutbox::schema() {
+  return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
+  id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  route           VARBINARY(64)   NOT NULL,
+  dlq_topic       VARCHAR(249)    NOT NULL,
+  biz_key         VARBINARY(255)  NULL,
+  reason          VARCHAR(64)     NOT NULL COMMENT 'machine-readable failure class',
+  error           VARCHAR(1024)   NULL,
+  src_topic       VARCHAR(249)    NOT NULL,
+  src_partition   INT             NOT NULL,
+  src_offset      BIGINT          NOT NULL,
+  msg_key         MEDIUMBLOB      NULL,
+  msg_value       LONGBLOB        NULL,
+  msg_headers     MEDIUMBLOB      NULL,
+  msg_timestamp   BIGINT          NOT NULL,
+  idem_token      CHAR(36) CHARACTER SET ascii NULL,
+  calls           INT UNSIGNED    NOT NULL DEFAULT 0,
+  first_failure   DATETIME(3)     NOT NULL,
+  last_failure    DATETIME(3)     NOT NULL,
+  host            VARCHAR(128)    NOT NULL,
+  owner           VARCHAR(128)    NULL COMMENT 'relay holding the row for publishing',
+  lease_until     DATETIME(3)     NULL,
+  created_at      DATETIME(3)     NOT NULL,
+  published_at    DATETIME(3)     NULL,
+  PRIMARY KEY (id),
+  UNIQUE KEY uk_source (src_topic, src_partition, src_offset),
+  KEY idx_unpublished (published_at, lease_until)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
+}
+
+void DlqOutbox::insert(Connection& c, std::span<const DeadLetter> letters) const {
+  if (letters.empty()) return;
+  std::string sql =
+      "INSERT IGNORE INTO idemsink_dlq_outbox (route, dlq_topic, biz_key, reason, error, src_topic, src_partition, "
+      "src_offset, msg_key, msg_value, msg_headers, msg_timestamp, idem_token, calls, first_failure, last_failure, "
+      "host, owner, lease_until, created_at) VALUES ";
+  const std::string owner = c.quote(owner_);
+  const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+  bool first = true;
+  for (const auto& d : letters) {
+    sql += first ? "(" : ", (";
+    first = false;
+    sql += Connection::hex(d.route) + ", " + c.quote(d.dlq_topic) + ", " + opt_hex(d.biz_key) + ", " +
+           c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " + c.quote(d.src_topic) + ", " +
+           std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " + opt_hex(d.key) + ", " +
+           opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
+           std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
+           std::to_string(d.calls) + ", FROM_UNIXTIME(" + std::to_string(d.first_failure_ms / 1000.0) +
+           "), FROM_UNIXTIME(" + std::to_string(d.last_failure_ms / 1000.0) + "), " + c.quote(d.host) + ", " + owner +
+           ", " + lease + ", NOW(3))";
+  }
+  c.execute(sql);
+}
+
+std::vector<DeadLetter> DlqOutbox::take(Connection& c, size_t limit) const {
+  const std::string owner = c.quote(owner_);
+  const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+  std::vector<uint64_t> candidates;
+  for (auto& r : c.query("SELECT id FROM idemsink_dlq_outbox WHERE published_at IS NULL AND (owner = " + owner +
+                         " OR owner IS NULL OR lease_until < NOW(3)) ORDER BY id LIMIT " + std::to_string(limit)))
+    candidates.push_back(std::stoull(*r[0]));
+  if (candidates.empty()) return {};
+  // CAS: only rows still free (or ours) become ours.
+  c.execute("UPDATE idemsink_dlq_outbox SET owner = " + owner + ", lease_until = " + lease +
+            " WHERE published_at IS NULL AND (owner = " + owner + " OR owner IS NULL OR lease_until < NOW(3)) AND id IN (" +
+            id_list(candidates) + ")");
+  std::vector<DeadLetter> out;
+  for (auto& r : c.query(
+           "SELECT id, route, dlq_topic, biz_key, reason, error, src_topic, src_partition, src_offset, msg_key, "
+           "msg_value, msg_headers, msg_timestamp, idem_token, calls, "
+           "CAST(UNIX_TIMESTAMP(first_failure) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(last_failure) * 1000 AS SIGNED), "
+           "host FROM idemsink_dlq_outbox WHERE published_at IS NULL AND owner = " +
+           owner + " AND id IN (" + id_list(candidates) + ") ORDER BY id")) {
+    DeadLetter d;
+    d.id = std::stoull(*r[0]);
+    d.route = *r[1];
+    d.dlq_topic = *r[2];
+    d.biz_key = r[3];
+    d.reason = *r[4];
+    d.error = r[5].value_or("");
+    d.src_topic = *r[6];
+    d.src_partition = std::stoi(*r[7]);
+    d.src_offset = std::stoll(*r[8]);
+    d.key = r[9];
+    d.value = r[10];
+    d.headers = decode_headers(r[11].value_or(""));
+    d.timestamp_ms = std::stoll(*r[12]);
+    d.idem_token = r[13].value_or("");
+    d.calls = static_cast<uint32_t>(std::stoul(*r[14]));
+    d.first_failure_ms = std::stoll(*r[15]);
+    d.last_failure_ms = std::stoll(*r[16]);
+    d.host = *r[17];
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+void DlqOutbox::mark_published(Connection& c, std::span<const uint64_t> ids) const {
+  if (ids.empty()) return;
+  c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), owner = NULL, lease_until = NULL WHERE id IN (" +
+            id_list(ids) + ") AND published_at IS NULL");
+}
+
+uint64_t DlqOutbox::pending(Connection& c) const {
+  auto rows = c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL");
+  return rows.empty() ? 0 : std::stoull(*rows[0][0]);
+}
+
+}  // namespace idemsink::claim

@@ -1,0 +1,124 @@
+#include "core/claim/schema.h"
+
+#include <ctime>
+#include <set>
+
+#include "core/claim/dlq_outbox.h"
+
+namespace idemsink::claim {
+namespace {
+
+struct YearMonth {
+  int year;
+  int month;  // 1..12
+  YearMonth plus(int months) const {
+    int idx = year * 12 + (month - 1) + months;
+    return {idx / 12, idx % 12 + 1};
+  }
+  std::string start() const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-01", year, month);
+    return buf;
+  }
+  std::string partition_name() const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "p%04d%02d", year, month);
+    return buf;
+  }
+  bool operator<(const YearMonth& o) const { return year * 12 + month < o.year * 12 + o.month; }
+};
+
+YearMonth year_month(std::chrono::system_clock::time_point t) {
+  std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  return {tm.tm_year + 1900, tm.tm_mon + 1};
+}
+
+std::string partition_def(const YearMonth& ym) {
+  return "PARTITION " + ym.partition_name() + " VALUES LESS THAN ('" + ym.plus(1).start() + "')";
+}
+
+// The oldest month whose partition must still exist: its end is within retention.
+YearMonth oldest_kept(std::chrono::system_clock::time_point now, int retention_days) {
+  return year_month(now - std::chrono::hours(24) * retention_days);
+}
+
+constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim (
+  namespace     VARBINARY(64)   NOT NULL COMMENT 'route name',
+  biz_key       VARBINARY(255)  NOT NULL COMMENT 'business key, exact bytes',
+  bucket        DATE            NOT NULL COMMENT 'first day of the month of the record timestamp; partition key',
+  status        TINYINT         NOT NULL COMMENT '1 pending, 2 done, 3 failed, 4 unknown',
+  attempt       INT UNSIGNED    NOT NULL COMMENT 'claim epoch, +1 on every takeover; fences a zombie owner',
+  idem_token    CHAR(36) CHARACTER SET ascii NOT NULL COMMENT 'sent to the remote as its idempotency key; never changes',
+  owner         VARCHAR(128)    NULL COMMENT 'host id # run id; NULL when released',
+  lease_until   DATETIME(3)     NULL COMMENT 'others may take a pending row over after this',
+  payload_hash  BINARY(16)      NOT NULL COMMENT 'XXH3-128 of the record value',
+  receipt       VARBINARY(1024) NULL COMMENT 'what the handler returned on success',
+  last_error    VARCHAR(1024)   NULL,
+  calls         INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'handler calls made, recorded on the final transition',
+  takeovers     INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'times taken from an owner that had not released it (crash-loop guard)',
+  src_topic     VARCHAR(249)    NOT NULL,
+  src_partition INT             NOT NULL,
+  src_offset    BIGINT          NOT NULL,
+  created_at    DATETIME(3)     NOT NULL,
+  updated_at    DATETIME(3)     NOT NULL,
+  PRIMARY KEY (namespace, biz_key, bucket),
+  KEY idx_owner_status (owner, status),
+  KEY idx_status_updated (status, updated_at),
+  KEY idx_token (idem_token)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+PARTITION BY RANGE COLUMNS (bucket) ()";
+
+}  // namespace
+
+std::string month_start(std::chrono::system_clock::time_point t, int months) {
+  return year_month(t).plus(months).start();
+}
+
+std::vector<std::string> core_schema(std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
+  std::string claim = kClaimTable;
+  const YearMonth first = oldest_kept(now, opt.retention_days), last = year_month(now).plus(opt.months_ahead);
+  for (YearMonth ym = first; !(last < ym); ym = ym.plus(1)) {
+    if (ym.year != first.year || ym.month != first.month) claim += ",";
+    claim += "\n  " + partition_def(ym);
+  }
+  claim += "\n)";
+  return {claim, DlqOutbox::schema()};
+}
+
+PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
+  for (const auto& stmt : core_schema(now, opt)) c.execute(stmt);
+
+  PartitionReport report;
+  std::set<std::string> existing;
+  for (auto& r : c.query("SELECT PARTITION_NAME FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() "
+                         "AND TABLE_NAME = 'idemsink_claim' AND PARTITION_NAME IS NOT NULL"))
+    existing.insert(*r[0]);
+  if (existing.empty())
+    throw db::DbError(0, "idemsink_claim exists but is not partitioned by month; it was not created by idemsink");
+
+  // Add missing months after the newest partition (RANGE partitions can only
+  // be appended at the end).
+  std::string newest = *existing.rbegin();  // pYYYYMM sorts by time
+  const YearMonth last = year_month(now).plus(opt.months_ahead);
+  YearMonth ym{std::stoi(newest.substr(1, 4)), std::stoi(newest.substr(5, 2))};
+  for (ym = ym.plus(1); !(last < ym); ym = ym.plus(1)) {
+    c.execute("ALTER TABLE idemsink_claim ADD PARTITION (" + partition_def(ym) + ")");
+    report.added.push_back(ym.partition_name());
+    newest = ym.partition_name();
+  }
+
+  // Drop whole months older than the retention; the newest always stays (a
+  // RANGE-partitioned table needs at least one partition).
+  const std::string keep_from = oldest_kept(now, opt.retention_days).partition_name();
+  for (const auto& name : existing) {
+    if (name < keep_from && name != newest) {
+      c.execute("ALTER TABLE idemsink_claim DROP PARTITION " + name);
+      report.dropped.push_back(name);
+    }
+  }
+  return report;
+}
+
+}  // namespace idemsink::claim

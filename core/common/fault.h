@@ -1,0 +1,22 @@
+// Named crash points for crash-window tests.
+//
+// IDEMSINK_FAULT="point:N[,point:N]" makes the host SIGKILL itself the N-th
+// time execution passes `point` (N counts from 1). Points in the pipeline:
+//   after_claim_commit  claim rows committed, handler not yet called (cut A→B)
+//   after_handler_ok    handler reported OK, claim not yet marked done (B→C)
+//   after_mark_done     claim marked done, offset not yet committed
+//   in_local_tx         local_tx business write done, transaction not committed
+// Without the variable every check is one relaxed load of a null pointer.
+#pragma once
+
+#include <string_view>
+
+namespace idemsink::fault {
+
+/// Reads IDEMSINK_FAULT once; throws std::invalid_argument if malformed.
+void init_from_env();
+
+/// Counts one pass of `point` and SIGKILLs the process on the armed pass.
+void hit(std::string_view point);
+
+}  // namespace idemsink::fault

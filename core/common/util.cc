@@ -1,0 +1,93 @@
+#include "core/common/util.h"
+
+#include <xxhash.h>
+
+#include <charconv>
+#include <cstdio>
+#include <random>
+
+namespace idemsink {
+
+std::optional<Millis> parse_duration(std::string_view text) {
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || p == text.data() || n < 0) return std::nullopt;
+  std::string_view unit(p, text.data() + text.size() - p);
+  if (unit == "ms") return Millis(n);
+  if (unit == "s") return Millis(n * 1000);
+  if (unit == "m") return Millis(n * 60'000);
+  if (unit == "h") return Millis(n * 3'600'000);
+  if (unit == "d") return Millis(n * 86'400'000);
+  return std::nullopt;
+}
+
+std::string random_uuid() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  uint64_t hi = rng(), lo = rng();
+  hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
+  lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // RFC 4122 variant
+  char buf[37];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
+                static_cast<unsigned>((hi >> 16) & 0xFFFF), static_cast<unsigned>(hi & 0xFFFF),
+                static_cast<unsigned>(lo >> 48), static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return buf;
+}
+
+std::string payload_hash(std::string_view data) {
+  XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  return std::string(reinterpret_cast<const char*>(c.digest), sizeof c.digest);
+}
+
+std::string sanitize_utf8(std::string_view in, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(in.size(), max_bytes));
+  size_t i = 0;
+  while (i < in.size()) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool valid = len != 0 && i + len <= in.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(in[i + k]) & 0xC0) == 0x80;
+    if (valid && c == 0) valid = false;  // NUL is legal UTF-8 but useless in a message
+    const size_t emit = valid ? len : 1;
+    if (out.size() + emit > max_bytes) break;
+    if (valid)
+      out.append(in.substr(i, len));
+    else
+      out.push_back('?');
+    i += valid ? len : 1;
+  }
+  return out;
+}
+
+std::string to_hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 0xF]);
+  }
+  return out;
+}
+
+std::string printable(std::string_view bytes, size_t max_len) {
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (out.size() >= max_len) {
+      out += "...";
+      break;
+    }
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace idemsink

@@ -1,0 +1,34 @@
+// Small shared helpers: durations in config text, random ids, payload hashes,
+// UTF-8 sanitizing for error text stored in the database.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace idemsink {
+
+using Millis = std::chrono::milliseconds;
+
+/// Parses "250ms", "2s", "5m", "1h", "7d" (a non-negative integer and a unit).
+std::optional<Millis> parse_duration(std::string_view text);
+
+/// Random RFC 4122 version-4 UUID in canonical 36-character text.
+std::string random_uuid();
+
+/// 128-bit XXH3 hash of `data`, as 16 raw bytes.
+std::string payload_hash(std::string_view data);
+
+/// Replaces invalid UTF-8 sequences with '?' and cuts to at most `max_bytes`
+/// without splitting a character, so handler errors fit a utf8mb4 column.
+std::string sanitize_utf8(std::string_view in, size_t max_bytes);
+
+/// Hex rendering of bytes (for logs of binary keys).
+std::string to_hex(std::string_view bytes);
+
+/// Printable rendering of a possibly binary key for log lines.
+std::string printable(std::string_view bytes, size_t max_len = 80);
+
+}  // namespace idemsink

@@ -1,0 +1,60 @@
+// The DLQ producer: idempotent (enable.idempotence=true, acks=all), so
+// librdkafka's internal retries never write a record twice. Delivery reports
+// arrive on the producer's own poll thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/kafka/client.h"
+
+namespace idemsink::kafka {
+
+struct OutHeader {
+  std::string name;
+  std::optional<std::string> value;
+};
+
+struct OutRecord {
+  std::string topic;
+  std::optional<std::string> key;
+  std::optional<std::string> value;
+  std::vector<OutHeader> headers;
+  int64_t timestamp_ms = 0;
+  uint64_t id = 0;  // handed back in the delivery report
+};
+
+class Producer {
+ public:
+  using DeliveryFn = std::function<void(uint64_t id, rd_kafka_resp_err_t err)>;
+
+  Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery);
+  ~Producer();
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  /// Enqueues one record; a local failure (queue full, unknown topic) is
+  /// reported through the delivery callback like a remote one.
+  void produce(const OutRecord& rec);
+  /// Waits for outstanding deliveries up to `timeout_ms`.
+  void flush(int timeout_ms);
+  /// True once librdkafka raised a fatal (idempotence) error: the instance
+  /// must be replaced.
+  bool fatal() const { return fatal_.load(); }
+
+ private:
+  static void dr_cb(rd_kafka_t*, const rd_kafka_message_t* msg, void* opaque);
+  static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
+
+  DeliveryFn on_delivery_;
+  HandlePtr rk_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> fatal_{false};
+  std::thread poller_;
+};
+
+}  // namespace idemsink::kafka

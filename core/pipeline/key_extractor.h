@@ -1,0 +1,37 @@
+// Extracting the biz_key from a consumed record, per route configuration:
+// the Kafka key, a header, or a field of a JSON value.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "core/config/config.h"
+
+namespace idemsink::pipeline {
+
+/// Why a record has no usable biz_key; becomes the DLQ reason.
+struct KeyProblem {
+  std::string reason;  // missing_key, undecodable_value
+  std::string detail;
+};
+
+class KeyExtractor {
+ public:
+  explicit KeyExtractor(const config::RouteConfig& route);
+  ~KeyExtractor();
+  KeyExtractor(KeyExtractor&&) noexcept;
+
+  std::variant<std::string, KeyProblem> extract(const rd_kafka_message_t* msg);
+
+ private:
+  struct Json;
+  config::KeySource source_;
+  std::string header_;
+  std::string pointer_;  // JSON pointer built from the dotted path
+  std::unique_ptr<Json> json_;
+};
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,69 @@
+// Counters and gauges of the pipeline, rendered as Prometheus text and as the
+// JSON of /status. Written by the engine thread, read by the admin server.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace idemsink::pipeline {
+
+/// Latency histogram with fixed buckets (seconds).
+class Histogram {
+ public:
+  static constexpr std::array<double, 12> kBounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.35, 0.5, 1, 2.5, 5, 10};
+  void observe(double seconds);
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBounds.size() + 1> buckets_{};
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_micros_{0};
+};
+
+struct RouteMetrics {
+  std::atomic<uint64_t> consumed{0};
+  std::atomic<uint64_t> claimed{0};       // claims won (fresh or taken over)
+  std::atomic<uint64_t> takeovers{0};
+  std::atomic<uint64_t> done{0};          // side effect applied, claim done
+  std::atomic<uint64_t> duplicates{0};    // idempotent hits: already done (or already dead)
+  std::atomic<uint64_t> dead{0};          // failed / refused, with a DLQ entry
+  std::atomic<uint64_t> unknown{0};       // may or may not have happened; parked and dead-lettered
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> busy_waits{0};    // key held by another live host
+  std::atomic<uint64_t> fenced{0};        // completion lost its claim to a takeover
+  std::atomic<int64_t> in_flight{0};
+  Histogram handler_latency;
+};
+
+class Metrics {
+ public:
+  RouteMetrics& route(const std::string& name);
+
+  std::atomic<uint64_t> commits{0};
+  std::atomic<uint64_t> commit_failures{0};
+  std::atomic<uint64_t> dlq_published{0};
+  std::atomic<uint64_t> dlq_publish_failures{0};
+  std::atomic<int64_t> dlq_pending{0};      // unpublished outbox rows (all hosts), refreshed periodically
+  std::atomic<int64_t> buffered{0};         // consumed, not yet durable
+  std::atomic<int64_t> paused{0};           // 1 while fetching is paused
+  std::atomic<int64_t> assigned_partitions{0};
+  std::atomic<int64_t> lag{0};              // sum over assigned partitions of high watermark - commit point
+  std::atomic<int64_t> stuck_pending{0};    // pending claims with an expired lease, refreshed periodically
+  std::atomic<uint64_t> db_statements{0};
+  std::atomic<uint64_t> db_reconnects{0};
+  std::atomic<int64_t> db_healthy{1};
+
+  std::string prometheus() const;
+  std::string status_json(const std::string& host, bool paused_by_operator) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
+};
+
+}  // namespace idemsink::pipeline

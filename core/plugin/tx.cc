@@ -1,0 +1,104 @@
+#include "core/plugin/tx.h"
+
+#include <mysqld_error.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace idemsink::plugin {
+namespace {
+
+void write_err(char* err, size_t cap, const std::string& msg) {
+  if (err == nullptr || cap == 0) return;
+  const size_t n = std::min(msg.size(), cap - 1);
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+// The host owns the transaction boundary; a plugin ending it would let its
+// remaining writes commit without the claim.
+bool is_transaction_control(const char* sql) {
+  while (*sql && std::isspace(static_cast<unsigned char>(*sql))) ++sql;
+  std::string word;
+  while (*sql && std::isalpha(static_cast<unsigned char>(*sql)))
+    word.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(*sql++))));
+  static const char* kControl[] = {"COMMIT", "ROLLBACK", "BEGIN", "START", "SAVEPOINT", "RELEASE", "SET", "LOCK", "UNLOCK", "XA"};
+  return std::any_of(std::begin(kControl), std::end(kControl), [&](const char* k) { return word == k; });
+}
+
+std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, size_t n) {
+  std::vector<db::Connection::Param> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto& p = out[i];
+    switch (params[i].type) {
+      case IDEMSINK_SQL_NULL: p.type = db::Connection::Param::Type::Null; break;
+      case IDEMSINK_SQL_INT: p.type = db::Connection::Param::Type::Int; p.i = params[i].i; break;
+      case IDEMSINK_SQL_DOUBLE: p.type = db::Connection::Param::Type::Double; p.d = params[i].d; break;
+      case IDEMSINK_SQL_TEXT:
+      case IDEMSINK_SQL_BLOB:
+        p.type = params[i].type == IDEMSINK_SQL_TEXT ? db::Connection::Param::Type::Text : db::Connection::Param::Type::Blob;
+        p.bytes = std::string_view(params[i].bytes.data ? params[i].bytes.data : "", params[i].bytes.len);
+        break;
+    }
+  }
+  return out;
+}
+
+template <class Body>
+int guarded(idemsink_tx* tx, const char* sql, char* err, size_t cap, Body&& body) {
+  if (tx == nullptr || tx->conn == nullptr) {
+    write_err(err, cap, "no transaction: tx_execute/tx_query are only valid during apply");
+    return ER_UNKNOWN_ERROR;
+  }
+  if (tx->broken_code != 0) {
+    write_err(err, cap, "transaction already aborted: " + tx->broken_message);
+    return static_cast<int>(tx->broken_code);
+  }
+  if (sql == nullptr || is_transaction_control(sql)) {
+    write_err(err, cap, "transaction control and SET statements are not allowed in a local_tx handler");
+    return ER_NOT_SUPPORTED_YET;
+  }
+  try {
+    body();
+    return 0;
+  } catch (const db::DbError& e) {
+    if (e.error_class() != db::ErrorClass::Permanent) {
+      tx->broken_code = e.code();
+      tx->broken_message = e.what();
+    }
+    write_err(err, cap, e.what());
+    return static_cast<int>(e.code() ? e.code() : ER_UNKNOWN_ERROR);
+  }
+}
+
+int tx_execute(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, uint64_t* affected,
+               char* err, size_t cap) {
+  return guarded(tx, sql, err, cap, [&] {
+    uint64_t rows = tx->conn->execute_prepared(sql, to_params(params, n));
+    if (affected) *affected = rows;
+  });
+}
+
+int tx_query(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, idemsink_row_fn on_row,
+             void* row_ctx, char* err, size_t cap) {
+  return guarded(tx, sql, err, cap, [&] {
+    for (const auto& row : tx->conn->query_prepared(sql, to_params(params, n))) {
+      std::vector<idemsink_bytes> cols(row.size());
+      for (size_t i = 0; i < row.size(); ++i)
+        cols[i] = row[i] ? idemsink_bytes{row[i]->data(), row[i]->size()} : idemsink_bytes{nullptr, 0};
+      if (on_row) on_row(row_ctx, cols.size(), cols.data());
+    }
+  });
+}
+
+}  // namespace
+
+void install_tx_api(idemsink_host_api& api) {
+  api.tx_execute = &tx_execute;
+  api.tx_query = &tx_query;
+}
+
+}  // namespace idemsink::plugin

@@ -1,0 +1,394 @@
+// idemsink plugin SDK: a header-only C++20 layer over plugin_abi.h.
+//
+// A plugin author writes one class and one macro:
+//
+//   class Waybill {
+//    public:
+//     Waybill(const idemsink::sdk::Host& host, const idemsink::sdk::Options& opts);
+//     void invoke(const idemsink::sdk::Record& rec, idemsink::sdk::Completion done);
+//   };
+//   IDEMSINK_PLUGIN(Waybill, .name = "waybill", .version = "1.0.0",
+//                   .description = "...", .kind = IDEMSINK_KIND_REMOTE_IDEMPOTENT,
+//                   .options = kWaybillOptions);
+//
+// Remote kinds implement invoke() (and optionally reconcile()); local_tx
+// implements apply(const Record&, Tx&, Completion). Every exception is caught
+// at the ABI boundary: a throwing constructor fails create() with its message,
+// a throwing invoke/apply reports UNCERTAIN (the core then retries an
+// idempotent call with the same token, and parks an at-most-once call as
+// `unknown`: it cannot know whether the throw happened before or after the
+// effect).
+#pragma once
+
+#include <idemsink/plugin_abi.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace idemsink::sdk {
+
+namespace detail {
+inline void copy_message(char* buf, size_t cap, std::string_view msg) {
+  if (buf == nullptr || cap == 0) return;
+  const size_t n = msg.size() < cap - 1 ? msg.size() : cap - 1;
+  std::memcpy(buf, msg.data(), n);
+  buf[n] = '\0';
+}
+inline std::string_view view(idemsink_bytes b) { return b.data ? std::string_view(b.data, b.len) : std::string_view(); }
+}  // namespace detail
+
+/// Handler options, already validated by the host against the declarations.
+class Options {
+ public:
+  Options(const idemsink_option* opts, size_t n) {
+    for (size_t i = 0; i < n; ++i) values_.emplace(opts[i].name, opts[i].value);
+  }
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  const std::string& str(const std::string& name) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) throw std::invalid_argument("option '" + name + "' is not set");
+    return it->second;
+  }
+  int64_t integer(const std::string& name) const { return parse<int64_t>(name); }
+  double number(const std::string& name) const { return std::stod(str(name)); }
+  bool boolean(const std::string& name) const { return str(name) == "true"; }
+  std::chrono::milliseconds duration(const std::string& name) const {
+    return std::chrono::milliseconds(parse<int64_t>(name));
+  }
+
+ private:
+  template <class T>
+  T parse(const std::string& name) const {
+    const std::string& s = str(name);
+    T v{};
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p != s.data() + s.size())
+      throw std::invalid_argument("option '" + name + "' is not a number: " + s);
+    return v;
+  }
+  std::map<std::string, std::string> values_;
+};
+
+/// Read-only view of the record being handled; valid only during the call.
+class Record {
+ public:
+  explicit Record(const idemsink_record* r) : r_(r) {}
+  std::string_view route() const { return r_->route; }
+  std::string_view topic() const { return r_->topic; }
+  int32_t partition() const { return r_->partition; }
+  int64_t offset() const { return r_->offset; }
+  int64_t timestamp_ms() const { return r_->timestamp_ms; }
+  std::string_view key() const { return detail::view(r_->key); }
+  std::string_view value() const { return detail::view(r_->value); }
+  std::string_view biz_key() const { return detail::view(r_->biz_key); }
+  std::string_view idem_token() const { return r_->idem_token; }
+  uint32_t attempt() const { return r_->attempt; }
+  std::optional<std::string_view> header(std::string_view name) const {
+    for (size_t i = 0; i < r_->header_count; ++i)
+      if (name == r_->headers[i].name && r_->headers[i].value.data) return detail::view(r_->headers[i].value);
+    return std::nullopt;
+  }
+  const idemsink_record* raw() const { return r_; }
+
+ private:
+  const idemsink_record* r_;
+};
+
+/// The one-shot result channel of a call. Move-only; report exactly once from
+/// any thread. A Completion destroyed without reporting reports UNCERTAIN, so
+/// a forgotten path can never hang a record.
+class Completion {
+  struct State {
+    idemsink_complete_fn fn;
+    void* ctx;
+    std::mutex mu;
+    bool reported = false;
+    bool in_call = true;   // the ABI trampoline has not returned yet
+    int handles = 0;       // live Completion objects sharing this state
+  };
+
+ public:
+  Completion(Completion&& o) noexcept : s_(std::move(o.s_)) {}
+  Completion& operator=(Completion&& o) noexcept {
+    if (this != &o) {
+      release();
+      s_ = std::move(o.s_);
+    }
+    return *this;
+  }
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+  ~Completion() { release(); }
+
+  void ok(std::string_view receipt) { report(IDEMSINK_OUTCOME_OK, receipt); }
+  void retryable(std::string_view error) { report(IDEMSINK_OUTCOME_RETRYABLE, error); }
+  void uncertain(std::string_view error) { report(IDEMSINK_OUTCOME_UNCERTAIN, error); }
+  void permanent(std::string_view error) { report(IDEMSINK_OUTCOME_PERMANENT, error); }
+  void report(idemsink_outcome outcome, std::string_view detail) {
+    if (!s_) return;
+    {
+      std::lock_guard lk(s_->mu);
+      if (s_->reported) return;
+      s_->reported = true;
+    }
+    s_->fn(s_->ctx, outcome, detail.data(), detail.size());
+  }
+
+  /// Used by the ABI trampolines; not part of the author-facing API.
+  class Call {
+   public:
+    Call(idemsink_complete_fn fn, void* ctx) : s_(std::make_shared<State>()) {
+      s_->fn = fn;
+      s_->ctx = ctx;
+    }
+    Completion handle() { return Completion(s_); }
+    /// The trampoline returned (normally or by exception): if every handle is
+    /// gone and nothing was reported, report now.
+    void finish(std::string_view error_if_unreported) {
+      {
+        std::lock_guard lk(s_->mu);
+        s_->in_call = false;
+        if (s_->reported || s_->handles > 0) return;
+        s_->reported = true;
+      }
+      s_->fn(s_->ctx, IDEMSINK_OUTCOME_UNCERTAIN, error_if_unreported.data(), error_if_unreported.size());
+    }
+
+   private:
+    std::shared_ptr<State> s_;
+  };
+
+ private:
+  explicit Completion(std::shared_ptr<State> s) : s_(std::move(s)) {
+    std::lock_guard lk(s_->mu);
+    ++s_->handles;
+  }
+  void release() {
+    if (!s_) return;
+    auto s = std::move(s_);
+    {
+      std::lock_guard lk(s->mu);
+      --s->handles;
+      if (s->reported || s->handles > 0 || s->in_call) return;
+      s->reported = true;
+    }
+    static constexpr std::string_view kDropped = "handler dropped its completion without reporting a result";
+    s->fn(s->ctx, IDEMSINK_OUTCOME_UNCERTAIN, kDropped.data(), kDropped.size());
+  }
+  std::shared_ptr<State> s_;
+};
+
+/// Access to the host: logging.
+class Host {
+ public:
+  explicit Host(const idemsink_host_api* api) : api_(api) {}
+  void log(idemsink_log_level level, std::string_view msg) const {
+    if (api_ && api_->log) api_->log(api_->host_ctx, level, msg.data(), msg.size());
+  }
+  void info(std::string_view msg) const { log(IDEMSINK_LOG_INFO, msg); }
+  void warn(std::string_view msg) const { log(IDEMSINK_LOG_WARN, msg); }
+  void error(std::string_view msg) const { log(IDEMSINK_LOG_ERROR, msg); }
+  const idemsink_host_api* raw() const { return api_; }
+
+ private:
+  const idemsink_host_api* api_;
+};
+
+/// A bound SQL parameter for Tx::execute / Tx::query.
+struct SqlParam {
+  idemsink_sql_param p{};
+  SqlParam() { p.type = IDEMSINK_SQL_NULL; }
+  SqlParam(int64_t v) { p.type = IDEMSINK_SQL_INT; p.i = v; }
+  SqlParam(int v) : SqlParam(static_cast<int64_t>(v)) {}
+  SqlParam(double v) { p.type = IDEMSINK_SQL_DOUBLE; p.d = v; }
+  SqlParam(std::string_view text) { p.type = IDEMSINK_SQL_TEXT; p.bytes = {text.data(), text.size()}; }
+  SqlParam(const char* text) : SqlParam(std::string_view(text)) {}
+  static SqlParam blob(std::string_view bytes) {
+    SqlParam s;
+    s.p.type = IDEMSINK_SQL_BLOB;
+    s.p.bytes = {bytes.data(), bytes.size()};
+    return s;
+  }
+};
+
+/// A failed statement inside a local_tx apply.
+class SqlError : public std::runtime_error {
+ public:
+  SqlError(int code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+/// The host's open transaction, handed to local_tx apply().
+class Tx {
+ public:
+  Tx(const idemsink_host_api* api, idemsink_tx* tx) : api_(api), tx_(tx) {}
+
+  /// Executes one statement; returns affected rows; throws SqlError.
+  uint64_t execute(std::string_view sql, std::initializer_list<SqlParam> params = {}) {
+    std::vector<idemsink_sql_param> raw = to_raw(params);
+    uint64_t affected = 0;
+    char err[512];
+    const std::string stmt(sql);
+    if (int rc = api_->tx_execute(tx_, stmt.c_str(), raw.data(), raw.size(), &affected, err, sizeof err))
+      throw SqlError(rc, err);
+    return affected;
+  }
+
+  /// Runs a query; on_row receives each row's columns (nullopt = NULL).
+  void query(std::string_view sql, std::initializer_list<SqlParam> params,
+             const std::function<void(const std::vector<std::optional<std::string_view>>&)>& on_row) {
+    std::vector<idemsink_sql_param> raw = to_raw(params);
+    char err[512];
+    const std::string stmt(sql);
+    auto cb = [](void* ctx, size_t n, const idemsink_bytes* cols) {
+      std::vector<std::optional<std::string_view>> row;
+      row.reserve(n);
+      for (size_t i = 0; i < n; ++i)
+        row.push_back(cols[i].data ? std::optional(std::string_view(cols[i].data, cols[i].len)) : std::nullopt);
+      (*static_cast<const std::function<void(const std::vector<std::optional<std::string_view>>&)>*>(ctx))(row);
+    };
+    if (int rc = api_->tx_query(tx_, stmt.c_str(), raw.data(), raw.size(), cb,
+                                const_cast<void*>(static_cast<const void*>(&on_row)), err, sizeof err))
+      throw SqlError(rc, err);
+  }
+
+ private:
+  static std::vector<idemsink_sql_param> to_raw(std::initializer_list<SqlParam> params) {
+    std::vector<idemsink_sql_param> raw;
+    raw.reserve(params.size());
+    for (const auto& p : params) raw.push_back(p.p);
+    return raw;
+  }
+  const idemsink_host_api* api_;
+  idemsink_tx* tx_;
+};
+
+/// What IDEMSINK_PLUGIN needs to build the descriptor.
+struct PluginInfo {
+  const char* name = nullptr;
+  const char* version = nullptr;
+  const char* description = "";
+  idemsink_kind kind = IDEMSINK_KIND_REMOTE_IDEMPOTENT;
+  std::span<const idemsink_option_decl> options{};
+  std::span<const char* const> schema{};
+};
+
+namespace detail {
+
+template <class H>
+concept Invokes = requires(H& h, const Record& r, Completion c) { h.invoke(r, std::move(c)); };
+template <class H>
+concept Applies = requires(H& h, const Record& r, Tx& tx, Completion c) { h.apply(r, tx, std::move(c)); };
+template <class H>
+concept Reconciles = requires(H& h, const Record& r, Completion c) { h.reconcile(r, std::move(c)); };
+
+struct InstanceBase {
+  const idemsink_host_api* host;
+};
+template <class H>
+struct Instance : InstanceBase {
+  H handler;
+  Instance(const idemsink_host_api* api, const Options& o) : InstanceBase{api}, handler(Host(api), o) {}
+};
+
+inline std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return std::string("handler threw: ") + e.what();
+  } catch (...) {
+    return "handler threw a non-standard exception";
+  }
+}
+
+// Runs `body(completion)` and guarantees exactly one report: whatever the
+// body does not report (a throw, a dropped completion) becomes UNCERTAIN.
+template <class Body>
+void guarded_call(idemsink_complete_fn done, void* ctx, Body&& body) noexcept {
+  Completion::Call call(done, ctx);
+  std::string failure = "handler returned without reporting and dropped its completion";
+  try {
+    body(call.handle());
+  } catch (...) {
+    failure = describe_current_exception();
+  }
+  call.finish(failure);
+}
+
+template <class H>
+idemsink_plugin make_descriptor(const PluginInfo& info) {
+  idemsink_plugin d{};
+  d.struct_size = sizeof(idemsink_plugin);
+  d.abi_major = IDEMSINK_ABI_MAJOR;
+  d.abi_minor = IDEMSINK_ABI_MINOR;
+  d.name = info.name;
+  d.version = info.version;
+  d.description = info.description;
+  d.kind = info.kind;
+  d.options = info.options.data();
+  d.option_count = info.options.size();
+  d.schema = info.schema.data();
+  d.schema_count = info.schema.size();
+  d.create = [](const idemsink_host_api* host, const idemsink_option* opts, size_t n, void** instance, char* err,
+                size_t cap) -> int {
+    try {
+      *instance = new Instance<H>(host, Options(opts, n));
+      return 0;
+    } catch (const std::exception& e) {
+      copy_message(err, cap, e.what());
+    } catch (...) {
+      copy_message(err, cap, "constructor threw a non-standard exception");
+    }
+    return 1;
+  };
+  d.destroy = [](void* instance) { delete static_cast<Instance<H>*>(instance); };
+  if constexpr (Invokes<H>) {
+    d.invoke = [](void* instance, const idemsink_record* rec, idemsink_complete_fn done, void* ctx) {
+      auto* self = static_cast<Instance<H>*>(instance);
+      guarded_call(done, ctx, [&](Completion c) { self->handler.invoke(Record(rec), std::move(c)); });
+    };
+  }
+  if constexpr (Applies<H>) {
+    d.apply = [](void* instance, const idemsink_record* rec, idemsink_tx* tx, idemsink_complete_fn done, void* ctx) {
+      auto* self = static_cast<Instance<H>*>(instance);
+      Tx t(self->host, tx);
+      guarded_call(done, ctx, [&](Completion c) { self->handler.apply(Record(rec), t, std::move(c)); });
+    };
+  }
+  if constexpr (Reconciles<H>) {
+    d.reconcile = [](void* instance, const idemsink_record* rec, idemsink_complete_fn done, void* ctx) {
+      auto* self = static_cast<Instance<H>*>(instance);
+      guarded_call(done, ctx, [&](Completion c) { self->handler.reconcile(Record(rec), std::move(c)); });
+    };
+  }
+  return d;
+}
+
+}  // namespace detail
+}  // namespace idemsink::sdk
+
+/// Exports the ABI entry for handler class `HandlerType`; the remaining
+/// arguments are designated initializers of idemsink::sdk::PluginInfo.
+#define IDEMSINK_PLUGIN(HandlerType, ...)                                                            \
+  extern "C" IDEMSINK_EXPORT const idemsink_plugin* idemsink_plugin_entry_v1(void) {                 \
+    static const idemsink_plugin descriptor =                                                        \
+        ::idemsink::sdk::detail::make_descriptor<HandlerType>(::idemsink::sdk::PluginInfo{__VA_ARGS__}); \
+    return &descriptor;                                                                              \
+  }

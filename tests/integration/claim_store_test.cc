@@ -1,0 +1,352 @@
+// The claim state machine against a real MariaDB: every transition, the
+// fencing of zombies, binary keys, statements per batch, races between
+// hosts, partition maintenance, and surviving a database restart.
+#define BOOST_TEST_MODULE claim_store
+#include <boost/test/unit_test.hpp>
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "core/claim/claim_store.h"
+#include "core/claim/dlq_outbox.h"
+#include "core/claim/schema.h"
+#include "core/db/pool.h"
+#include "tests/support/mariadb_server.h"
+
+using namespace idemsink;
+using claim::ClaimRequest;
+using claim::ClaimStore;
+using claim::Status;
+using claim::Verdict;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int64_t kNov2026 = 1794000000000LL;  // 2026-11-06
+
+struct Db {
+  config::DatabaseConfig cfg;
+  std::unique_ptr<db::Connection> conn;
+  explicit Db(const std::string& name) : cfg(test::MariaDbServer::shared().fresh_database(name)) {
+    conn = std::make_unique<db::Connection>(cfg);
+    claim::apply_schema(*conn, std::chrono::system_clock::now(), {});
+  }
+  int64_t scalar(const std::string& sql) { return std::stoll(*conn->query(sql).at(0).at(0)); }
+};
+
+ClaimRequest req(const std::string& key, const std::string& payload = "p", int64_t ts = kNov2026,
+                 const std::string& ns = "waybill") {
+  ClaimRequest r;
+  r.key = claim::RowKey{ns, key, claim::bucket_of(ts)};
+  r.payload_hash = payload_hash(payload);
+  r.src_topic = "orders";
+  r.src_partition = 3;
+  r.src_offset = 42;
+  return r;
+}
+
+claim::Outcome outcome(const claim::ClaimResult& r, std::string receipt = "R") {
+  return claim::Outcome{r.row, r.attempt, 1, std::move(receipt), "boom"};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fresh_keys_are_claimed_with_a_committed_token) {
+  Db db("claim_fresh");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  std::vector<ClaimRequest> reqs{req("k1"), req("k2"), req("k3")};
+  auto res = a.claim(*db.conn, reqs);
+  std::set<std::string> tokens;
+  for (const auto& r : res) {
+    BOOST_TEST((r.verdict == Verdict::Owned));
+    BOOST_TEST(r.attempt == 1u);
+    BOOST_TEST(r.idem_token.size() == 36u);
+    BOOST_TEST(!r.taken_over);
+    tokens.insert(r.idem_token);
+  }
+  BOOST_TEST(tokens.size() == 3u);
+  // The token is durable before any handler call: a fresh connection sees it.
+  db::Connection other(db.cfg);
+  auto rows = other.query("SELECT idem_token, status, owner FROM idemsink_claim WHERE biz_key = X'6B31'");
+  BOOST_REQUIRE(rows.size() == 1u);
+  BOOST_TEST(*rows[0][0] == res[0].idem_token);
+  BOOST_TEST(*rows[0][1] == "1");
+  BOOST_TEST(*rows[0][2] == "host-a#1");
+}
+
+BOOST_AUTO_TEST_CASE(done_is_terminal_and_a_redelivery_is_a_duplicate_with_its_receipt) {
+  Db db("claim_done");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto res = a.claim(*db.conn, std::vector{req("k")});
+  auto ok = a.mark_done(*db.conn, std::vector{outcome(res[0], "WB-1")});
+  BOOST_TEST(ok[0]);
+  auto again = a.claim(*db.conn, std::vector{req("k")});
+  BOOST_TEST((again[0].verdict == Verdict::Done));
+  BOOST_TEST(again[0].receipt == "WB-1");
+  BOOST_TEST(again[0].idem_token == res[0].idem_token);
+  // Terminal rows never change: not to failed, not to done again.
+  BOOST_TEST(!a.mark_terminal(*db.conn, Status::Failed, std::vector{outcome(res[0])})[0]);
+  BOOST_TEST(db.scalar("SELECT status FROM idemsink_claim") == 2);
+}
+
+BOOST_AUTO_TEST_CASE(another_live_owner_makes_the_key_busy) {
+  Db db("claim_busy");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  a.claim(*db.conn, std::vector{req("k")});
+  auto res = b.claim(*db.conn, std::vector{req("k")});
+  BOOST_TEST((res[0].verdict == Verdict::Busy));  // waited for, never skipped
+}
+
+BOOST_AUTO_TEST_CASE(expired_lease_is_taken_over_with_the_same_token_and_the_zombie_is_fenced) {
+  Db db("claim_takeover");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("k")});
+  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND");  // A stalls past its lease
+  auto second = b.claim(*db.conn, std::vector{req("k")});
+  BOOST_TEST((second[0].verdict == Verdict::Owned));
+  BOOST_TEST(second[0].taken_over);
+  BOOST_TEST(second[0].previous_owner_vanished);
+  BOOST_TEST(second[0].attempt == 2u);
+  BOOST_TEST(second[0].idem_token == first[0].idem_token);  // the remote de-duplicates the retry
+  BOOST_TEST(second[0].takeovers == 1u);
+  // The zombie wakes up and tries to finish with its old epoch: refused.
+  BOOST_TEST(!a.mark_done(*db.conn, std::vector{outcome(first[0], "zombie")})[0]);
+  BOOST_TEST(b.mark_done(*db.conn, std::vector{outcome(second[0], "WB-2")})[0]);
+  BOOST_TEST(*db.conn->query("SELECT receipt FROM idemsink_claim")[0][0] == "WB-2");
+}
+
+BOOST_AUTO_TEST_CASE(a_restarted_host_takes_over_its_own_claims_at_once) {
+  Db db("claim_restart");
+  ClaimStore run1("host-a", "host-a#run1", 30s), run2("host-a", "host-a#run2", 30s), other("host-b", "host-b#1", 30s);
+  auto first = run1.claim(*db.conn, std::vector{req("k")});
+  BOOST_TEST((other.claim(*db.conn, std::vector{req("k")})[0].verdict == Verdict::Busy));
+  auto res = run2.claim(*db.conn, std::vector{req("k")});  // lease still valid, but it is our own dead run
+  BOOST_TEST((res[0].verdict == Verdict::Owned));
+  BOOST_TEST(res[0].attempt == 2u);
+  BOOST_TEST(res[0].idem_token == first[0].idem_token);
+}
+
+BOOST_AUTO_TEST_CASE(released_claims_pass_on_without_counting_as_a_vanished_owner) {
+  Db db("claim_release");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("k")});
+  a.release(*db.conn, std::vector{outcome(first[0])});
+  auto res = b.claim(*db.conn, std::vector{req("k")});
+  BOOST_TEST((res[0].verdict == Verdict::Owned));
+  BOOST_TEST(!res[0].previous_owner_vanished);  // safe even for an at-most-once handler
+  BOOST_TEST(res[0].takeovers == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(same_key_with_another_payload_is_a_conflict_not_a_hit) {
+  Db db("claim_conflict");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto res = a.claim(*db.conn, std::vector{req("k", "amount=10")});
+  a.mark_done(*db.conn, std::vector{outcome(res[0])});
+  BOOST_TEST((a.claim(*db.conn, std::vector{req("k", "amount=99")})[0].verdict == Verdict::Conflict));
+  auto unchecked = req("k", "amount=99");
+  unchecked.check_payload = false;
+  BOOST_TEST((a.claim(*db.conn, std::vector{unchecked})[0].verdict == Verdict::Done));
+}
+
+BOOST_AUTO_TEST_CASE(failed_and_unknown_are_terminal_and_fenced) {
+  Db db("claim_terminal");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto res = a.claim(*db.conn, std::vector{req("f"), req("u")});
+  BOOST_TEST(a.mark_terminal(*db.conn, Status::Failed, std::vector{outcome(res[0])})[0]);
+  BOOST_TEST(a.mark_terminal(*db.conn, Status::Unknown, std::vector{outcome(res[1])})[0]);
+  auto again = a.claim(*db.conn, std::vector{req("f"), req("u")});
+  BOOST_TEST((again[0].verdict == Verdict::Terminal));
+  BOOST_TEST((again[1].verdict == Verdict::Terminal));
+  BOOST_TEST((again[1].status == Status::Unknown));
+  BOOST_TEST(*db.conn->query("SELECT last_error FROM idemsink_claim WHERE biz_key = X'66'")[0][0] == "boom");
+}
+
+BOOST_AUTO_TEST_CASE(binary_and_multibyte_keys_round_trip_exactly) {
+  Db db("claim_binary");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  const std::vector<std::string> keys{
+      "it's", "back\\slash", std::string("nul\0byte", 8), "订单-20261129-007", "\"; DROP TABLE idemsink_claim; --",
+      std::string(255, '\xff'), "trailing space ", "emoji-🚚"};
+  std::vector<ClaimRequest> reqs;
+  for (const auto& k : keys) reqs.push_back(req(k));
+  auto res = a.claim(*db.conn, reqs);
+  for (const auto& r : res) BOOST_TEST((r.verdict == Verdict::Owned));
+  for (size_t i = 0; i < keys.size(); ++i) BOOST_TEST(res[i].row.biz_key == keys[i]);
+  // Read back the raw bytes, and claim again: every key meets its own row.
+  std::set<std::string> stored;
+  for (auto& row : db.conn->query("SELECT biz_key FROM idemsink_claim")) stored.insert(*row[0]);
+  BOOST_TEST(stored == std::set<std::string>(keys.begin(), keys.end()));
+  std::vector<claim::Outcome> outs;
+  for (const auto& r : res) outs.push_back(outcome(r));
+  a.mark_done(*db.conn, outs);
+  for (const auto& r : a.claim(*db.conn, reqs)) BOOST_TEST((r.verdict == Verdict::Done));
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim") == static_cast<int64_t>(keys.size()));
+}
+
+BOOST_AUTO_TEST_CASE(a_200_record_batch_takes_a_handful_of_statements) {
+  Db db("claim_statements");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 200; ++i) reqs.push_back(req("order-" + std::to_string(i)));
+  auto questions = [&] {
+    return db.scalar("SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
+  };
+  int64_t q0 = questions();
+  uint64_t sent = db.conn->statements_sent();
+  auto res = a.claim(*db.conn, reqs);  // read + insert
+  BOOST_TEST(db.conn->statements_sent() - sent == 2u);
+  int64_t q1 = questions();
+  BOOST_TEST(q1 - q0 - 1 == 2);  // the server agrees (minus the SELECT of the counter itself)
+  std::vector<claim::Outcome> outs;
+  for (const auto& r : res) outs.push_back(outcome(r));
+  sent = db.conn->statements_sent();
+  a.mark_done(*db.conn, outs);
+  BOOST_TEST(db.conn->statements_sent() - sent == 1u);
+  sent = db.conn->statements_sent();
+  for (const auto& r : a.claim(*db.conn, reqs)) BOOST_TEST((r.verdict == Verdict::Done));  // a redelivered batch
+  BOOST_TEST(db.conn->statements_sent() - sent == 1u);
+  // A whole redelivered batch after a crash: read + one takeover UPDATE + one re-read.
+  ClaimStore restarted("host-a", "host-a#2", 30s);
+  std::vector<ClaimRequest> fresh;
+  for (int i = 0; i < 200; ++i) fresh.push_back(req("crash-" + std::to_string(i)));
+  a.claim(*db.conn, fresh);
+  sent = db.conn->statements_sent();
+  for (const auto& r : restarted.claim(*db.conn, fresh)) BOOST_TEST((r.verdict == Verdict::Owned));
+  BOOST_TEST(db.conn->statements_sent() - sent == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(racing_hosts_never_both_own_a_key) {
+  Db db("claim_race");
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 300; ++i) reqs.push_back(req("race-" + std::to_string(i)));
+  std::vector<claim::ClaimResult> ra, rb;
+  std::atomic<int> ready{0};
+  auto run = [&](const std::string& host, std::vector<claim::ClaimResult>& out) {
+    db::Connection c(db.cfg);
+    ClaimStore s(host, host + "#1", 30s);
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    out = s.claim(c, reqs);
+  };
+  std::thread ta(run, "host-a", std::ref(ra)), tb(run, "host-b", std::ref(rb));
+  ta.join();
+  tb.join();
+  int owned = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const bool a_owns = ra[i].verdict == Verdict::Owned, b_owns = rb[i].verdict == Verdict::Owned;
+    BOOST_TEST(!(a_owns && b_owns), "both hosts own " << i);
+    BOOST_TEST((a_owns || b_owns), "nobody owns " << i);
+    owned += a_owns + b_owns;
+  }
+  BOOST_TEST(owned == 300);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim") == 300);
+}
+
+BOOST_AUTO_TEST_CASE(a_redelivery_meets_its_row_across_a_month_end) {
+  Db db("claim_buckets");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  const int64_t nov30 = 1796083199000LL, dec1 = 1796083260000LL;
+  auto res = a.claim(*db.conn, std::vector{req("k", "p", nov30)});
+  a.mark_done(*db.conn, std::vector{outcome(res[0])});
+  // Same record redelivered: same timestamp, same bucket.
+  BOOST_TEST((a.claim(*db.conn, std::vector{req("k", "p", nov30)})[0].verdict == Verdict::Done));
+  // A second publication of the same business event in December: the November row governs.
+  auto dec = a.claim(*db.conn, std::vector{req("k", "p", dec1)});
+  BOOST_TEST((dec[0].verdict == Verdict::Done));
+  BOOST_TEST(dec[0].row.bucket == "2026-11-01");
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim") == 1);
+}
+
+BOOST_AUTO_TEST_CASE(lease_renewal_touches_only_our_pending_rows) {
+  Db db("claim_renew");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  auto ra = a.claim(*db.conn, std::vector{req("a1"), req("a2")});
+  b.claim(*db.conn, std::vector{req("b1")});
+  a.mark_done(*db.conn, std::vector{outcome(ra[1])});
+  BOOST_TEST(a.renew(*db.conn) == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(partitions_are_created_ahead_and_dropped_past_retention) {
+  Db db("claim_partitions");
+  auto parts = [&] {
+    std::vector<std::string> out;
+    for (auto& r : db.conn->query("SELECT PARTITION_NAME FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
+                                  "DATABASE() AND TABLE_NAME = 'idemsink_claim' ORDER BY PARTITION_NAME"))
+      out.push_back(*r[0]);
+    return out;
+  };
+  const auto now = std::chrono::system_clock::now();
+  auto before = parts();
+  BOOST_TEST(before.back() == "p" + claim::month_start(now, 3).substr(0, 4) + claim::month_start(now, 3).substr(5, 2));
+  // Half a year later: new months appended, months past the 90-day retention dropped.
+  auto report = claim::apply_schema(*db.conn, now + std::chrono::hours(24 * 183), {});
+  BOOST_TEST(report.added.size() == 6u);
+  BOOST_TEST(!report.dropped.empty());
+  auto after = parts();
+  BOOST_TEST(after.front() > before.front());
+  // Re-applying is a no-op.
+  auto again = claim::apply_schema(*db.conn, now + std::chrono::hours(24 * 183), {});
+  BOOST_TEST(again.added.empty());
+  BOOST_TEST(again.dropped.empty(), "dropped again: " << (again.dropped.empty() ? "" : again.dropped.front()) << " before " << before.front() << ".." << before.back() << " after " << after.front() << ".." << after.back());
+}
+
+BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_once) {
+  Db db("claim_outbox");
+  claim::DlqOutbox mine("host-a#1", 60s), theirs("host-b#1", 60s);
+  claim::DeadLetter d;
+  d.route = "waybill";
+  d.dlq_topic = "orders.dlq";
+  d.reason = "permanent";
+  d.error = "rejected: 地址无效";
+  d.src_topic = "orders";
+  d.src_partition = 1;
+  d.src_offset = 7;
+  d.value = std::string("v\0v", 3);
+  d.headers = {{"trace", std::string("abc")}, {"empty", std::nullopt}};
+  d.first_failure_ms = d.last_failure_ms = kNov2026;
+  d.host = "host-a";
+  mine.insert(*db.conn, std::vector{d});
+  mine.insert(*db.conn, std::vector{d});  // a re-run job or a redelivery adds nothing
+  BOOST_TEST(mine.pending(*db.conn) == 1u);
+  BOOST_TEST(theirs.take(*db.conn, 10).empty());  // ours while our lease holds
+  auto taken = mine.take(*db.conn, 10);
+  BOOST_REQUIRE(taken.size() == 1u);
+  BOOST_TEST(*taken[0].value == std::string("v\0v", 3));
+  BOOST_TEST(taken[0].headers.size() == 2u);
+  BOOST_TEST(!taken[0].headers[1].value.has_value());
+  BOOST_TEST(taken[0].error == "rejected: 地址无效");
+  BOOST_TEST(taken[0].first_failure_ms == kNov2026);
+  mine.mark_published(*db.conn, std::vector<uint64_t>{taken[0].id});
+  BOOST_TEST(mine.pending(*db.conn) == 0u);
+  BOOST_TEST(mine.take(*db.conn, 10).empty());
+}
+
+BOOST_AUTO_TEST_CASE(pool_survives_the_database_going_away_mid_job) {
+  auto& server = test::MariaDbServer::shared();
+  Db db("claim_db_gone");
+  db::Pool pool(db.cfg, 2);
+  ClaimStore a("host-a", "host-a#1", 30s);
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 50; ++i) reqs.push_back(req("gone-" + std::to_string(i)));
+  std::atomic<int> runs{0};
+  std::atomic<bool> finished{false};
+  std::vector<claim::ClaimResult> results;
+  pool.submit("claim", [&](db::Connection& c) {
+    if (runs.fetch_add(1) == 0) {
+      server.kill();  // the database goes away under the first run
+      c.execute("SELECT 1");
+    }
+    results = a.claim(c, reqs);
+    finished.store(true);
+  });
+  test::wait_until([&] { return runs.load() >= 2 || !pool.healthy(); }, 30s, "the pool to notice");
+  server.restart();
+  test::wait_until([&] { return finished.load(); }, 60s, "the job to be re-run after the restart");
+  BOOST_TEST(runs.load() >= 2);
+  BOOST_TEST(pool.reconnects() >= 1u);
+  for (const auto& r : results) BOOST_TEST((r.verdict == Verdict::Owned));
+  pool.stop(std::chrono::steady_clock::now() + 5s);
+  db.conn = std::make_unique<db::Connection>(db.cfg);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE biz_key LIKE 'gone-%'") == 50);
+}

@@ -1,0 +1,73 @@
+#include "tests/support/host_fixture.h"
+
+#include <signal.h>
+
+#include <sstream>
+
+namespace idemsink::test {
+
+std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
+                        const std::string& group, const std::string& extra_host_lines) {
+  std::ostringstream os;
+  os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n" << extra_host_lines
+     << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
+     << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n"
+     << "[kafka.properties]\n\"log_level\" = \"4\"\n"
+     << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+     << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n"
+     << "\n[database]\nhost = \"" << db.host << "\"\nport = " << db.port << "\nuser = \"" << db.user
+     << "\"\ndatabase = \"" << db.database << "\"\npool_size = 4\nconnect_timeout = \"2s\"\n"
+     << "reconnect_backoff_max = \"500ms\"\n"
+     << "\n[claim]\nlease = \"10s\"\nwait_recheck = \"200ms\"\n\n";
+  return os.str();
+}
+
+std::string route_config(const RouteSpec& r) {
+  std::ostringstream os;
+  os << "[[route]]\nname = \"" << r.name << "\"\ntopic = \"" << r.topic << "\"\nplugin = \"" << test_plugin_dir() << "/"
+     << r.plugin << "\"\n";
+  if (!r.key_toml.empty()) os << r.key_toml << "\n";
+  os << r.extra << "\n";
+  if (!r.options.empty()) {
+    os << "[route.options]\n";
+    for (const auto& [k, v] : r.options) os << k << " = " << v << "\n";
+  }
+  os << "\n";
+  return os.str();
+}
+
+HostProcess::HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
+                         std::map<std::string, std::string> env)
+    : config_(dir / (name + ".toml")) {
+  write_file(config_, config_toml);
+  proc_ = std::make_unique<Process>(std::vector<std::string>{idemsink_binary(), "run", "--config", config_.string()},
+                                    dir / (name + ".out"), dir / (name + ".log"), std::move(env));
+}
+
+HostProcess::~HostProcess() = default;
+
+int HostProcess::stop(std::chrono::milliseconds timeout) {
+  proc_->signal(SIGTERM);
+  auto rc = proc_->wait(timeout);
+  if (!rc) {
+    proc_->kill_now();
+    throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) + "ms of SIGTERM");
+  }
+  return *rc;
+}
+
+std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file) {
+  std::vector<std::vector<std::string>> out;
+  std::istringstream in(read_file(file));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::istringstream ls(line);
+    std::string col;
+    while (std::getline(ls, col, '\t')) cols.push_back(col);
+    out.push_back(std::move(cols));
+  }
+  return out;
+}
+
+}  // namespace idemsink::test

@@ -1,0 +1,53 @@
+// Running the idemsink host under test as a real process, with a generated
+// config, so tests can SIGKILL it exactly as an outage would.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/config/config.h"
+#include "tests/support/mock_kafka.h"
+#include "tests/support/process.h"
+
+namespace idemsink::test {
+
+/// [host], [kafka], [database] and [claim] sections for tests: short
+/// session timeout (fast rejoin on the mock cluster), fast commits.
+std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
+                        const std::string& group, const std::string& extra_host_lines = "");
+
+/// One [[route]] table.
+struct RouteSpec {
+  std::string name;
+  std::string topic;
+  std::string plugin;             // file name in the test plugin folder
+  std::string key_toml = "";      // e.g. "key = { from = \"json\", json = \"order.id\" }"
+  std::map<std::string, std::string> options;  // TOML values, already quoted as needed
+  std::string extra;              // more lines for the table
+};
+std::string route_config(const RouteSpec& r);
+
+class HostProcess {
+ public:
+  HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
+              std::map<std::string, std::string> env = {});
+  ~HostProcess();
+
+  Process& proc() { return *proc_; }
+  bool running() { return proc_->running(); }
+  /// SIGTERM and wait for a clean exit; returns the exit code.
+  int stop(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  void kill() { proc_->kill_now(); }
+  std::string log() const { return proc_->err(); }
+  const std::filesystem::path& config_path() const { return config_; }
+
+ private:
+  std::filesystem::path config_;
+  std::unique_ptr<Process> proc_;
+};
+
+/// Counts lines of `file` (the scripted plugin's call log).
+std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);
+
+}  // namespace idemsink::test

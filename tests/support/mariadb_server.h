@@ -1,0 +1,44 @@
+// A real mariadbd for tests: Debian's server binary in a scratch data
+// directory, on a loopback port of its own, stopped with the test binary.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/config/config.h"
+#include "core/db/connection.h"
+#include "tests/support/process.h"
+
+namespace idemsink::test {
+
+class MariaDbServer {
+ public:
+  /// The server shared by all tests of one test binary (started on first use).
+  static MariaDbServer& shared();
+
+  MariaDbServer();
+  ~MariaDbServer();
+
+  /// Settings for a fresh, empty database `name` (dropped and recreated).
+  config::DatabaseConfig fresh_database(const std::string& name);
+  /// Settings for database `name` without touching it.
+  config::DatabaseConfig database(const std::string& name) const;
+  std::unique_ptr<db::Connection> connect(const std::string& name) const;
+
+  /// SIGKILLs the server (the database "goes away"); restart() brings it back
+  /// on the same port and data.
+  void kill();
+  void restart();
+
+  int port() const { return port_; }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  void start();
+  ScratchDir dir_;
+  int port_ = 0;
+  std::string socket_;
+  std::unique_ptr<Process> server_;
+};
+
+}  // namespace idemsink::test

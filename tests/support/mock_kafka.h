@@ -1,0 +1,70 @@
+// The Kafka side of integration tests: `idemsink dev-kafka` (librdkafka's
+// mock cluster) in its own process, reached over TCP, plus a producer and
+// readers talking the real protocol to it.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.h"
+
+namespace idemsink::test {
+
+struct TestMessage {
+  std::optional<std::string> key;
+  std::optional<std::string> value;
+  std::vector<std::pair<std::string, std::optional<std::string>>> headers;
+  int32_t partition = -1;     // -1: by key hash
+  int64_t timestamp_ms = 0;   // 0: now
+};
+
+struct ConsumedMessage {
+  int32_t partition;
+  int64_t offset;
+  std::optional<std::string> key;
+  std::optional<std::string> value;
+  std::map<std::string, std::string> headers;  // last value wins
+  std::vector<std::pair<std::string, std::string>> all_headers;
+  int64_t timestamp_ms;
+};
+
+class MockKafka {
+ public:
+  explicit MockKafka(int brokers = 1);
+  ~MockKafka();
+
+  const std::string& bootstrap() const { return bootstrap_; }
+  /// Sends one control command; throws if the answer is not "ok".
+  void command(const std::string& line);
+  void create_topic(const std::string& name, int partitions);
+
+  /// Produces and waits until every message is acknowledged.
+  void produce(const std::string& topic, const std::vector<TestMessage>& msgs);
+
+  /// Reads a topic from the beginning up to its high watermarks.
+  std::vector<ConsumedMessage> read_all(const std::string& topic, int partitions, int timeout_ms = 10000);
+
+  /// The group's committed offsets (-1001 when none).
+  std::map<int32_t, int64_t> committed(const std::string& group, const std::string& topic, int partitions);
+  std::map<int32_t, int64_t> high_watermarks(const std::string& topic, int partitions);
+
+ private:
+  ScratchDir dir_;
+  std::unique_ptr<Process> proc_;
+  std::string bootstrap_;
+  int control_port_ = 0;
+  int control_fd_ = -1;
+  rd_kafka_t* producer_ = nullptr;
+};
+
+/// Path of the idemsink binary under test.
+std::string idemsink_binary();
+/// Directory holding the test plugins.
+std::string test_plugin_dir();
+
+}  // namespace idemsink::test

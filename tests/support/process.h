@@ -1,0 +1,69 @@
+// A child process for tests: started with fork/exec, output to files, killed
+// with the parent (PR_SET_PDEATHSIG), stoppable with any signal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idemsink::test {
+
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::filesystem::path out_file, std::filesystem::path err_file,
+          std::map<std::string, std::string> env = {});
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void signal(int sig);
+  /// Waits for exit; returns the exit code, or -signal when killed, or
+  /// nullopt on timeout.
+  std::optional<int> wait(std::chrono::milliseconds timeout);
+  /// SIGKILL and reap.
+  void kill_now();
+
+  std::string out() const;
+  std::string err() const;
+  const std::filesystem::path& err_path() const { return err_file_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  std::filesystem::path out_file_, err_file_;
+};
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+int free_port();
+
+/// Polls `pred` every few milliseconds until it holds or `timeout` passes;
+/// throws std::runtime_error naming `what` on timeout.
+template <class Pred>
+void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what);
+
+/// A fresh scratch directory under $TMPDIR, removed at destruction unless
+/// IDEMSINK_KEEP_SCRATCH is set.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag);
+  ~ScratchDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::string& text);
+
+}  // namespace idemsink::test
+
+#include "tests/support/wait_impl.h"
