@@ -1126,12 +1126,12 @@ void Engine::on_relay_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
 
 void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
   // The consumer is closed: every partition was revoked and drained. Give the
-  // DLQ relay and outstanding database writes until the deadline.
+  // DLQ relay one more cycle and outstanding database writes until the deadline.
+  asio::post(io_, [this] { relay_kick(); });
   for (;;) {
     std::promise<bool> idle;
     auto fut = idle.get_future();
     asio::post(io_, [&] {
-      relay_kick();
       idle.set_value(!relay_running_ && finish_jobs_ == 0 && dead_letter_jobs_ == 0 && claim_jobs_ == 0);
     });
     if (fut.get() || std::chrono::steady_clock::now() >= deadline) break;

@@ -1,0 +1,193 @@
+// Crash windows: the host SIGKILLs itself at the seed's cut points
+// (IDEMSINK_FAULT), is restarted, and must still apply every effect exactly
+// once and commit every offset.
+//
+//   after_claim_commit  claim committed, handler not called   (A -> B)
+//   after_handler_ok    handler applied, claim not marked done (B -> C)
+//   after_mark_done     claim done, offset not committed       (C -> commit)
+//   in_local_tx         local_tx write done, transaction open
+#define BOOST_TEST_MODULE crash
+#include <boost/test/unit_test.hpp>
+#include <map>
+#include <set>
+
+#include "tests/support/host_fixture.h"
+#include "tests/support/mariadb_server.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string hex(std::string_view s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+struct Topic {
+  std::string name;
+  int partitions;
+};
+
+void wait_all_committed(MockKafka& kafka, const std::string& group, const std::vector<Topic>& topics,
+                        HostProcess& host, std::chrono::milliseconds timeout = 120s) {
+  std::map<std::string, std::map<int32_t, int64_t>> hi;
+  for (const auto& t : topics) hi[t.name] = kafka.high_watermarks(t.name, t.partitions);
+  wait_until(
+      [&] {
+        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
+        for (const auto& t : topics) {
+          auto c = kafka.committed(group, t.name, t.partitions);
+          for (int p = 0; p < t.partitions; ++p)
+            if (c[p] < hi[t.name][p]) return false;
+        }
+        return true;
+      },
+      timeout, "committed offsets to reach the end");
+}
+
+// `n` records; every `duplicate_every`-th re-publishes the order of three
+// records earlier (same payload), so 1 in `duplicate_every` is a duplicate.
+std::vector<TestMessage> orders(int n, int duplicate_every, const std::string& prefix, std::set<std::string>& keys) {
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < n; ++i) {
+    const int order = (duplicate_every > 0 && i % duplicate_every == duplicate_every - 1) ? i - 3 : i;
+    const std::string key = prefix + std::to_string(order);
+    keys.insert(key);
+    msgs.push_back({key, "{\"amount\":" + std::to_string(order % 97) + "}"});
+  }
+  return msgs;
+}
+
+// Every key invoked with exactly one idem_token: the remote applied it once.
+void check_remote_exactly_once(const std::filesystem::path& calls, const std::set<std::string>& keys,
+                               size_t* reinvoked = nullptr) {
+  std::map<std::string, std::set<std::string>> tokens;
+  std::map<std::string, int> invocations;
+  for (const auto& cols : read_call_log(calls)) {
+    tokens[cols.at(1)].insert(cols.at(2));
+    ++invocations[cols.at(1)];
+  }
+  BOOST_TEST(tokens.size() == keys.size());
+  size_t again = 0;
+  for (const auto& k : keys) {
+    BOOST_TEST(tokens[hex(k)].size() == 1u, k << " was called with " << tokens[hex(k)].size() << " tokens");
+    if (invocations[hex(k)] > 1) ++again;
+  }
+  if (reinvoked) *reinvoked = again;
+}
+
+void check_claims_all_done(const std::string& database, size_t expected) {
+  auto conn = MariaDbServer::shared().connect(database);
+  auto rows = conn->query("SELECT status, COUNT(*) FROM idemsink_claim GROUP BY status");
+  BOOST_REQUIRE(rows.size() == 1u);
+  BOOST_TEST(*rows[0][0] == "2");
+  BOOST_TEST(std::stoul(*rows[0][1]) == expected);
+}
+
+// Runs the host with a fault armed until it kills itself, then again
+// without, until everything is committed.
+void crash_and_recover(MockKafka& kafka, const ScratchDir& dir, const std::string& config, const std::string& fault,
+                       const std::string& group, const std::vector<Topic>& topics) {
+  {
+    HostProcess crashing(dir, "crashing-" + fault.substr(0, fault.find(':')), config, {{"IDEMSINK_FAULT", fault}});
+    auto rc = crashing.proc().wait(120s);
+    BOOST_REQUIRE_MESSAGE(rc.has_value(), "the fault " << fault << " never fired");
+    BOOST_REQUIRE_MESSAGE(*rc == -9, "expected SIGKILL, got " << *rc << "\n" << crashing.log());
+    BOOST_TEST(crashing.log().find("fault point") != std::string::npos);
+  }
+  HostProcess recovering(dir, "recovering", config);
+  wait_all_committed(kafka, group, topics, recovering);
+  BOOST_TEST(recovering.stop() == 0);
+}
+
+void remote_crash_case(const std::string& point) {
+  const std::string dbname = "crash_remote_" + point;
+  auto db = MariaDbServer::shared().fresh_database(dbname);
+  MockKafka kafka;
+  kafka.create_topic("orders", 4);
+  ScratchDir dir("crash");
+  std::set<std::string> keys;
+  kafka.produce("orders", orders(2000, 5, "o-", keys));
+  const auto calls = dir / "calls.log";
+  const std::string config = base_config(kafka, db, "host-a", "g") +
+                             route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                                           {{"log", "\"" + calls.string() + "\""}, {"delay", "\"2ms\""}}});
+  crash_and_recover(kafka, dir, config, point + ":3", "g", {{"orders", 4}});
+  size_t reinvoked = 0;
+  check_remote_exactly_once(calls, keys, &reinvoked);
+  check_claims_all_done(dbname, keys.size());
+  BOOST_TEST_MESSAGE(point << ": " << reinvoked << " keys were called again after the crash, all with their token");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(crash_after_claim_commit_remote_idempotent) { remote_crash_case("after_claim_commit"); }
+BOOST_AUTO_TEST_CASE(crash_after_handler_ok_remote_idempotent) { remote_crash_case("after_handler_ok"); }
+BOOST_AUTO_TEST_CASE(crash_after_mark_done_remote_idempotent) { remote_crash_case("after_mark_done"); }
+
+BOOST_AUTO_TEST_CASE(crash_windows_local_tx) {
+  for (const std::string point : {"in_local_tx", "after_mark_done", "after_claim_commit"}) {
+    BOOST_TEST_CONTEXT("fault " << point) {
+      const std::string dbname = "crash_local_" + point;
+      auto db = MariaDbServer::shared().fresh_database(dbname);
+      MockKafka kafka;
+      kafka.create_topic("ledger", 4);
+      ScratchDir dir("crash");
+      std::set<std::string> keys;
+      kafka.produce("ledger", orders(2000, 5, "pay-", keys));
+      const std::string config = base_config(kafka, db, "host-a", "g") +
+                                 route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
+      crash_and_recover(kafka, dir, config, point + ":3", "g", {{"ledger", 4}});
+      auto conn = MariaDbServer::shared().connect(dbname);
+      BOOST_TEST(std::stoul(*conn->query("SELECT COUNT(*) FROM test_effects")[0][0]) == keys.size());
+      BOOST_TEST(conn->query("SELECT biz_key FROM test_effects GROUP BY biz_key HAVING COUNT(*) > 1").empty());
+      check_claims_all_done(dbname, keys.size());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
+  // The acceptance run: 10,000 records over 8 partitions, 20%
+  // duplicate biz_keys, the host SIGKILLed twice mid-run at different cut
+  // points and restarted; a remote idempotent route and a local_tx route.
+  const std::string dbname = "crash_10k";
+  auto db = MariaDbServer::shared().fresh_database(dbname);
+  MockKafka kafka;
+  kafka.create_topic("orders", 8);
+  kafka.create_topic("ledger", 8);
+  ScratchDir dir("crash10k");
+  std::set<std::string> order_keys, pay_keys;
+  kafka.produce("orders", orders(10000, 5, "o-", order_keys));
+  kafka.produce("ledger", orders(10000, 5, "pay-", pay_keys));
+  const auto calls = dir / "calls.log";
+  const std::string config = base_config(kafka, db, "host-a", "g") +
+                             route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                                           {{"log", "\"" + calls.string() + "\""}, {"delay", "\"1ms\""}}}) +
+                             route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
+  const std::vector<Topic> topics{{"orders", 8}, {"ledger", 8}};
+  for (const std::string fault : {"after_handler_ok:2000", "in_local_tx:20"}) {
+    HostProcess crashing(dir, "crashing", config, {{"IDEMSINK_FAULT", fault}});
+    auto rc = crashing.proc().wait(180s);
+    BOOST_REQUIRE_MESSAGE(rc.has_value() && *rc == -9, "fault " << fault << " did not kill the host");
+  }
+  HostProcess recovering(dir, "recovering", config);
+  wait_all_committed(kafka, "g", topics, recovering, 180s);
+  BOOST_TEST(recovering.stop() == 0);
+
+  size_t reinvoked = 0;
+  check_remote_exactly_once(calls, order_keys, &reinvoked);
+  auto conn = MariaDbServer::shared().connect(dbname);
+  BOOST_TEST(std::stoul(*conn->query("SELECT COUNT(*) FROM test_effects")[0][0]) == pay_keys.size());
+  BOOST_TEST(conn->query("SELECT biz_key FROM test_effects GROUP BY biz_key HAVING COUNT(*) > 1").empty());
+  check_claims_all_done(dbname, order_keys.size() + pay_keys.size());
+  BOOST_TEST_MESSAGE("10k run: " << order_keys.size() << " + " << pay_keys.size() << " keys, " << reinvoked
+                                 << " waybill keys re-invoked after the kills (same token each time)");
+}
