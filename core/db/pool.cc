@@ -74,20 +74,25 @@ void Pool::worker(int index) {
       } catch (const DbError& e) {
         job_failures_.fetch_add(1);
         if (conn) conn->rollback_quietly();
+        if (e.error_class() != ErrorClass::Transient) conn.reset();
+        // First failure, then every tenth retry: an outage must not flood the log.
+        const bool loud = attempt % 10 == 0;
         if (e.error_class() == ErrorClass::ConnectionLost) {
-          conn.reset();
-          spdlog::warn("db worker {}: job '{}' lost the database ({}); reconnecting and re-running it", index,
-                       item.name, e.what());
+          if (loud)
+            spdlog::warn("db worker {}: job '{}' cannot reach the database ({}); retry {}, reconnecting", index,
+                         item.name, e.what(), attempt + 1);
         } else if (e.error_class() == ErrorClass::Transient) {
           spdlog::info("db worker {}: job '{}' hit {}; re-running it", index, item.name, e.what());
-        } else {
-          conn.reset();
-          spdlog::error("db worker {}: job '{}' failed: {}; will re-run it after backoff", index, item.name, e.what());
+        } else if (loud) {
+          spdlog::error("db worker {}: job '{}' failed: {}; will re-run it after backoff (retry {})", index, item.name,
+                        e.what(), attempt + 1);
         }
       } catch (const std::exception& e) {
         job_failures_.fetch_add(1);
         if (conn) conn->rollback_quietly();
-        spdlog::error("db worker {}: job '{}' threw: {}; will re-run it after backoff", index, item.name, e.what());
+        if (attempt % 10 == 0)
+          spdlog::error("db worker {}: job '{}' threw: {}; will re-run it after backoff (retry {})", index, item.name,
+                        e.what(), attempt + 1);
       }
       if (!failing) {
         failing = true;
@@ -99,7 +104,10 @@ void Pool::worker(int index) {
       std::unique_lock lk(mu_);
       if (cv_.wait_for(lk, wait, [this] { return abandon_; })) break;
     }
-    if (failing) unhealthy_workers_.fetch_sub(1);
+    if (failing) {
+      unhealthy_workers_.fetch_sub(1);
+      spdlog::info("db worker {}: job '{}' went through after the database came back", index, item.name);
+    }
     {
       std::lock_guard lk(mu_);
       --active_;

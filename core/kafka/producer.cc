@@ -33,7 +33,10 @@ Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_
 }
 
 Producer::~Producer() {
-  flush(5000);
+  // After a fatal error nothing more can be delivered: drop what is queued
+  // (it is still in the outbox) instead of waiting for it.
+  if (fatal_.load()) rd_kafka_purge(rk_.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  flush(fatal_.load() ? 0 : 5000);
   stop_.store(true);
   poller_.join();
 }

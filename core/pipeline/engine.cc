@@ -862,6 +862,11 @@ void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
 // ---------------------------------------------------------------- offsets & rebalance
 
 void Engine::commit_offsets() {
+  // librdkafka < 2.10 declares the whole assignment lost when a commit meets
+  // ILLEGAL_GENERATION mid-rebalance (its issue #4059). Once a commit says a
+  // rebalance is in progress, wait for the rebalance callback (where
+  // revoked partitions are committed anyway), but never longer than 10s.
+  if (std::chrono::steady_clock::now() < commits_held_until_) return;
   std::vector<kafka::TopicPartitionOffset> offsets;
   for (auto& [tp, part] : partitions_) {
     if (part->revoked) continue;
@@ -879,8 +884,13 @@ void Engine::commit_offsets() {
 void Engine::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
   if (!err || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
   metrics_.commit_failures.fetch_add(1, std::memory_order_relaxed);
-  spdlog::warn("kafka: offset commit failed: {}; it will be sent again", rd_kafka_err2str(err));
-  asio::post(io_, [this, offsets] {
+  const bool rebalancing = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
+  if (rebalancing)
+    spdlog::info("kafka: offset commit deferred: the group is rebalancing");
+  else
+    spdlog::warn("kafka: offset commit failed: {}; it will be sent again", rd_kafka_err2str(err));
+  asio::post(io_, [this, offsets, rebalancing] {
+    if (rebalancing) commits_held_until_ = std::chrono::steady_clock::now() + 10s;
     for (const auto& o : offsets) {
       auto it = partitions_.find(o.tp);
       if (it != partitions_.end() && it->second->last_sent == o.offset) it->second->last_sent = -1;
@@ -892,6 +902,7 @@ void Engine::on_assigned(const std::vector<kafka::TopicPartition>& tps) {
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
+    commits_held_until_ = {};  // the rebalance got this far: commits carry the new generation
     for (const auto& tp : tps) {
       auto p = std::make_shared<Partition>();
       p->tp = tp;
@@ -910,6 +921,7 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
   auto fut = waiter->promise.get_future();
   asio::post(io_, [this, w = waiter.release()]() mutable {
     std::unique_ptr<RevokeWaiter> waiter(w);
+    commits_held_until_ = {};
     // Stop taking new work of these partitions at once: records not yet
     // claimed are forgotten; claims held but not called are handed back.
     std::vector<claim::Outcome> to_release;
@@ -1030,8 +1042,17 @@ void Engine::relay_kick() {
   });
 }
 
+void Engine::set_producer_factory(ProducerFactory f) {
+  producer_factory_ = std::move(f);
+  producer_ = producer_factory_();
+}
+
 void Engine::on_relay_taken(std::vector<claim::DeadLetter> letters) {
   relay_taken_ = letters.size();
+  if (producer_->fatal()) {
+    spdlog::warn("recreating the DLQ producer after its fatal error");
+    producer_ = producer_factory_();
+  }
   if (letters.empty()) {
     relay_running_ = false;
     if (relay_again_) relay_kick();
@@ -1094,8 +1115,7 @@ void Engine::on_relay_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   if (it == relay_outstanding_.end() || it->second != Delivery::Pending) return;
   if (err) {
     metrics_.dlq_publish_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("DLQ publish of outbox row {} failed: {}; it stays in the outbox and is retried", outbox_id,
-                 rd_kafka_err2str(err));
+    if (relay_first_error_.empty()) relay_first_error_ = rd_kafka_err2str(err);
     it->second = Delivery::Failed;
   } else {
     it->second = Delivery::Ok;
@@ -1106,13 +1126,17 @@ void Engine::on_relay_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   for (const auto& [id, state] : relay_outstanding_)
     if (state == Delivery::Ok) published.push_back(id);
   const bool failures = published.size() < relay_outstanding_.size();
-  relay_outstanding_.clear();
   metrics_.dlq_published.fetch_add(published.size(), std::memory_order_relaxed);
-  if (producer_->fatal()) spdlog::error("DLQ producer hit a fatal error; restart the host to recreate it");
   relay_failures_in_a_row_ = failures ? relay_failures_in_a_row_ + 1 : 0;
-  if (failures)
-    relay_not_before_ = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(relay_failures_in_a_row_, 6)));
+  if (failures) {
+    const auto wait = std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(relay_failures_in_a_row_, 6)));
+    relay_not_before_ = std::chrono::steady_clock::now() + wait;
+    spdlog::warn("DLQ publish failed for {} of {} outbox rows ({}); they stay in the outbox, next attempt in {}ms",
+                 relay_outstanding_.size() - published.size(), relay_outstanding_.size(), relay_first_error_,
+                 wait.count());
+  }
+  relay_first_error_.clear();
+  relay_outstanding_.clear();
   pool_.submit("dlq relay mark", [this, published = std::move(published)](db::Connection& c) {
     outbox_.mark_published(c, published);
     asio::post(io_, [this] {

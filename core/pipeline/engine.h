@@ -75,7 +75,10 @@ class Engine : public kafka::Consumer::Listener {
 
   /// Delivery report of the DLQ producer (producer thread).
   void on_dlq_delivery(uint64_t outbox_id, rd_kafka_resp_err_t err);
-  void set_producer(kafka::Producer* p) { producer_ = p; }
+  /// How to make the DLQ producer; called at start and again after a fatal
+  /// producer error (an idempotent producer cannot continue after one).
+  using ProducerFactory = std::function<std::unique_ptr<kafka::Producer>()>;
+  void set_producer_factory(ProducerFactory f);
 
   // kafka::Consumer::Listener (poll thread)
   void on_messages(std::vector<kafka::MessagePtr> batch) override;
@@ -152,7 +155,8 @@ class Engine : public kafka::Consumer::Listener {
   claim::ClaimStore store_;
   claim::DlqOutbox outbox_;
   kafka::Consumer* consumer_ = nullptr;
-  kafka::Producer* producer_ = nullptr;
+  ProducerFactory producer_factory_;
+  std::unique_ptr<kafka::Producer> producer_;
 
   std::vector<std::unique_ptr<Route>> routes_;
   std::map<std::string, Route*> route_by_topic_;
@@ -178,6 +182,7 @@ class Engine : public kafka::Consumer::Listener {
 
   std::vector<std::unique_ptr<RevokeWaiter>> revokes_;
   bool fetch_paused_ = false;
+  std::chrono::steady_clock::time_point commits_held_until_{};
   std::atomic<bool> operator_paused_{false};
   bool stopping_ = false;
 
@@ -187,6 +192,7 @@ class Engine : public kafka::Consumer::Listener {
   enum class Delivery { Pending, Ok, Failed };
   std::map<uint64_t, Delivery> relay_outstanding_;  // outbox id -> delivery state, this cycle
   size_t relay_pending_ = 0;
+  std::string relay_first_error_;
   size_t relay_taken_ = 0;
   int relay_failures_in_a_row_ = 0;
   std::chrono::steady_clock::time_point relay_not_before_{};

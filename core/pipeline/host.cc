@@ -90,8 +90,10 @@ int run_host(const config::Config& cfg) {
   auto work = asio::make_work_guard(io);
   db::Pool pool(cfg.database, cfg.database.pool_size);
   Engine engine(io, pool, cfg, std::move(routes), metrics, owner);
-  kafka::Producer producer(cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.on_dlq_delivery(id, err); });
-  engine.set_producer(&producer);
+  engine.set_producer_factory([&cfg, &engine] {
+    return std::make_unique<kafka::Producer>(
+        cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.on_dlq_delivery(id, err); });
+  });
   kafka::Consumer consumer(cfg.kafka, topics, engine);
 
   std::unique_ptr<admin::AdminServer> admin;

@@ -2,6 +2,8 @@
 
 #include <system_error>
 #include <charconv>
+#include <cstdlib>
+#include <optional>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -33,6 +35,36 @@ const char* option_type_name(idemsink_option_type t) {
     case IDEMSINK_OPTION_DURATION: return "duration";
   }
   return nullptr;
+}
+
+// The text a plugin receives for a value of `type` written as `text` (a
+// duration in milliseconds, everything else as written), or nullopt if the
+// text is not of that type.
+std::optional<std::string> canonical(idemsink_option_type type, const std::string& text) {
+  switch (type) {
+    case IDEMSINK_OPTION_STRING: return text;
+    case IDEMSINK_OPTION_INT: {
+      int64_t v = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
+      return text;
+    }
+    case IDEMSINK_OPTION_FLOAT: {
+      char* end = nullptr;
+      std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) return std::nullopt;
+      return text;
+    }
+    case IDEMSINK_OPTION_BOOL:
+      if (text != "true" && text != "false") return std::nullopt;
+      return text;
+    case IDEMSINK_OPTION_DURATION: {
+      auto ms = parse_duration(text);
+      if (!ms) return std::nullopt;
+      return std::to_string(ms->count());
+    }
+  }
+  return std::nullopt;
 }
 
 void plugin_log(void* host_ctx, idemsink_log_level level, const char* msg, size_t len) {
@@ -123,6 +155,9 @@ std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
     if (o.name == nullptr || *o.name == '\0') refuse(path, "option " + std::to_string(i) + " has no name");
     if (option_type_name(o.type) == nullptr) refuse(path, std::string("option ") + o.name + " has an invalid type");
     if (!seen.insert(o.name).second) refuse(path, std::string("option ") + o.name + " is declared twice");
+    if (o.default_value && !canonical(o.type, o.default_value))
+      refuse(path, std::string("option ") + o.name + " has default \"" + o.default_value + "\", which is not a " +
+                       option_type_name(o.type));
   }
   if (desc.schema_count > 0 && desc.schema == nullptr) refuse(path, "schema_count > 0 but schema is NULL");
   return lib;
@@ -171,7 +206,7 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Library& 
       if (d.default_value == nullptr)
         throw config::ConfigError(route.pos.where() + ": route.options." + d.name + ": required by plugin " +
                                   lib.name() + " but not set for route " + route.name);
-      out.emplace_back(d.name, d.default_value);
+      out.emplace_back(d.name, *canonical(d.type, d.default_value));  // checked at load
       continue;
     }
     const auto& v = it->second;
@@ -179,7 +214,7 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Library& 
       return config::ConfigError(v.pos.where() + ": route.options." + d.name + ": expected " + expected + ", got \"" +
                                  v.text + "\"");
     };
-    std::string canonical = v.text;
+    std::string text = v.text;
     switch (d.type) {
       case IDEMSINK_OPTION_STRING:
         if (v.toml_type != TomlType::String) throw bad("a string");
@@ -194,13 +229,13 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Library& 
         if (v.toml_type != TomlType::Boolean) throw bad("true or false");
         break;
       case IDEMSINK_OPTION_DURATION: {
-        auto ms = v.toml_type == TomlType::String ? parse_duration(v.text) : std::nullopt;
+        auto ms = v.toml_type == TomlType::String ? canonical(d.type, v.text) : std::nullopt;
         if (!ms) throw bad("a duration such as \"250ms\" or \"2s\"");
-        canonical = std::to_string(ms->count());
+        text = *ms;
         break;
       }
     }
-    out.emplace_back(d.name, canonical);
+    out.emplace_back(d.name, text);
   }
   return out;
 }

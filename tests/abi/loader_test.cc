@@ -66,6 +66,7 @@ BOOST_AUTO_TEST_CASE(bad_descriptors) {
   expect_refused(fixture("missing_create"), {"no create callback"});
   expect_refused(fixture("local_tx_without_apply"), {"local_tx requires an apply callback"});
   expect_refused(fixture("invalid_kind"), {"invalid kind 7"});
+  expect_refused(fixture("bad_option_default"), {"option timeout has default \"soon\", which is not a duration"});
 }
 
 BOOST_AUTO_TEST_CASE(well_formed_plugins_load_with_their_declarations) {
@@ -85,6 +86,8 @@ BOOST_AUTO_TEST_CASE(options_are_checked_against_declarations) {
   auto resolved = plugin::resolve_options(*lib, route_with({{"log", {T::String, "/tmp/x"}}, {"delay", {T::String, "2s"}}}));
   BOOST_TEST(resolved.size() == 2u);
   BOOST_TEST(resolved[1].second == "2000");  // durations reach the plugin in milliseconds
+  auto defaults = plugin::resolve_options(*lib, route_with({{"log", {T::String, "/tmp/x"}}}));
+  BOOST_TEST(defaults[1].second == "0");  // declared defaults too
   auto expect = [&](std::map<std::string, std::pair<T, std::string>> opts, std::string fragment) {
     try {
       plugin::resolve_options(*lib, route_with(opts));

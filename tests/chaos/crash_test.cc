@@ -191,3 +191,57 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
   BOOST_TEST_MESSAGE("10k run: " << order_keys.size() << " + " << pay_keys.size() << " keys, " << reinvoked
                                  << " waybill keys re-invoked after the kills (same token each time)");
 }
+
+BOOST_AUTO_TEST_CASE(at_most_once_never_calls_twice_across_a_crash) {
+  const std::string dbname = "crash_at_most_once";
+  auto db = MariaDbServer::shared().fresh_database(dbname);
+  MockKafka kafka;
+  kafka.create_topic("sms", 4);
+  kafka.create_topic("sms.dlq", 1);
+  ScratchDir dir("crash");
+  std::set<std::string> keys;
+  kafka.produce("sms", orders(1000, 0, "sms-", keys));
+  const auto calls = dir / "calls.log";
+  const std::string config = base_config(kafka, db, "host-a", "g") +
+                             route_config({"sms", "sms", "scripted_at_most_once.so", "",
+                                           {{"log", "\"" + calls.string() + "\""}, {"delay", "\"20ms\""}}});
+  crash_and_recover(kafka, dir, config, "after_handler_ok:100", "g", {{"sms", 4}});
+
+  std::map<std::string, int> invocations;
+  for (const auto& cols : read_call_log(calls)) ++invocations[cols.at(1)];
+  for (const auto& [k, n] : invocations) BOOST_TEST(n == 1, k << " sent " << n << " times");
+  auto conn = MariaDbServer::shared().connect(dbname);
+  const auto unknown = std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 4")[0][0]);
+  const auto done = std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]);
+  BOOST_TEST(unknown > 0u);  // in flight at the kill: maybe sent, so never sent again
+  BOOST_TEST(done + unknown == keys.size());
+  auto dlq = kafka.read_all("sms.dlq", 1);
+  BOOST_TEST(dlq.size() == unknown);  // each unknown is also copied to the DLQ
+  for (const auto& m : dlq) BOOST_TEST(m.headers.at("idemsink.reason") == "owner_vanished");
+}
+
+BOOST_AUTO_TEST_CASE(database_going_away_mid_run_is_survived) {
+  const std::string dbname = "crash_db_gone";
+  auto& server = MariaDbServer::shared();
+  auto db = server.fresh_database(dbname);
+  MockKafka kafka;
+  kafka.create_topic("orders", 4);
+  ScratchDir dir("crash");
+  std::set<std::string> keys;
+  kafka.produce("orders", orders(3000, 5, "o-", keys));
+  const auto calls = dir / "calls.log";
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                                     {{"log", "\"" + calls.string() + "\""}, {"delay", "\"5ms\""}}}));
+  wait_until([&] { return read_call_log(calls).size() >= 500; }, 60s, "progress before the outage");
+  server.kill();  // the business database disappears under load
+  wait_until([&] { return host.log().find("cannot reach the database") != std::string::npos; }, 30s,
+             "the host to notice the outage");
+  BOOST_TEST(host.running());
+  server.restart();
+  wait_all_committed(kafka, "g", {{"orders", 4}}, host);
+  BOOST_TEST(host.stop() == 0);
+  check_remote_exactly_once(calls, keys);
+  check_claims_all_done(dbname, keys.size());
+}

@@ -7,14 +7,15 @@
 namespace idemsink::test {
 
 std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
-                        const std::string& group, const std::string& extra_host_lines) {
+                        const std::string& group, const std::string& extra_host_lines,
+                        const std::string& extra_consumer_lines) {
   std::ostringstream os;
   os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n" << extra_host_lines
      << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
      << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n"
      << "[kafka.properties]\n\"log_level\" = \"4\"\n"
      << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
-     << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n"
+     << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n" << extra_consumer_lines
      << "\n[database]\nhost = \"" << db.host << "\"\nport = " << db.port << "\nuser = \"" << db.user
      << "\"\ndatabase = \"" << db.database << "\"\npool_size = 4\nconnect_timeout = \"2s\"\n"
      << "reconnect_backoff_max = \"500ms\"\n"

@@ -1,0 +1,298 @@
+// The batch partial-failure policy and DLQ routing, end to end: one bad
+// record neither stalls nor replays the others, every outcome is durable
+// before its offset is committed, and the DLQ loses nothing even while it
+// refuses writes.
+#define BOOST_TEST_MODULE failure_policy
+#include <boost/test/unit_test.hpp>
+#include <map>
+#include <set>
+
+#include "tests/support/host_fixture.h"
+#include "tests/support/mariadb_server.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string hex(std::string_view s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void wait_committed(MockKafka& kafka, const std::string& group, const std::string& topic, int partitions,
+                    HostProcess& host, std::chrono::milliseconds timeout = 60s) {
+  auto hi = kafka.high_watermarks(topic, partitions);
+  wait_until(
+      [&] {
+        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
+        auto c = kafka.committed(group, topic, partitions);
+        for (int p = 0; p < partitions; ++p)
+          if (c[p] < hi[p]) return false;
+        return true;
+      },
+      timeout, "committed offsets of " + topic + " to reach the end");
+}
+
+std::vector<ConsumedMessage> wait_dlq(MockKafka& kafka, const std::string& topic, size_t n,
+                                      std::chrono::milliseconds timeout = 60s) {
+  std::vector<ConsumedMessage> out;
+  wait_until(
+      [&] {
+        out = kafka.read_all(topic, 1);
+        return out.size() >= n;
+      },
+      timeout, std::to_string(n) + " records on " + topic);
+  return out;
+}
+
+std::map<std::string, std::vector<std::vector<std::string>>> calls_by_key(const std::filesystem::path& log) {
+  std::map<std::string, std::vector<std::vector<std::string>>> out;
+  for (auto& cols : read_call_log(log)) out[cols.at(1)].push_back(cols);
+  return out;
+}
+
+std::string order_json(const std::string& id, int amount = 1) {
+  return "{\"order\":{\"id\":\"" + id + "\",\"amount\":" + std::to_string(amount) + "}}";
+}
+
+const std::string kJsonKey = "key = { from = \"json\", json = \"order.id\" }";
+const std::string kFastRetry = "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"10ms\"\nbackoff_max = \"50ms\"\n";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_199) {
+  auto db = MariaDbServer::shared().fresh_database("policy_batch");
+  MockKafka kafka;
+  kafka.create_topic("orders", 1);
+  kafka.create_topic("orders.dlq", 1);
+  kafka.create_topic("sms", 1);
+  kafka.create_topic("sms.dlq", 1);
+  ScratchDir dir("policy");
+  const auto calls = dir / "calls.log";
+
+  // One poll's worth on orders: 196 good, one permanent rejection, one that
+  // fails three times then succeeds, one poison (not JSON), one whose key
+  // field is missing. Every record carries a trace header.
+  std::vector<TestMessage> batch;
+  for (int i = 0; i < 200; ++i) {
+    std::string value = order_json("o-" + std::to_string(i));
+    if (i == 37) value = order_json("perm-37");
+    if (i == 80) value = order_json("retry3-80");
+    if (i == 120) value = "{not json at all";
+    if (i == 150) value = "{\"order\":{\"amount\":5}}";
+    batch.push_back({"k" + std::to_string(i), value, {{"trace-id", "t-" + std::to_string(i)}}});
+  }
+  kafka.produce("orders", batch);
+  std::vector<TestMessage> sms;
+  for (int i = 0; i < 20; ++i) sms.push_back({i == 7 ? "uncertain-7" : "sms-" + std::to_string(i), "hello"});
+  kafka.produce("sms", sms);
+
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
+                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}) +
+                       route_config({"sms", "sms", "scripted_at_most_once.so", "",
+                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
+  wait_committed(kafka, "g", "orders", 1, host);
+  wait_committed(kafka, "g", "sms", 1, host);
+  BOOST_TEST(kafka.committed("g", "orders", 1)[0] == 200);
+  BOOST_TEST(kafka.committed("g", "sms", 1)[0] == 20);
+
+  // No replay: every good record was called exactly once.
+  auto calls_of = calls_by_key(calls);
+  for (int i = 0; i < 200; ++i) {
+    if (i == 37 || i == 80 || i == 120 || i == 150) continue;
+    BOOST_TEST(calls_of[hex("o-" + std::to_string(i))].size() == 1u, "o-" << i);
+  }
+  BOOST_TEST(calls_of[hex("perm-37")].size() == 1u);  // permanent: never retried
+  const auto& retried = calls_of[hex("retry3-80")];
+  BOOST_REQUIRE(retried.size() == 4u);                // three failures, then success
+  for (const auto& c : retried) BOOST_TEST(c[2] == retried[0][2]);  // one token throughout
+  BOOST_TEST(retried.back()[4] == "ok");
+  BOOST_TEST(calls_of[hex("uncertain-7")].size() == 1u);  // at most once: never called again
+
+  // The database says the same.
+  auto conn = MariaDbServer::shared().connect("policy_batch");
+  auto count = [&](const std::string& where) {
+    return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + where)[0][0]);
+  };
+  BOOST_TEST(count("namespace = 'waybill' AND status = 2") == 197);
+  BOOST_TEST(count("namespace = 'waybill' AND status = 3") == 1);
+  BOOST_TEST(count("namespace = 'sms' AND status = 2") == 19);
+  BOOST_TEST(count("namespace = 'sms' AND status = 4") == 1);
+  BOOST_TEST(*conn->query("SELECT calls FROM idemsink_claim WHERE biz_key = 'retry3-80'")[0][0] == "4");
+
+  // DLQ: the rejection, the poison and the missing key, with their headers.
+  auto dlq = wait_dlq(kafka, "orders.dlq", 3);
+  BOOST_REQUIRE(dlq.size() == 3u);
+  std::map<std::string, ConsumedMessage> by_reason;
+  for (auto& m : dlq) by_reason[m.headers["idemsink.reason"]] = m;
+  BOOST_REQUIRE(by_reason.count("permanent"));
+  BOOST_REQUIRE(by_reason.count("undecodable_value"));
+  BOOST_REQUIRE(by_reason.count("missing_key"));
+  const auto& perm = by_reason["permanent"];
+  BOOST_TEST(*perm.key == "k37");
+  BOOST_TEST(*perm.value == order_json("perm-37"));
+  BOOST_TEST(perm.headers.at("trace-id") == "t-37");  // original headers kept
+  BOOST_TEST(perm.headers.at("idemsink.source.topic") == "orders");
+  BOOST_TEST(perm.headers.at("idemsink.source.partition") == "0");
+  BOOST_TEST(perm.headers.at("idemsink.source.offset") == "37");
+  BOOST_TEST(perm.headers.at("idemsink.route") == "waybill");
+  BOOST_TEST(perm.headers.at("idemsink.attempt") == "1");
+  BOOST_TEST(perm.headers.at("idemsink.error") == "scripted outcome");
+  BOOST_TEST(perm.headers.at("idemsink.idem_token").size() == 36u);
+  BOOST_TEST(perm.headers.at("idemsink.host") == "host-a");
+  BOOST_TEST(std::stoll(perm.headers.at("idemsink.first_failure_ms")) > 0);
+  BOOST_TEST(std::stoll(perm.headers.at("idemsink.last_failure_ms")) >=
+             std::stoll(perm.headers.at("idemsink.first_failure_ms")));
+  BOOST_TEST(by_reason["undecodable_value"].headers.at("idemsink.source.offset") == "120");
+  BOOST_TEST(by_reason["undecodable_value"].headers.count("idemsink.idem_token") == 0u);  // never claimed
+  BOOST_TEST(*by_reason["undecodable_value"].value == "{not json at all");
+
+  auto sms_dlq = wait_dlq(kafka, "sms.dlq", 1);
+  BOOST_REQUIRE(sms_dlq.size() == 1u);
+  BOOST_TEST(sms_dlq[0].headers.at("idemsink.reason") == "uncertain");
+  BOOST_TEST(*sms_dlq[0].key == "uncertain-7");
+
+  // Every outbox row was published, exactly once.
+  wait_until([&] { return count("1") > 0 && conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
+             30s, "the outbox to drain");
+  BOOST_TEST(host.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
+  auto db = MariaDbServer::shared().fresh_database("policy_dlq_outage");
+  MockKafka kafka;
+  kafka.create_topic("orders", 2);
+  kafka.create_topic("orders.dlq", 1);
+  ScratchDir dir("policy");
+  const auto calls = dir / "calls.log";
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 400; ++i)
+    msgs.push_back({"k" + std::to_string(i), order_json(i % 20 == 0 ? "perm-" + std::to_string(i) : "o-" + std::to_string(i))});
+  kafka.produce("orders", msgs);
+  // The DLQ refuses every produce request for a while.
+  std::string errors = "push_errors Produce";
+  for (int i = 0; i < 60; ++i) errors += " NOT_ENOUGH_REPLICAS";
+  kafka.command(errors);
+
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") + "[kafka.producer]\n\"message.timeout.ms\" = \"1500\"\n" +
+                       "\"retry.backoff.ms\" = \"100\"\n\n" +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
+                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
+  // The source partitions move to the end although the DLQ is down: the
+  // dead records are durable in the outbox.
+  wait_committed(kafka, "g", "orders", 2, host);
+  auto conn = MariaDbServer::shared().connect("policy_dlq_outage");
+  BOOST_TEST(std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox")[0][0]) == 20);
+  // When the DLQ takes writes again, the relay publishes each row once.
+  auto dlq = wait_dlq(kafka, "orders.dlq", 20, 120s);
+  wait_until([&] { return conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
+             60s, "the outbox to drain");
+  dlq = kafka.read_all("orders.dlq", 1);
+  std::map<std::string, int> seen;
+  for (const auto& m : dlq) ++seen[m.headers.at("idemsink.source.offset") + "/" + m.headers.at("idemsink.source.partition")];
+  BOOST_TEST(dlq.size() == 20u);
+  BOOST_TEST(seen.size() == 20u);  // none twice
+  BOOST_TEST(host.log().find("DLQ publish failed for") != std::string::npos);  // it really failed meanwhile
+  BOOST_TEST(host.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
+  auto db = MariaDbServer::shared().fresh_database("policy_poison");
+  MockKafka kafka;
+  kafka.create_topic("orders", 1);
+  kafka.create_topic("orders.dlq", 1);
+  ScratchDir dir("policy");
+  const auto calls = dir / "calls.log";
+  const int64_t day = 86'400'000;
+  std::vector<TestMessage> msgs{
+      {"a", order_json("good-1")},
+      {"b", "\xff\xfe not json"},                               // undecodable_value
+      {"c", "{\"order\":{}}"},                                  // missing_key
+      {"d", "{\"order\":{\"id\":\"big\",\"pad\":\"" + std::string(3000, 'x') + "\"}}"},  // record_too_large
+      {"e", order_json(std::string(300, 'k'))},                 // biz_key_too_long
+      {"f", order_json("good-2", 10)},
+      {"g", order_json("good-2", 99)},                          // payload_conflict with f
+      {"h", order_json("old-1"), {}, -1, now_ms() - 100 * day},   // beyond_replay_horizon
+      {"i", order_json("future-1"), {}, -1, now_ms() + 2 * day},  // timestamp_in_future
+      {"j", order_json("good-3")},
+  };
+  kafka.produce("orders", msgs);
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
+                                     {{"log", "\"" + calls.string() + "\""}}, "max_record_bytes = 2000\n"}));
+  wait_committed(kafka, "g", "orders", 1, host);
+  auto dlq = wait_dlq(kafka, "orders.dlq", 7);
+  std::map<std::string, std::string> reason_by_key;
+  for (const auto& m : dlq) reason_by_key[*m.key] = m.headers.at("idemsink.reason");
+  BOOST_TEST(reason_by_key["b"] == "undecodable_value");
+  BOOST_TEST(reason_by_key["c"] == "missing_key");
+  BOOST_TEST(reason_by_key["d"] == "record_too_large");
+  BOOST_TEST(reason_by_key["e"] == "biz_key_too_long");
+  BOOST_TEST(reason_by_key["g"] == "payload_conflict");
+  BOOST_TEST(reason_by_key["h"] == "beyond_replay_horizon");
+  BOOST_TEST(reason_by_key["i"] == "timestamp_in_future");
+  BOOST_TEST(dlq.size() == 7u);
+  auto calls_of = calls_by_key(calls);
+  BOOST_TEST(calls_of.size() == 3u);  // good-1, good-2 (once), good-3
+  BOOST_TEST(host.running());
+  BOOST_TEST(host.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
+  auto db = MariaDbServer::shared().fresh_database("policy_plugins");
+  MockKafka kafka;
+  kafka.create_topic("orders", 1);
+  kafka.create_topic("orders.dlq", 1);
+  kafka.create_topic("twice", 1);
+  kafka.create_topic("twice.dlq", 1);
+  ScratchDir dir("policy");
+  const auto calls = dir / "calls.log";
+  kafka.produce("orders", {{"throw-1", "x"}, {"hang-1", "x"}, {"fine-1", "x"}});
+  kafka.produce("twice", {{"t-1", "x"}, {"t-2", "x"}, {"bad-1", "x"}});
+  const std::string retry = "call_timeout = \"300ms\"\n[route.retry]\nmax_attempts = 3\nbackoff_initial = \"10ms\"\n"
+                            "backoff_max = \"20ms\"\n";
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                                     {{"log", "\"" + calls.string() + "\""}}, retry}) +
+                       route_config({"twice", "twice", "double_complete.so", "", {}, retry}));
+  wait_committed(kafka, "g", "orders", 1, host);
+  wait_committed(kafka, "g", "twice", 1, host);
+  auto conn = MariaDbServer::shared().connect("policy_plugins");
+  auto status = [&](const std::string& key) {
+    return *conn->query("SELECT status FROM idemsink_claim WHERE biz_key = '" + key + "'")[0][0];
+  };
+  // A throwing plugin and a plugin that never answers exhaust their retries
+  // (same token) and are dead-lettered; the host stays up.
+  BOOST_TEST(status("throw-1") == "3");
+  BOOST_TEST(status("hang-1") == "3");
+  BOOST_TEST(status("fine-1") == "2");
+  BOOST_TEST(calls_by_key(calls)[hex("hang-1")].size() == 3u);
+  // A plugin that reports twice counts once; an invalid outcome is not success.
+  BOOST_TEST(status("t-1") == "2");
+  BOOST_TEST(status("t-2") == "2");
+  BOOST_TEST(status("bad-1") == "3");
+  const std::string log = host.log();
+  BOOST_TEST(log.find("handler threw: scripted failure") != std::string::npos);
+  BOOST_TEST(log.find("did not report within call_timeout") != std::string::npos);
+  BOOST_TEST(log.find("it was already reported, or came after its deadline") != std::string::npos);
+  BOOST_TEST(log.find("invalid outcome 42") != std::string::npos);
+  BOOST_TEST(host.stop() == 0);
+}

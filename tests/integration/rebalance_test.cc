@@ -1,0 +1,97 @@
+// Rebalance and shutdown: two hosts in one group, partitions moving while
+// calls are in flight. On revoke a host stops taking records of the
+// partition, lets in-flight calls finish within the grace period, commits and
+// hands back claims it never called; SIGTERM does the same for everything.
+#define BOOST_TEST_MODULE rebalance
+#include <boost/test/unit_test.hpp>
+#include <map>
+#include <set>
+
+#include "tests/support/host_fixture.h"
+#include "tests/support/mariadb_server.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string hex(std::string_view s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+void two_hosts_share_and_hand_over(const std::string& strategy) {
+  const std::string dbname = "rebalance_" + strategy.substr(0, strategy.find('-'));
+  auto db = MariaDbServer::shared().fresh_database(dbname);
+  MockKafka kafka;
+  kafka.create_topic("orders", 8);
+  ScratchDir dir("rebalance");
+  const auto calls = dir / "calls.log";
+  std::vector<TestMessage> msgs;
+  std::set<std::string> keys;
+  for (int i = 0; i < 3000; ++i) {
+    const std::string key = "o-" + std::to_string(i % 5 == 4 ? i - 3 : i);
+    keys.insert(key);
+    msgs.push_back({key, "v" + key});
+  }
+  kafka.produce("orders", msgs);
+  auto config = [&](const std::string& host) {
+    return base_config(kafka, db, host, "g", "max_in_flight = 200\n",
+                       "\"partition.assignment.strategy\" = \"" + strategy + "\"\n") +
+           route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                         {{"log", "\"" + calls.string() + "\""}, {"delay", "\"40ms\""}}});
+  };
+  auto conn = MariaDbServer::shared().connect(dbname);
+  auto done_count = [&] {
+    try {
+      return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]);
+    } catch (const db::DbError&) {
+      return 0;  // the host has not created its tables yet
+    }
+  };
+
+  HostProcess a(dir, "host-a", config("host-a"));
+  wait_until([&] { return done_count() >= 300; }, 60s, "host-a to make progress");
+  HostProcess b(dir, "host-b", config("host-b"));  // partitions move while A has calls in flight
+  wait_until([&] { return b.log().find("kafka: assigned") != std::string::npos; }, 60s, "host-b to get partitions");
+  wait_until([&] { return done_count() >= 1500; }, 120s, "both hosts to make progress");
+  BOOST_TEST(a.stop() == 0);  // A drains and leaves; B takes everything
+  auto hi = kafka.high_watermarks("orders", 8);
+  wait_until(
+      [&] {
+        if (!b.running()) throw std::runtime_error("host-b exited:\n" + b.log());
+        auto c = kafka.committed("g", "orders", 8);
+        for (int p = 0; p < 8; ++p)
+          if (c[p] < hi[p]) return false;
+        return true;
+      },
+      120s, "all offsets committed");
+  BOOST_TEST(b.stop() == 0);
+
+  // Clean hand-overs: no key was ever called twice, by either host.
+  std::map<std::string, int> invocations;
+  for (const auto& cols : read_call_log(calls)) ++invocations[cols.at(1)];
+  BOOST_TEST(invocations.size() == keys.size());
+  int twice = 0;
+  for (const auto& k : keys)
+    if (invocations[hex(k)] != 1) ++twice;
+  BOOST_TEST(twice == 0, twice << " keys called more than once");
+  BOOST_TEST(done_count() == static_cast<int>(keys.size()));
+  BOOST_TEST(a.log().find("revoking") != std::string::npos);
+  BOOST_TEST(b.log().find("assigned") != std::string::npos);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(eager_rebalance_hands_over_without_duplicates) { two_hosts_share_and_hand_over("range"); }
+
+BOOST_AUTO_TEST_CASE(cooperative_sticky_rebalance_hands_over_without_duplicates) {
+  two_hosts_share_and_hand_over("cooperative-sticky");
+}
