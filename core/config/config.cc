@@ -13,7 +13,7 @@
 namespace idemsink::config {
 namespace {
 
-enum class Type { String, Int, Bool, Duration, Section, SectionArray, StringMap, Options };
+enum class Type { String, Int, Bool, Duration, DurationList, Section, SectionArray, StringMap, Options };
 
 // One declared setting. `path` uses dots; "route" is the array of routes.
 struct Setting {
@@ -116,6 +116,10 @@ constexpr Setting kSettings[] = {
     {"route.retry.backoff_initial", Type::Duration, "200ms", false, 1, 3600000,
      "First backoff; doubles per attempt, with full jitter."},
     {"route.retry.backoff_max", Type::Duration, "30s", false, 1, 86400000, "Backoff cap."},
+    {"route.retry.topics", Type::DurationList, "", false, 1, 86400000 * 7LL,
+     "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the record to "
+     "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
+     "last it is dead-lettered. The source partition moves on at once."},
     {"route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."},
     {"route.dlq.enabled", Type::Bool, "true", false, 0, 0,
      "Publish dead records to the DLQ topic (they are always recorded in the database)."},
@@ -136,6 +140,7 @@ const char* type_name(Type t) {
     case Type::Int: return "integer";
     case Type::Bool: return "boolean";
     case Type::Duration: return "duration";
+    case Type::DurationList: return "array of durations";
     case Type::Section: return "table";
     case Type::SectionArray: return "array of tables";
     case Type::StringMap: return "table of strings";
@@ -212,6 +217,12 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
         if (!node.is_string() || !parse_duration(**node.as_string()))
           fail(pos, path, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
         break;
+      case Type::DurationList:
+        if (!node.is_array()) fail(pos, path, "expected an array of durations such as [\"10s\", \"5m\"]");
+        for (const auto& elem : *node.as_array())
+          if (!elem.is_string() || !parse_duration(**elem.as_string()))
+            fail(pos_of(file, elem), path, "expected a duration string such as \"10s\"");
+        break;
     }
   }
 }
@@ -265,6 +276,20 @@ class Reader {
       return v;
     }
     return *parse_duration(s.default_value);
+  }
+  std::vector<Millis> duration_list(std::string_view key) const {
+    const Setting& s = decl(key);
+    std::vector<Millis> out;
+    if (const toml::node* n = node(key)) {
+      for (const auto& elem : *n->as_array()) {
+        Millis v = *parse_duration(**elem.as_string());
+        if (v.count() < s.min || v.count() > s.max)
+          fail(pos_of(file_, elem), s.path,
+               "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
+        out.push_back(v);
+      }
+    }
+    return out;
   }
   std::map<std::string, std::string> string_map(std::string_view key) const {
     std::map<std::string, std::string> out;
@@ -339,6 +364,7 @@ RouteConfig read_route(const Reader& r, const std::filesystem::path& base_dir) {
   rc.retry.backoff_max = retry.duration("backoff_max");
   if (rc.retry.backoff_max < rc.retry.backoff_initial)
     fail(retry.table_pos(), "route.retry.backoff_max", "must not be smaller than backoff_initial");
+  rc.retry.topics = retry.duration_list("topics");
 
   Reader dlq = r.sub("dlq");
   rc.dlq.enabled = dlq.boolean("enabled");
@@ -444,9 +470,14 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
       fail(rc.pos, "route.topic", "topic \"" + rc.topic + "\" already has a route (one route per topic)");
     c.routes.push_back(std::move(rc));
   }
-  for (const auto& rc : c.routes)
+  for (const auto& rc : c.routes) {
     if (topics.count(rc.dlq.topic))
       fail(rc.pos, "route.dlq.topic", "DLQ topic \"" + rc.dlq.topic + "\" is the source topic of a route");
+    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
+      if (topics.count(rc.retry.topic_name(rc.topic, tier)))
+        fail(rc.pos, "route.retry.topics",
+             "retry topic \"" + rc.retry.topic_name(rc.topic, tier) + "\" is the source topic of a route");
+  }
   return c;
 }
 

@@ -82,6 +82,12 @@ struct RetryConfig {
   int max_attempts = 5;
   Millis backoff_initial{200};
   Millis backoff_max{30000};
+  /// Delayed retry topics: empty = retry in place. Otherwise a failed call
+  /// forwards the record to "<topic>.retry.N" to be retried after topics[N-1].
+  std::vector<Millis> topics;
+  std::string topic_name(const std::string& source, size_t tier) const {
+    return source + ".retry." + std::to_string(tier);
+  }
 };
 
 struct DlqConfig {

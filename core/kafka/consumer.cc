@@ -164,6 +164,15 @@ void Consumer::pause(const std::vector<TopicPartition>& tps) {
   rd_kafka_pause_partitions(rk_.get(), list.get());
 }
 
+void Consumer::seek(const TopicPartitionOffset& tpo) {
+  auto list = to_list(std::vector<TopicPartitionOffset>{tpo});
+  if (rd_kafka_error_t* e = rd_kafka_seek_partitions(rk_.get(), list.get(), 0)) {
+    spdlog::warn("kafka: seek {}[{}] to {} failed: {}", tpo.tp.topic, tpo.tp.partition, tpo.offset,
+                 rd_kafka_error_string(e));
+    rd_kafka_error_destroy(e);
+  }
+}
+
 void Consumer::resume(const std::vector<TopicPartition>& tps) {
   if (tps.empty()) return;
   auto list = to_list(tps);

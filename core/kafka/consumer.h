@@ -49,6 +49,8 @@ class Consumer {
 
   void commit_async(const std::vector<TopicPartitionOffset>& offsets);
   void pause(const std::vector<TopicPartition>& tps);
+  /// Moves the fetch position (asynchronously) and drops what was prefetched.
+  void seek(const TopicPartitionOffset& tpo);
   void resume(const std::vector<TopicPartition>& tps);
   std::vector<TopicPartition> assignment();
   /// Committed offsets of the group for these partitions (blocking; tests, audit).

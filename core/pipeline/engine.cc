@@ -1,6 +1,7 @@
 #include "core/pipeline/engine.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -31,7 +32,25 @@ int64_t now_ms() {
       .count();
 }
 
-bool is_idemsink_header(const char* name) { return std::strncmp(name, "idemsink.", 9) == 0; }
+// Headers the host writes itself. Those of an earlier pass (a record replayed
+// from a DLQ, or coming back from a retry topic) are replaced, not piled up;
+// idemsink.origin.* survives so a retried record keeps its first position.
+bool is_replaced_header(const char* name) {
+  return std::strncmp(name, "idemsink.", 9) == 0 && std::strncmp(name, "idemsink.origin.", 16) != 0;
+}
+
+std::optional<int64_t> header_int(const rd_kafka_message_t* msg, const char* name) {
+  rd_kafka_headers_t* hdrs = nullptr;
+  const void* v = nullptr;
+  size_t n = 0;
+  if (rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+      rd_kafka_header_get_last(hdrs, name, &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR || v == nullptr)
+    return std::nullopt;
+  int64_t out = 0;
+  auto [p, ec] = std::from_chars(static_cast<const char*>(v), static_cast<const char*>(v) + n, out);
+  if (ec != std::errc()) return std::nullopt;
+  return out;
+}
 
 }  // namespace
 
@@ -40,12 +59,17 @@ struct Engine::Partition {
   OffsetTracker tracker;
   bool revoked = false;
   int64_t last_sent = -1;  // commit point last sent to Kafka
+  // A retry-topic partition whose next record is not due yet: paused and
+  // rewound to `held_at` until the timer fires.
+  std::optional<int64_t> held_at;
+  std::unique_ptr<asio::steady_timer> hold_timer;
 };
 
 struct Engine::Record {
   uint64_t id = 0;
   kafka::MessagePtr msg;
   Route* route = nullptr;
+  size_t tier = 0;  // 0: consumed from the route's topic; N: from its retry topic N
   std::shared_ptr<Partition> part;
   int64_t offset = 0;
   int64_t timestamp_ms = 0;
@@ -99,7 +123,11 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg, 
       relay_timer_(io),
       gauges_timer_(io),
       summary_timer_(io) {
-  for (auto& r : routes_) route_by_topic_[r->cfg.topic] = r.get();
+  for (auto& r : routes_) {
+    route_by_topic_[r->cfg.topic] = {r.get(), 0};
+    for (size_t tier = 1; tier <= r->cfg.retry.topics.size(); ++tier)
+      route_by_topic_[r->cfg.retry.topic_name(r->cfg.topic, tier)] = {r.get(), tier};
+  }
 }
 
 Engine::~Engine() = default;
@@ -196,18 +224,30 @@ void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
     kafka::TopicPartition tp{rd_kafka_topic_name(msg->rkt), msg->partition};
     auto pit = partitions_.find(tp);
     if (pit == partitions_.end() || pit->second->revoked) continue;  // fetched before a revoke
-    if (!pit->second->tracker.add(msg->offset)) continue;            // seen already (refetch)
     auto route_it = route_by_topic_.find(tp.topic);
     if (route_it == route_by_topic_.end()) continue;  // not subscribed; cannot happen
+    Partition& part = *pit->second;
+    if (part.held_at && msg->offset >= *part.held_at) continue;  // prefetched behind a record not due yet
+    if (route_it->second.tier > 0) {
+      const auto due = header_int(msg.get(), "idemsink.retry.due_ms");
+      if (due && *due > now) {
+        hold_partition(pit->second, msg->offset, *due);
+        continue;
+      }
+    }
+    if (!part.tracker.add(msg->offset)) continue;  // seen already (refetch)
 
     auto rec = std::make_unique<Record>();
     Record& r = *rec;
     r.id = next_id_++;
-    r.route = route_it->second;
+    r.route = route_it->second.route;
+    r.tier = route_it->second.tier;
     r.part = pit->second;
     r.offset = msg->offset;
     rd_kafka_timestamp_type_t ts_type;
     r.timestamp_ms = rd_kafka_message_timestamp(msg.get(), &ts_type);
+    // Back from a retry topic: attempts continue where the last tier stopped.
+    if (r.tier > 0) r.calls = static_cast<uint32_t>(header_int(msg.get(), "idemsink.attempt").value_or(0));
     r.msg = std::move(msg);
     records_.emplace(r.id, std::move(rec));
     r.route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
@@ -509,10 +549,27 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   check_revokes();
 }
 
+void Engine::hold_partition(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms) {
+  part->held_at = offset;
+  consumer_->pause({part->tp});
+  consumer_->seek({part->tp, offset});
+  const auto wait = std::chrono::milliseconds(std::max<int64_t>(0, due_ms - now_ms()));
+  spdlog::debug("retry topic {}[{}]: record {} is due in {}ms; partition held", part->tp.topic, part->tp.partition,
+                offset, wait.count());
+  part->hold_timer = std::make_unique<asio::steady_timer>(io_, wait);
+  part->hold_timer->async_wait([this, weak = std::weak_ptr<Partition>(part)](boost::system::error_code ec) {
+    auto p = weak.lock();
+    if (ec || !p || p->revoked) return;
+    p->held_at.reset();
+    if (!fetch_paused_) consumer_->resume({p->tp});
+  });
+}
+
 void Engine::retry_or_fail(Record& r, std::string error) {
   r.note_failure(error);
   const config::RetryConfig& rc = r.route->cfg.retry;
-  if (r.calls >= static_cast<uint32_t>(rc.max_attempts)) {
+  const bool by_topic = !rc.topics.empty();
+  if (by_topic ? r.tier >= rc.topics.size() : r.calls >= static_cast<uint32_t>(rc.max_attempts)) {
     fail(r, Status::Failed, "retries_exhausted", std::move(error));
     return;
   }
@@ -520,6 +577,16 @@ void Engine::retry_or_fail(Record& r, std::string error) {
     // Not ours to retry any more: hand the claim to the partition's new owner.
     release_claims({outcome_of(r)});
     drop(r);
+    return;
+  }
+  if (by_topic) {
+    // Non-blocking retry: the record moves to the next retry topic (through
+    // the outbox, so it is durable before the offset moves on) and the claim
+    // is released for whoever consumes it there.
+    r.route->metrics->retries.fetch_add(1, std::memory_order_relaxed);
+    r.stage = Stage::Finishing;
+    forward_queue_.push_back(r.id);
+    post_once(forward_flush_scheduled_, [this] { flush_forwards(); });
     return;
   }
   r.route->metrics->retries.fetch_add(1, std::memory_order_relaxed);
@@ -672,7 +739,7 @@ claim::DeadLetter Engine::letter_of(const Record& r, const std::string& reason, 
     for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
       // A record dead-lettered before (replayed from a DLQ) must not pile up
       // our headers: the new ones replace the old.
-      if (is_idemsink_header(name)) continue;
+      if (is_replaced_header(name)) continue;
       claim::StoredHeader h{name, std::nullopt};
       if (value) h.value = std::string(static_cast<const char*>(value), size);
       d.headers.push_back(std::move(h));
@@ -810,6 +877,45 @@ void Engine::flush_dead_letters() {
       });
     });
   }
+}
+
+void Engine::flush_forwards() {
+  if (forward_queue_.empty()) return;
+  std::vector<uint64_t> ids;
+  ids.swap(forward_queue_);
+  std::vector<claim::Outcome> releases;
+  std::vector<claim::DeadLetter> letters;
+  const int64_t now = now_ms();
+  for (uint64_t id : ids) {
+    const Record& r = *find(id);
+    const config::RouteConfig& rc = r.route->cfg;
+    releases.push_back(outcome_of(r));
+    claim::DeadLetter d = letter_of(r, "retry", r.last_error);
+    d.dlq_topic = rc.retry.topic_name(rc.topic, r.tier + 1);
+    d.headers.push_back({"idemsink.retry.due_ms", std::to_string(now + rc.retry.topics[r.tier].count())});
+    d.headers.push_back({"idemsink.retry.tier", std::to_string(r.tier + 1)});
+    if (r.tier == 0) {
+      d.headers.push_back({"idemsink.origin.topic", r.part->tp.topic});
+      d.headers.push_back({"idemsink.origin.partition", std::to_string(r.part->tp.partition)});
+      d.headers.push_back({"idemsink.origin.offset", std::to_string(r.offset)});
+    }
+    letters.push_back(std::move(d));
+  }
+  ++finish_jobs_;
+  pool_.submit("forward to retry topics", [this, ids, releases = std::move(releases),
+                                           letters = std::move(letters)](db::Connection& c) {
+    c.begin();
+    store_.release(c, releases);
+    outbox_.insert(c, letters);
+    c.commit();
+    asio::post(io_, [this, ids] {
+      --finish_jobs_;
+      for (uint64_t id : ids)
+        if (Record* r = find(id)) retire(*r);
+      relay_kick();
+      check_revokes();
+    });
+  });
 }
 
 void Engine::retire(Record& r) {
@@ -1012,7 +1118,12 @@ void Engine::update_backpressure() {
                  operator_paused_.load() ? ", paused by operator" : "");
   } else if (fetch_paused_ && want_resume) {
     fetch_paused_ = false;
-    consumer_->resume(consumer_->assignment());
+    std::vector<kafka::TopicPartition> resume;
+    for (const auto& tp : consumer_->assignment()) {
+      auto it = partitions_.find(tp);
+      if (it == partitions_.end() || !it->second->held_at) resume.push_back(tp);
+    }
+    consumer_->resume(resume);
     metrics_.paused.store(0);
     spdlog::info("fetching resumed");
   } else if (fetch_paused_) {

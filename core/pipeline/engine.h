@@ -121,6 +121,8 @@ class Engine : public kafka::Consumer::Listener {
   void on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail);
   void on_call_result(Record& r, idemsink_outcome outcome, std::string detail);
   void retry_or_fail(Record& r, std::string error);
+  void flush_forwards();
+  void hold_partition(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms);
   void flush_local_tx(Route& route);
   // outcomes
   void fail(Record& r, claim::Status status, std::string reason, std::string error);
@@ -159,7 +161,11 @@ class Engine : public kafka::Consumer::Listener {
   std::unique_ptr<kafka::Producer> producer_;
 
   std::vector<std::unique_ptr<Route>> routes_;
-  std::map<std::string, Route*> route_by_topic_;
+  struct TopicRoute {
+    Route* route;
+    size_t tier;  // 0: the route's own topic; N: its retry topic N
+  };
+  std::map<std::string, TopicRoute> route_by_topic_;
   std::map<kafka::TopicPartition, std::shared_ptr<Partition>> partitions_;
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   std::unordered_map<std::string, std::deque<uint64_t>> keys_;  // "ns\0biz_key" -> arrival order
@@ -170,6 +176,7 @@ class Engine : public kafka::Consumer::Listener {
   std::vector<uint64_t> done_queue_;
   std::vector<Terminal> terminal_queue_;
   std::vector<uint64_t> dead_letter_queue_;
+  std::vector<uint64_t> forward_queue_;  // to their next retry topic
   int claim_jobs_ = 0;
   int finish_jobs_ = 0;
   int dead_letter_jobs_ = 0;
@@ -177,6 +184,7 @@ class Engine : public kafka::Consumer::Listener {
   bool claim_flush_scheduled_ = false;
   bool finish_flush_scheduled_ = false;
   bool dead_letter_flush_scheduled_ = false;
+  bool forward_flush_scheduled_ = false;
   bool renew_running_ = false;
   bool gauges_running_ = false;
 

@@ -83,6 +83,7 @@ int run_host(const config::Config& cfg) {
                  libs[i]->descriptor().version, plugin::kind_name(libs[i]->kind()),
                  rc.dlq.enabled ? rc.dlq.topic : "disabled");
     topics.push_back(rc.topic);
+    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier) topics.push_back(rc.retry.topic_name(rc.topic, tier));
     routes.push_back(std::move(route));
   }
 

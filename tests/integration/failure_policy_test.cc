@@ -296,3 +296,57 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
   BOOST_TEST(log.find("invalid outcome 42") != std::string::npos);
   BOOST_TEST(host.stop() == 0);
 }
+
+BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
+  auto db = MariaDbServer::shared().fresh_database("policy_retry_topics");
+  MockKafka kafka;
+  for (const char* t : {"orders", "orders.retry.1", "orders.retry.2", "orders.dlq"}) kafka.create_topic(t, 1);
+  ScratchDir dir("policy");
+  const auto calls = dir / "calls.log";
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 50; ++i) msgs.push_back({"o-" + std::to_string(i), "v"});
+  msgs[10] = {"retry1-a", "v", {{"trace-id", "t-a"}}};  // fails once: succeeds from retry topic 1
+  msgs[20] = {"retry2-b", "v"};                         // fails twice: succeeds from retry topic 2
+  msgs[30] = {"retry9-c", "v"};                         // keeps failing: dead-lettered after the last tier
+  kafka.produce("orders", msgs);
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                                     {{"log", "\"" + calls.string() + "\""}},
+                                     "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n"}));
+  // The source partition does not wait for the retries.
+  wait_committed(kafka, "g", "orders", 1, host);
+  auto early = calls_by_key(calls);
+  BOOST_TEST(early[hex("retry2-b")].size() < 3u, "the source commit waited for the second retry");
+  wait_committed(kafka, "g", "orders.retry.1", 1, host);
+  wait_committed(kafka, "g", "orders.retry.2", 1, host);
+  auto dlq = wait_dlq(kafka, "orders.dlq", 1);
+  BOOST_REQUIRE(dlq.size() == 1u);
+  BOOST_TEST(*dlq[0].key == "retry9-c");
+  BOOST_TEST(dlq[0].headers.at("idemsink.reason") == "retries_exhausted");
+  BOOST_TEST(dlq[0].headers.at("idemsink.origin.topic") == "orders");  // where it first came from
+  BOOST_TEST(dlq[0].headers.at("idemsink.origin.offset") == "30");
+  BOOST_TEST(dlq[0].headers.at("idemsink.source.topic") == "orders.retry.2");
+  // One line per header name: repeated passes replaced, not piled up.
+  std::map<std::string, int> names;
+  for (const auto& [k, v] : dlq[0].all_headers) ++names[k];
+  for (const auto& [k, n] : names) BOOST_TEST(n == 1, k << " appears " << n << " times");
+
+  auto by_key = calls_by_key(calls);
+  const auto& a = by_key[hex("retry1-a")];
+  const auto& b = by_key[hex("retry2-b")];
+  BOOST_REQUIRE(a.size() == 2u);
+  BOOST_REQUIRE(b.size() == 3u);
+  BOOST_TEST(a[0][2] == a[1][2]);  // the same idem_token on every tier
+  BOOST_TEST(b[0][2] == b[2][2]);
+  BOOST_TEST(a[1][4] == "ok");
+  BOOST_TEST(b[2][4] == "ok");
+  // Each tier waited its delay.
+  BOOST_TEST(std::stoll(a[1][5]) - std::stoll(a[0][5]) >= 1500);
+  BOOST_TEST(std::stoll(b[2][5]) - std::stoll(b[1][5]) >= 3000);
+  BOOST_TEST(by_key[hex("retry9-c")].size() == 3u);  // source + two tiers
+  auto conn = MariaDbServer::shared().connect("policy_retry_topics");
+  BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry2-b'")[0][0] == "2");
+  BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry9-c'")[0][0] == "3");
+  BOOST_TEST(host.stop() == 0);
+}

@@ -7,7 +7,7 @@
 //   throw-...       throws from invoke (the SDK turns it into uncertain)
 //   anything else   ok after `delay`
 // Every call appends one line to the `log` file before reporting:
-//   route \t hex(biz_key) \t idem_token \t attempt \t outcome
+//   route \t hex(biz_key) \t idem_token \t attempt \t outcome \t unix ms
 // so a test can prove what was really invoked, even across SIGKILLs.
 #include <fcntl.h>
 #include <unistd.h>
@@ -80,7 +80,11 @@ class Scripted {
     const char* names[] = {"ok", "retryable", "uncertain", "permanent"};
     std::string line = std::string(rec.route()) + "\t" + hex(key) + "\t" + std::string(rec.idem_token()) + "\t" +
                        std::to_string(rec.attempt()) + "\t" +
-                       (key.starts_with("hang-") ? "hang" : key.starts_with("throw-") ? "throw" : names[outcome]) + "\n";
+                       (key.starts_with("hang-") ? "hang" : key.starts_with("throw-") ? "throw" : names[outcome]) + "\t" +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count()) +
+                       "\n";
     if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) throw std::runtime_error("log write");
     if (key.starts_with("hang-")) {
       std::lock_guard lk(mu_);
