@@ -1,10 +1,17 @@
 #include "core/app/commands.h"
 
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
 #include <iostream>
+#include <map>
 
 #include "core/common/log.h"
+#include "core/common/util.h"
+#include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
+#include "core/pipeline/audit.h"
 #include "core/pipeline/host.h"
+#include "core/pipeline/reconciler.h"
 
 namespace idemsink::app {
 
@@ -43,6 +50,101 @@ int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_p
     opt.topics.emplace_back(t.substr(0, colon), std::stoi(t.substr(colon + 1)));
   }
   return kafka::run_dev_cluster(opt);
+}
+
+}  // namespace idemsink::app
+
+namespace idemsink::app {
+
+int reconcile_list(const config::Config& cfg) {
+  db::Connection c(cfg.database);
+  const std::string stuck_after = std::to_string(cfg.claim.stuck_after.count() * 1000);
+  auto rows = c.query(
+      "SELECT namespace, biz_key, status, idem_token, attempt, calls, IFNULL(last_error, ''), updated_at, src_topic, "
+      "src_partition, src_offset FROM idemsink_claim WHERE status = 4 OR (status = 1 AND (owner IS NULL OR "
+      "lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " + stuck_after + " MICROSECOND) ORDER BY updated_at");
+  std::cout << rows.size() << " claim(s) need reconciliation\n";
+  for (const auto& r : rows)
+    std::cout << "  " << *r[0] << " key=" << printable(*r[1]) << " "
+              << (*r[2] == "4" ? "unknown" : "stuck-pending") << " token=" << *r[3] << " attempt=" << *r[4]
+              << " calls=" << *r[5] << " updated=" << *r[7] << " source=" << *r[8] << "[" << *r[9] << "]@" << *r[10]
+              << (r[6]->empty() ? "" : " error=\"" + *r[6] + "\"") << "\n";
+  return 0;
+}
+
+int reconcile_check(const config::Config& cfg) {
+  auto libs = pipeline::load_route_plugins(cfg);
+  db::Connection c(cfg.database);
+  size_t problems = 0, checks = 0;
+  std::map<std::string, bool> seen;
+  for (const auto& lib : libs) {
+    if (seen[lib->path().string()]) continue;
+    seen[lib->path().string()] = true;
+    for (const auto& check : lib->checks()) {
+      ++checks;
+      auto rows = c.query(check.sql);
+      std::cout << lib->name() << "/" << check.name << ": " << rows.size() << " problem(s)"
+                << (rows.empty() ? "" : std::string(" - ") + (check.doc ? check.doc : "")) << "\n";
+      for (const auto& r : rows) {
+        std::cout << "   ";
+        for (const auto& col : r) std::cout << " " << (col ? printable(*col) : "NULL");
+        std::cout << "\n";
+      }
+      problems += rows.size();
+    }
+  }
+  std::cout << checks << " check(s), " << problems << " problem(s)\n";
+  return problems == 0 ? 0 : 1;
+}
+
+int reconcile_ask(const config::Config& cfg) {
+  auto libs = pipeline::load_route_plugins(cfg);
+  std::vector<std::unique_ptr<plugin::Instance>> instances;
+  std::map<std::string, plugin::Instance*> handlers;
+  for (size_t i = 0; i < cfg.routes.size(); ++i) {
+    instances.push_back(std::make_unique<plugin::Instance>(libs[i], cfg.routes[i]));
+    handlers[cfg.routes[i].name] = instances.back().get();
+  }
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  db::Pool pool(cfg.database, 2);
+  pipeline::Reconciler reconciler(io, pool, cfg, handlers, nullptr, cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
+  pipeline::ReconcileSummary summary;
+  reconciler.run_once([&](pipeline::ReconcileSummary s) {
+    summary = s;
+    io.stop();
+  });
+  io.run();
+  pool.stop(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  std::cout << "reconcile: " << summary.examined << " examined, " << summary.applied << " applied -> done, "
+            << summary.redriven_done << " re-driven -> done, " << summary.failed << " failed, " << summary.undecided
+            << " undecided, " << summary.left_stuck << " stuck left for an operator\n";
+  return summary.undecided + summary.left_stuck == 0 ? 0 : 1;
+}
+
+int reconcile_resolve(const config::Config& cfg, const std::string& token, const std::string& as,
+                      const std::string& note) {
+  if (as != "done" && as != "failed") throw std::invalid_argument("--as must be done or failed");
+  db::Connection c(cfg.database);
+  // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
+  const uint64_t n = c.execute(
+      "UPDATE idemsink_claim SET status = " + std::string(as == "done" ? "2" : "3") +
+      ", last_error = " + c.quote(sanitize_utf8("resolved by operator: " + note, 1024)) +
+      ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(token) +
+      " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
+  if (n == 0) {
+    std::cerr << "no unknown or stuck claim has token " << token
+              << " (it may be done, failed, or still held by a live host)\n";
+    return 1;
+  }
+  std::cout << "claim " << token << " resolved as " << as << "\n";
+  return 0;
+}
+
+int audit(const config::Config& cfg) {
+  auto report = pipeline::audit(cfg);
+  report.print(std::cout);
+  return report.ok() ? 0 : 1;
 }
 
 }  // namespace idemsink::app

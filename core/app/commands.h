@@ -1,4 +1,5 @@
 // The CLI's commands, one function each; main.cc only parses arguments.
+// Each returns the process exit code.
 #pragma once
 
 #include <string>
@@ -12,5 +13,17 @@ int run(const config::Config& cfg);
 int check_config(const config::Config& cfg);
 int schema(const config::Config& cfg, bool apply);
 int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_port);
+
+/// Unknown and stuck claims, one line each.
+int reconcile_list(const config::Config& cfg);
+/// Every route plugin's reconciliation checks; exit 1 if any finds a problem.
+int reconcile_check(const config::Config& cfg);
+/// One reconcile round through the plugins' hooks, as the host runs it.
+int reconcile_ask(const config::Config& cfg);
+/// An operator's decision for one claim (unknown or stuck) by idem_token.
+int reconcile_resolve(const config::Config& cfg, const std::string& token, const std::string& as,
+                      const std::string& note);
+/// Every committed offset accounted for; exit 1 if not.
+int audit(const config::Config& cfg);
 
 }  // namespace idemsink::app

@@ -27,6 +27,9 @@ commands:
   schema print|apply --config FILE
                                print or apply the claim, outbox and plugin DDL
   plugin-info FILE.so          show a plugin's name, kind, ABI and options
+  reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
+                               inspect and settle unknown or stuck claims; run plugin checks
+  audit --config FILE          prove every committed offset is accounted for
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
   config-reference             print the configuration reference (Markdown)
@@ -37,7 +40,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
   po::options_description common("options");
   common.add_options()("help,h", "show this help");
 
-  if (cmd == "run" || cmd == "check-config") {
+  if (cmd == "run" || cmd == "check-config" || cmd == "audit") {
     po::options_description desc(common);
     desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)");
     po::variables_map vm;
@@ -50,6 +53,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
     if (cmd == "run") return app::run(cfg);
+    if (cmd == "audit") return app::audit(cfg);
     return app::check_config(cfg);
   }
   if (cmd == "schema") {
@@ -70,6 +74,35 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
     return app::schema(cfg, action == "apply");
+  }
+  if (cmd == "reconcile") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
+        "list", "list unknown and stuck claims (the default)")(
+        "check", "run every plugin's reconciliation checks (e.g. a biz_key credited twice); exit 1 on a problem")(
+        "ask", "ask the plugins' reconcile hooks about unknown and stuck claims and settle what they can tell")(
+        "resolve", po::value<std::string>(), "idem_token of an unknown or stuck claim to settle by hand")(
+        "as", po::value<std::string>(), "done or failed, with --resolve")(
+        "note", po::value<std::string>()->default_value("no note"), "why, stored with --resolve");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as "
+                   "done|failed [--note TEXT]]\n\n"
+                << desc;
+      return 0;
+    }
+    po::notify(vm);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level);
+    if (vm.count("check")) return app::reconcile_check(cfg);
+    if (vm.count("ask")) return app::reconcile_ask(cfg);
+    if (vm.count("resolve")) {
+      if (!vm.count("as")) throw po::error("--resolve needs --as done|failed");
+      return app::reconcile_resolve(cfg, vm["resolve"].as<std::string>(), vm["as"].as<std::string>(),
+                                    vm["note"].as<std::string>());
+    }
+    return app::reconcile_list(cfg);
   }
   if (cmd == "plugin-info") {
     po::options_description desc(common);

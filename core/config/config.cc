@@ -93,6 +93,10 @@ constexpr Setting kSettings[] = {
      "instead of being handled again."},
     {"claim.flush_linger", Type::Duration, "5ms", false, 0, 1000,
      "How long completions wait to be marked done together in one statement."},
+    {"claim.stuck_after", Type::Duration, "10m", false, 1000, 86400000 * 30LL,
+     "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."},
+    {"claim.reconcile_interval", Type::Duration, "1m", false, 0, 86400000,
+     "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."},
 
     {"route", Type::SectionArray, "", true, 0, 0, "One [[route]] per topic: which handler runs for its records."},
     {"route.name", Type::String, "", true, 0, 0,
@@ -459,6 +463,8 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   c.claim.apply_schema = claim.boolean("apply_schema");
   c.claim.max_takeovers = static_cast<int>(claim.integer("max_takeovers"));
   c.claim.flush_linger = claim.duration("flush_linger");
+  c.claim.stuck_after = claim.duration("stuck_after");
+  c.claim.reconcile_interval = claim.duration("reconcile_interval");
 
   std::set<std::string> names, topics;
   for (const auto& elem : *doc.get("route")->as_array()) {
@@ -499,6 +505,12 @@ std::string SourcePos::where() const { return file + ":" + std::to_string(line) 
 const RouteConfig* Config::route_for_topic(const std::string& topic) const {
   for (const auto& r : routes)
     if (r.topic == topic) return &r;
+  return nullptr;
+}
+
+const RouteConfig* Config::route_by_name(const std::string& name) const {
+  for (const auto& r : routes)
+    if (r.name == name) return &r;
   return nullptr;
 }
 

@@ -74,6 +74,8 @@ struct ClaimConfig {
   bool apply_schema = true;
   int max_takeovers = 5;
   Millis flush_linger{5};
+  Millis stuck_after{600000};
+  Millis reconcile_interval{60000};
 };
 
 enum class KeySource { MessageKey, Header, JsonField };
@@ -130,6 +132,7 @@ struct Config {
   std::vector<RouteConfig> routes;
 
   const RouteConfig* route_for_topic(const std::string& topic) const;
+  const RouteConfig* route_by_name(const std::string& name) const;
 };
 
 /// Reads and validates a config file. Throws ConfigError.

@@ -132,6 +132,12 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg, 
 
 Engine::~Engine() = default;
 
+std::map<std::string, plugin::Instance*> Engine::handlers() const {
+  std::map<std::string, plugin::Instance*> out;
+  for (const auto& r : routes_) out[r->cfg.name] = r->handler.get();
+  return out;
+}
+
 // ---------------------------------------------------------------- plumbing
 
 Engine::Record* Engine::find(uint64_t id) {

@@ -69,6 +69,9 @@ class Engine : public kafka::Consumer::Listener {
   /// engine thread) until done or `deadline`.
   void quiesce(std::chrono::steady_clock::time_point deadline);
 
+  /// Each route's handler, by route name (for the reconciler).
+  std::map<std::string, plugin::Instance*> handlers() const;
+
   /// Operator pause/resume (admin API): stops fetching, keeps the group.
   void set_operator_pause(bool paused);
   bool operator_paused() const { return operator_paused_.load(); }

@@ -13,6 +13,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
+#include "core/pipeline/reconciler.h"
 
 namespace idemsink::pipeline {
 
@@ -97,11 +98,13 @@ int run_host(const config::Config& cfg) {
   });
   kafka::Consumer consumer(cfg.kafka, topics, engine);
 
+  Reconciler reconciler(io, pool, cfg, engine.handlers(), &metrics, owner);
   std::unique_ptr<admin::AdminServer> admin;
   if (!cfg.host.admin_listen.empty()) admin = std::make_unique<admin::AdminServer>(cfg.host.admin_listen, metrics, engine, cfg.host.id);
 
   engine.start(&consumer);
   consumer.start();
+  reconciler.start(cfg.claim.reconcile_interval);
 
   std::thread shutdown;
   asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -111,6 +114,7 @@ int run_host(const config::Config& cfg) {
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
     shutdown = std::thread([&] {
       const auto deadline = std::chrono::steady_clock::now() + cfg.host.shutdown_grace + std::chrono::seconds(5);
+      asio::post(io, [&] { reconciler.stop(); });
       consumer.close();  // revokes and drains every partition, commits
       engine.quiesce(deadline);
       if (admin) admin->stop();

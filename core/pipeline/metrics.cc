@@ -85,6 +85,10 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_consumer_lag", "gauge", "Records between the commit point and the high watermark, summed.",
          lag.load());
   scalar("idemsink_stuck_pending", "gauge", "Pending claims whose lease expired (all hosts).", stuck_pending.load());
+  scalar("idemsink_reconciled_done_total", "counter", "Unknown or stuck claims resolved done by reconciliation.",
+         reconciled_done.load());
+  scalar("idemsink_reconcile_undecided", "gauge", "Claims the last reconcile round could not settle (alert on it).",
+         reconcile_undecided.load());
   scalar("idemsink_db_statements_total", "counter", "Statements sent to MariaDB.", db_statements.load());
   scalar("idemsink_db_reconnects_total", "counter", "Reconnects to MariaDB.", db_reconnects.load());
   scalar("idemsink_db_healthy", "gauge", "0 while a database worker cannot reach MariaDB.", db_healthy.load());

@@ -54,6 +54,8 @@ class Metrics {
   std::atomic<int64_t> assigned_partitions{0};
   std::atomic<int64_t> lag{0};              // sum over assigned partitions of high watermark - commit point
   std::atomic<int64_t> stuck_pending{0};    // pending claims with an expired lease, refreshed periodically
+  std::atomic<uint64_t> reconciled_done{0};    // unknown/stuck rows resolved done by the reconcile hook
+  std::atomic<int64_t> reconcile_undecided{0}; // rows the last reconcile round could not settle
   std::atomic<uint64_t> db_statements{0};
   std::atomic<uint64_t> db_reconnects{0};
   std::atomic<int64_t> db_healthy{1};

@@ -160,6 +160,10 @@ std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
                        option_type_name(o.type));
   }
   if (desc.schema_count > 0 && desc.schema == nullptr) refuse(path, "schema_count > 0 but schema is NULL");
+  if (desc.check_count > 0 && desc.checks == nullptr) refuse(path, "check_count > 0 but checks is NULL");
+  for (size_t i = 0; i < desc.check_count; ++i)
+    if (desc.checks[i].name == nullptr || desc.checks[i].sql == nullptr)
+      refuse(path, "check " + std::to_string(i) + " has no name or no sql");
   return lib;
 }
 
@@ -179,6 +183,10 @@ std::string Library::info() const {
     os << "  " << o.name << " (" << option_type_name(o.type) << ", "
        << (o.default_value ? std::string("default ") + o.default_value : std::string("required")) << ")"
        << (o.doc ? std::string(": ") + o.doc : "") << "\n";
+  }
+  if (desc_.check_count) {
+    os << "checks:\n";
+    for (const auto& c : checks()) os << "  " << c.name << ": " << (c.doc ? c.doc : "") << "\n";
   }
   if (desc_.schema_count) {
     os << "schema:\n";

@@ -39,6 +39,7 @@ class Library {
   idemsink_kind kind() const { return desc_.kind; }
   std::span<const idemsink_option_decl> options() const { return {desc_.options, desc_.option_count}; }
   std::span<const char* const> schema() const { return {desc_.schema, desc_.schema_count}; }
+  std::span<const idemsink_check> checks() const { return {desc_.checks, desc_.check_count}; }
 
   /// Human-readable description for `idemsink plugin-info`.
   std::string info() const;

@@ -25,8 +25,8 @@ std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db
 
 std::string route_config(const RouteSpec& r) {
   std::ostringstream os;
-  os << "[[route]]\nname = \"" << r.name << "\"\ntopic = \"" << r.topic << "\"\nplugin = \"" << test_plugin_dir() << "/"
-     << r.plugin << "\"\n";
+  const std::string plugin = r.plugin.rfind('/', 0) == 0 ? r.plugin : test_plugin_dir() + "/" + r.plugin;
+  os << "[[route]]\nname = \"" << r.name << "\"\ntopic = \"" << r.topic << "\"\nplugin = \"" << plugin << "\"\n";
   if (!r.key_toml.empty()) os << r.key_toml << "\n";
   os << r.extra << "\n";
   if (!r.options.empty()) {

@@ -23,7 +23,7 @@ std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db
 struct RouteSpec {
   std::string name;
   std::string topic;
-  std::string plugin;             // file name in the test plugin folder
+  std::string plugin;             // file name in the test plugin folder, or an absolute path
   std::string key_toml = "";      // e.g. "key = { from = \"json\", json = \"order.id\" }"
   std::map<std::string, std::string> options;  // TOML values, already quoted as needed
   std::string extra;              // more lines for the table

@@ -102,6 +102,18 @@ typedef struct idemsink_option_decl {
     const char *doc;           /**< plugin-owned, static; one sentence */
 } idemsink_option_decl;
 
+/**
+ * A reconciliation check a plugin ships for its business tables: a query
+ * returning one row per problem found (e.g. one biz_key credited twice).
+ * `idemsink reconcile --check` runs every check of every route and exits
+ * non-zero if any returns a row, so it can drive an alert.
+ */
+typedef struct idemsink_check {
+    const char *name; /**< plugin-owned, static; e.g. "duplicate_credits" */
+    const char *sql;  /**< plugin-owned, static; a SELECT */
+    const char *doc;  /**< plugin-owned, static; what a row means */
+} idemsink_check;
+
 /** One validated option value, in the canonical text form of its type. */
 typedef struct idemsink_option {
     const char *name;  /**< host-owned, call-scoped (create) */
@@ -234,6 +246,10 @@ typedef struct idemsink_plugin {
      *  (CREATE TABLE IF NOT EXISTS). May be NULL if schema_count == 0. */
     const char *const *schema;
     size_t schema_count;
+
+    /** Reconciliation checks; may be NULL if check_count == 0. */
+    const idemsink_check *checks;
+    size_t check_count;
 
     /**
      * Create one handler instance from validated options. Returns 0 and sets

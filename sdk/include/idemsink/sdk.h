@@ -288,6 +288,7 @@ struct PluginInfo {
   idemsink_kind kind = IDEMSINK_KIND_REMOTE_IDEMPOTENT;
   std::span<const idemsink_option_decl> options{};
   std::span<const char* const> schema{};
+  std::span<const idemsink_check> checks{};
 };
 
 namespace detail {
@@ -346,6 +347,8 @@ idemsink_plugin make_descriptor(const PluginInfo& info) {
   d.option_count = info.options.size();
   d.schema = info.schema.data();
   d.schema_count = info.schema.size();
+  d.checks = info.checks.data();
+  d.check_count = info.checks.size();
   d.create = [](const idemsink_host_api* host, const idemsink_option* opts, size_t n, void** instance, char* err,
                 size_t cap) -> int {
     try {

@@ -1,0 +1,36 @@
+// `idemsink audit`: proves the commit rule after the fact. Every record of
+// every route topic below the group's committed offset must be accounted
+// for: a terminal claim (done, failed, unknown) for its key, or a DLQ
+// outbox row for its exact position (poison input, retry forwards).
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+
+namespace idemsink::pipeline {
+
+struct PartitionAudit {
+  std::string topic;
+  int32_t partition = 0;
+  int64_t low = 0;        // oldest offset Kafka still has
+  int64_t committed = 0;  // the group's commit point (exclusive)
+  int64_t consumed = 0;   // records read in [low, committed)
+  int64_t by_claim = 0;
+  int64_t by_outbox = 0;
+  std::vector<int64_t> missing;  // offsets accounted for by nothing
+};
+
+struct AuditReport {
+  std::vector<PartitionAudit> partitions;
+  bool ok() const;
+  void print(std::ostream& os) const;
+};
+
+/// Reads the topics and the database; throws on Kafka or database errors.
+AuditReport audit(const config::Config& cfg);
+
+}  // namespace idemsink::pipeline

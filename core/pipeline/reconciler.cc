@@ -1,0 +1,274 @@
+#include "core/pipeline/reconciler.h"
+
+#include "core/common/log.h"
+#include "core/common/util.h"
+#include "core/plugin/calls.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+using db::Connection;
+
+struct Reconciler::Candidate {
+  claim::RowKey row;
+  claim::Status status;
+  uint32_t attempt = 0;
+  uint32_t calls = 0;
+  std::string token;
+  std::string src_topic;
+  int32_t src_partition = 0;
+  int64_t src_offset = 0;
+  std::optional<std::string> key, value;  // from the DLQ outbox, when the record went there
+  int64_t timestamp_ms = 0;
+  // filled in by the rounds
+  idemsink_outcome answer = IDEMSINK_OUTCOME_RETRYABLE;
+  std::string detail;
+};
+
+namespace {
+
+// The record handed to reconcile/invoke: what the claim row and the outbox
+// still know about it.
+template <class C>
+idemsink_record record_of(const C& c, const std::string& route, uint32_t attempt) {
+  idemsink_record r{};
+  r.struct_size = sizeof r;
+  r.route = route.c_str();
+  r.topic = c.src_topic.c_str();
+  r.partition = c.src_partition;
+  r.offset = c.src_offset;
+  r.timestamp_ms = c.timestamp_ms;
+  if (c.key) r.key = {c.key->data(), c.key->size()};
+  if (c.value) r.value = {c.value->data(), c.value->size()};
+  r.biz_key = {c.row.biz_key.data(), c.row.biz_key.size()};
+  r.idem_token = c.token.c_str();
+  r.attempt = attempt;
+  return r;
+}
+
+}  // namespace
+
+Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
+                       std::map<std::string, plugin::Instance*> handlers, Metrics* metrics, std::string owner)
+    : io_(io),
+      pool_(pool),
+      cfg_(cfg),
+      metrics_(metrics),
+      store_(cfg.host.id, std::move(owner), cfg.claim.lease),
+      timer_(io) {
+  for (auto& [route, h] : handlers)
+    if (h->can_reconcile()) handlers_.emplace(route, h);
+}
+
+void Reconciler::start(std::chrono::milliseconds interval) {
+  if (handlers_.empty() || interval.count() == 0) return;
+  timer_.expires_after(interval);
+  timer_.async_wait([this, interval](boost::system::error_code ec) {
+    if (ec || stopped_) return;
+    run_once([this, interval](ReconcileSummary s) {
+      if (s.examined)
+        spdlog::info("reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
+                     "stuck left for an operator",
+                     s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
+      start(interval);
+    });
+  });
+}
+
+void Reconciler::stop() {
+  stopped_ = true;
+  timer_.cancel();
+}
+
+void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t limit) {
+  if (handlers_.empty() || running_) {
+    asio::post(io_, [done] { done({}); });
+    return;
+  }
+  running_ = true;
+  pool_.submit("reconcile scan", [this, done, limit](Connection& c) {
+    std::string routes;
+    for (const auto& [name, h] : handlers_) routes += (routes.empty() ? "" : ", ") + Connection::hex(name);
+    const std::string stuck_after = std::to_string(cfg_.claim.stuck_after.count() * 1000);
+    auto cands = std::make_shared<std::vector<Candidate>>();
+    for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, calls, idem_token, src_topic, "
+                           "src_partition, src_offset FROM idemsink_claim WHERE namespace IN (" + routes +
+                           ") AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND "
+                           "updated_at < NOW(3) - INTERVAL " + stuck_after + " MICROSECOND)) ORDER BY updated_at LIMIT " +
+                           std::to_string(limit))) {
+      Candidate cand;
+      cand.row = claim::RowKey{*r[0], *r[1], *r[2]};
+      cand.status = static_cast<claim::Status>(std::stoi(*r[3]));
+      cand.attempt = static_cast<uint32_t>(std::stoul(*r[4]));
+      cand.calls = static_cast<uint32_t>(std::stoul(*r[5]));
+      cand.token = *r[6];
+      cand.src_topic = *r[7];
+      cand.src_partition = std::stoi(*r[8]);
+      cand.src_offset = std::stoll(*r[9]);
+      cands->push_back(std::move(cand));
+    }
+    if (!cands->empty()) {
+      std::string tokens;
+      for (const auto& cand : *cands) tokens += (tokens.empty() ? "'" : ", '") + cand.token + "'";
+      std::map<std::string, size_t> by_token;
+      for (size_t i = 0; i < cands->size(); ++i) by_token[(*cands)[i].token] = i;
+      // The newest outbox row of each token carries the record's payload.
+      for (auto& r : c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp FROM idemsink_dlq_outbox WHERE "
+                             "idem_token IN (" + tokens + ") ORDER BY id")) {
+        Candidate& cand = (*cands)[by_token[*r[0]]];
+        cand.key = r[1];
+        cand.value = r[2];
+        cand.timestamp_ms = std::stoll(*r[3]);
+      }
+    }
+    asio::post(io_, [this, cands, done] { handle(cands, done); });
+  });
+}
+
+void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::function<void(ReconcileSummary)> done) {
+  auto finish = [this, done](ReconcileSummary s) {
+    running_ = false;
+    if (metrics_) {
+      metrics_->reconciled_done.fetch_add(s.applied + s.redriven_done, std::memory_order_relaxed);
+      metrics_->reconcile_undecided.store(static_cast<int64_t>(s.undecided + s.left_stuck), std::memory_order_relaxed);
+    }
+    done(s);
+  };
+  if (cands->empty()) {
+    finish({});
+    return;
+  }
+  // Once every plugin answered (or its deadline passed), act on the answers.
+  auto pending = std::make_shared<size_t>(cands->size());
+  auto decide = std::make_shared<std::function<void()>>();
+  *decide = [this, cands, finish] {
+    auto summary = std::make_shared<ReconcileSummary>();
+    summary->examined = cands->size();
+    std::vector<size_t> resolve, redrive;
+    for (size_t i = 0; i < cands->size(); ++i) {
+      const Candidate& c = (*cands)[i];
+      if (c.answer == IDEMSINK_OUTCOME_OK) {
+        resolve.push_back(i);
+      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && c.value) {
+        redrive.push_back(i);
+      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT) {
+        ++summary->left_stuck;
+        spdlog::warn("reconcile: route {} key {} (token {}) is {} and its effect did not happen; it waits for its "
+                     "record or `idemsink reconcile --resolve`",
+                     c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
+      } else {
+        ++summary->undecided;
+      }
+    }
+    // 1. Applied: done, with the receipt the remote returned.
+    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, summary, finish](Connection& c) {
+      for (size_t i : resolve) {
+        const Candidate& cand = (*cands)[i];
+        const uint64_t n = c.execute(
+            "UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(cand.detail) +
+            ", last_error = " + c.quote(sanitize_utf8("reconciled: the effect happened", 1024)) +
+            ", lease_until = NULL, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
+            " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
+            "' AND attempt = " + std::to_string(cand.attempt) +
+            " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
+        summary->applied += n;
+      }
+      // 2. Not applied: take the unknown row back (CAS) to run it once more.
+      std::vector<size_t> owned;
+      for (size_t i : redrive) {
+        const Candidate& cand = (*cands)[i];
+        const uint64_t n = c.execute(
+            "UPDATE idemsink_claim SET status = 1, attempt = attempt + 1, owner = " + c.quote(store_.owner()) +
+            ", lease_until = NOW(3) + INTERVAL " + std::to_string(cfg_.claim.lease.count() * 1000) +
+            " MICROSECOND, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
+            " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
+            "' AND attempt = " + std::to_string(cand.attempt) + " AND status = 4");
+        if (n == 1) owned.push_back(i);
+      }
+      asio::post(io_, [this, cands, owned, summary, finish] {
+        if (owned.empty()) {
+          finish(*summary);
+          return;
+        }
+        auto left = std::make_shared<size_t>(owned.size());
+        auto outcomes = std::make_shared<std::vector<std::pair<size_t, std::pair<idemsink_outcome, std::string>>>>();
+        for (size_t i : owned) {
+          Candidate& cand = (*cands)[i];
+          const std::string route = cand.row.ns;
+          spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route,
+                       printable(cand.row.biz_key), cand.token);
+          auto reported = std::make_shared<bool>(false);
+          auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.route_by_name(route)->call_timeout);
+          auto on_result = [this, cands, i, left, outcomes, summary, finish, reported, timer](idemsink_outcome o,
+                                                                                              std::string detail) {
+            asio::post(io_, [this, cands, i, left, outcomes, summary, finish, reported, timer, o,
+                             detail = std::move(detail)] {
+              if (*reported) return;
+              *reported = true;
+              timer->cancel();
+              outcomes->push_back({i, {o, detail}});
+              if (--*left > 0) return;
+              // 3. Record the re-drives' results under the new claim epoch.
+              pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
+                std::vector<claim::Outcome> ok, failed, unknown;
+                for (const auto& [idx, res] : *outcomes) {
+                  const Candidate& cand = (*cands)[idx];
+                  claim::Outcome out{cand.row, cand.attempt + 1, cand.calls + 1, {}, {}};
+                  if (res.first == IDEMSINK_OUTCOME_OK) {
+                    out.receipt = res.second;
+                    ok.push_back(out);
+                  } else if (res.first == IDEMSINK_OUTCOME_PERMANENT) {
+                    out.error = "re-driven after reconcile: " + res.second;
+                    failed.push_back(out);
+                  } else {
+                    out.error = "re-driven after reconcile, uncertain again: " + res.second;
+                    unknown.push_back(out);
+                  }
+                }
+                for (bool b : store_.mark_done(c, ok)) summary->redriven_done += b;
+                for (bool b : store_.mark_terminal(c, claim::Status::Failed, failed)) summary->failed += b;
+                store_.mark_terminal(c, claim::Status::Unknown, unknown);
+                summary->undecided += unknown.size();
+                asio::post(io_, [summary, finish] { finish(*summary); });
+              });
+            });
+          };
+          const uint64_t call_id = plugin::CallRegistry::instance().add(on_result, "re-drive " + route);
+          timer->async_wait([call_id, on_result](boost::system::error_code ec) {
+            if (!ec && plugin::CallRegistry::instance().cancel(call_id))
+              on_result(IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout");
+          });
+          const idemsink_record rec = record_of(cand, route, cand.calls + 1);
+          handlers_.at(route)->invoke(rec, call_id);
+        }
+      });
+    });
+  };
+  // Ask every plugin about its rows, each with the route's call deadline.
+  for (size_t i = 0; i < cands->size(); ++i) {
+    Candidate& c = (*cands)[i];
+    const std::string route = c.row.ns;
+    plugin::Instance* h = handlers_.at(route);
+    auto reported = std::make_shared<bool>(false);
+    auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.route_by_name(route)->call_timeout);
+    auto on_answer = [this, cands, i, pending, decide, reported, timer](idemsink_outcome o, std::string detail) {
+      asio::post(io_, [cands, i, pending, decide, reported, timer, o, detail = std::move(detail)] {
+        if (*reported) return;
+        *reported = true;
+        timer->cancel();
+        (*cands)[i].answer = o;
+        (*cands)[i].detail = detail;
+        if (--*pending == 0) (*decide)();
+      });
+    };
+    const uint64_t call_id = plugin::CallRegistry::instance().add(on_answer, "reconcile " + route);
+    timer->async_wait([call_id, on_answer](boost::system::error_code ec) {
+      if (!ec && plugin::CallRegistry::instance().cancel(call_id))
+        on_answer(IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout");
+    });
+    const idemsink_record rec = record_of(c, route, c.calls);
+    h->reconcile(rec, call_id);
+  }
+}
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,68 @@
+// Reconciliation of claims the pipeline could not finish by itself:
+//
+//   unknown   an at-most-once call that may or may not have happened
+//   stuck     pending, nobody's lease, untouched for claim.stuck_after: the
+//             record will not come back on its own (offsets reset, topic gone)
+//
+// For each, the route's plugin is asked through its reconcile hook whether
+// the effect happened (by idem_token):
+//   applied            -> the row becomes done with the receipt
+//   not applied        -> an unknown row is re-driven once (same token, the
+//                         payload kept in the DLQ outbox); a stuck row is
+//                         left for its record or an operator (logged)
+//   cannot tell        -> left as it is, counted, tried again next round
+// Every change is a conditional statement on (status, attempt), so hosts
+// reconciling the same row at once cannot both act on it.
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/claim/claim_store.h"
+#include "core/config/config.h"
+#include "core/db/pool.h"
+#include "core/pipeline/metrics.h"
+#include "core/plugin/plugin.h"
+
+namespace idemsink::pipeline {
+
+struct ReconcileSummary {
+  size_t examined = 0;
+  size_t applied = 0;        // resolved done
+  size_t redriven_done = 0;  // not applied, re-driven, now done
+  size_t failed = 0;         // re-driven and rejected for good
+  size_t undecided = 0;      // the plugin could not tell, or the re-drive was uncertain again
+  size_t left_stuck = 0;     // stuck pending, not applied: waits for its record or an operator
+};
+
+class Reconciler {
+ public:
+  Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
+             std::map<std::string, plugin::Instance*> handlers, Metrics* metrics, std::string owner);
+
+  /// One round over up to `limit` candidates; `done` runs on the io thread.
+  void run_once(std::function<void(ReconcileSummary)> done, size_t limit = 200);
+  /// Rounds every `interval` until stop().
+  void start(std::chrono::milliseconds interval);
+  void stop();
+
+ private:
+  struct Candidate;
+  void handle(std::shared_ptr<std::vector<Candidate>> cands, std::function<void(ReconcileSummary)> done);
+
+  boost::asio::io_context& io_;
+  db::Pool& pool_;
+  const config::Config& cfg_;
+  std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
+  Metrics* metrics_;
+  claim::ClaimStore store_;
+  boost::asio::steady_timer timer_;
+  bool running_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace idemsink::pipeline

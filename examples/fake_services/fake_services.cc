@@ -1,0 +1,334 @@
+// idemsink-fake-services: the external systems the shipped plugins talk to,
+// with injectable latency and faults, and counters of what was *really*
+// applied, so tests and the demo can prove "once".
+//
+//   POST /waybills                 logistics API; honours Idempotency-Key: the
+//                                  same key returns the same waybill number
+//   GET  /waybills/by-key/KEY      did a waybill with this key get created?
+//   POST /inventory/reserve        inventory RPC; idempotent by request_id
+//   GET  /inventory/reservations/ID
+//   POST /sms/send                 SMS gateway with NO idempotency: every call sends
+//   GET  /sms/messages?client_ref=REF   messages sent with this client reference
+//   GET  /stats[?detail=1]         per service: requests, effects applied,
+//                                  orders with more than one effect (double_applied)
+//   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
+//                                  "timeout_after_apply", "error_5xx", "reject_4xx"}
+//   POST /admin/reset              forget everything
+//
+// Faults, per request: a 5xx *before* applying (probability error_5xx); a
+// 4xx business rejection (decided per order id, so retries get the same
+// answer); a timeout *after* applying (the effect happens, the response is
+// held back past any sane client timeout). Latency is log-normal with the
+// given mean and P99. One thread, asynchronous: thousands of concurrent
+// requests on one core.
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace po = boost::program_options;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+
+namespace {
+
+struct Faults {
+  double latency_mean_ms = 0;
+  double latency_p99_ms = 0;
+  double timeout_after_apply = 0;
+  double error_5xx = 0;
+  double reject_4xx = 0;
+};
+
+void to_json(json& j, const Faults& f) {
+  j = json{{"latency_mean_ms", f.latency_mean_ms}, {"latency_p99_ms", f.latency_p99_ms},
+           {"timeout_after_apply", f.timeout_after_apply}, {"error_5xx", f.error_5xx}, {"reject_4xx", f.reject_4xx}};
+}
+
+void update(Faults& f, const json& j) {
+  f.latency_mean_ms = j.value("latency_mean_ms", f.latency_mean_ms);
+  f.latency_p99_ms = j.value("latency_p99_ms", f.latency_p99_ms);
+  f.timeout_after_apply = j.value("timeout_after_apply", f.timeout_after_apply);
+  f.error_5xx = j.value("error_5xx", f.error_5xx);
+  f.reject_4xx = j.value("reject_4xx", f.reject_4xx);
+}
+
+struct Service {
+  Faults faults;
+  uint64_t requests = 0, applied = 0, rejected = 0, errors_5xx = 0, timeouts = 0;
+  std::map<std::string, std::string> by_key;      // idempotency key -> receipt
+  std::map<std::string, int> per_order;           // order id -> effects really applied
+  std::map<std::string, std::vector<std::string>> by_ref;  // sms client_ref -> message ids
+};
+
+struct Reply {
+  http::status status = http::status::ok;
+  json body;
+  std::chrono::milliseconds delay{0};
+};
+
+class World {
+ public:
+  World(uint64_t seed, std::chrono::milliseconds hold) : rng_(seed), hold_(hold) {
+    for (const char* s : {"waybill", "inventory", "sms"}) services_[s];
+  }
+
+  Service* service(const std::string& name) {
+    auto it = services_.find(name);
+    return it == services_.end() ? nullptr : &it->second;
+  }
+
+  Reply handle(const http::request<http::string_body>& req) {
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const std::string query = target.find('?') == std::string::npos ? "" : target.substr(target.find('?') + 1);
+    const bool post = req.method() == http::verb::post;
+    if (path == "/healthz") return {http::status::ok, {{"ok", true}}};
+    if (path == "/stats") return {http::status::ok, stats(query.find("detail=1") != std::string::npos)};
+    if (post && path == "/admin/reset") {
+      for (auto& [n, s] : services_) s = Service{s.faults, 0, 0, 0, 0, 0, {}, {}, {}};
+      return {http::status::ok, {{"reset", true}}};
+    }
+    if (post && path.rfind("/admin/faults/", 0) == 0) {
+      Service* s = service(path.substr(14));
+      if (!s) return {http::status::not_found, {{"error", "no such service"}}};
+      json j = json::parse(req.body(), nullptr, false);
+      if (j.is_discarded()) return {http::status::bad_request, {{"error", "body is not JSON"}}};
+      update(s->faults, j);
+      return {http::status::ok, s->faults};
+    }
+    if (!post && path.rfind("/waybills/by-key/", 0) == 0) return lookup("waybill", path.substr(17), "waybill_no");
+    if (!post && path.rfind("/inventory/reservations/", 0) == 0)
+      return lookup("inventory", path.substr(24), "reservation_id");
+    if (!post && path == "/sms/messages") {
+      const auto ref = query.rfind("client_ref=", 0) == 0 ? query.substr(11) : std::string();
+      auto& sms = services_["sms"];
+      auto it = sms.by_ref.find(ref);
+      return {http::status::ok, {{"client_ref", ref}, {"messages", it == sms.by_ref.end() ? json::array() : json(it->second)}}};
+    }
+    if (post && path == "/waybills") {
+      const std::string key(req["Idempotency-Key"]);
+      if (key.empty()) return {http::status::bad_request, {{"error", "Idempotency-Key header required"}}};
+      return effect("waybill", req.body(), key, "waybill_no", "WB");
+    }
+    if (post && path == "/inventory/reserve") {
+      json j = json::parse(req.body(), nullptr, false);
+      const std::string key = j.is_object() ? j.value("request_id", "") : "";
+      if (key.empty()) return {http::status::bad_request, {{"error", "request_id required"}}};
+      return effect("inventory", req.body(), key, "reservation_id", "RSV");
+    }
+    if (post && path == "/sms/send") return effect("sms", req.body(), "", "message_id", "SMS");
+    return {http::status::not_found, {{"error", "no such endpoint: " + path}}};
+  }
+
+  std::chrono::milliseconds hold() const { return hold_; }
+
+ private:
+  Reply lookup(const std::string& name, const std::string& key, const char* field) {
+    auto& s = services_[name];
+    auto it = s.by_key.find(key);
+    if (it == s.by_key.end()) return {http::status::not_found, {{"error", "unknown key"}}};
+    return {http::status::ok, {{field, it->second}}};
+  }
+
+  // One side effect. `idem_key` empty: not idempotent, every call applies.
+  Reply effect(const std::string& name, const std::string& body, const std::string& idem_key, const char* field,
+               const char* prefix) {
+    Service& s = services_[name];
+    ++s.requests;
+    json j = json::parse(body, nullptr, false);
+    const std::string order = j.is_object() ? j.value("order_id", "") : "";
+    if (order.empty()) return {http::status::bad_request, {{"error", "order_id required"}}};
+    const auto delay = latency(s.faults);
+    std::uniform_real_distribution<double> u(0, 1);
+    if (u(rng_) < s.faults.error_5xx) {  // refused before doing anything
+      ++s.errors_5xx;
+      return {http::status::service_unavailable, {{"error", "temporarily unavailable"}}, delay};
+    }
+    if (rejected(name, order, s.faults.reject_4xx)) {  // a business rejection sticks to the order
+      ++s.rejected;
+      return {http::status::unprocessable_entity, {{"error", "rejected: invalid destination for order " + order}}, delay};
+    }
+    std::string receipt;
+    if (!idem_key.empty()) {
+      auto it = s.by_key.find(idem_key);
+      if (it != s.by_key.end()) {
+        receipt = it->second;  // idempotent replay: same answer, no new effect
+      } else {
+        receipt = prefix + std::to_string(100000 + s.by_key.size());
+        s.by_key.emplace(idem_key, receipt);
+        ++s.per_order[order];
+        ++s.applied;
+      }
+    } else {
+      receipt = prefix + std::to_string(100000 + s.applied);
+      ++s.per_order[order];
+      ++s.applied;
+      s.by_ref[j.value("client_ref", "")].push_back(receipt);
+    }
+    if (u(rng_) < s.faults.timeout_after_apply) {  // applied, but the answer comes too late
+      ++s.timeouts;
+      return {http::status::ok, {{field, receipt}}, hold_};
+    }
+    return {http::status::ok, {{field, receipt}}, delay};
+  }
+
+  bool rejected(const std::string& name, const std::string& order, double p) const {
+    if (p <= 0) return false;
+    const size_t h = std::hash<std::string>{}(name + "/" + order);
+    return static_cast<double>(h % 1000000) / 1e6 < p;
+  }
+
+  // Log-normal with the configured mean and P99 (z(0.99) = 2.326).
+  std::chrono::milliseconds latency(const Faults& f) {
+    if (f.latency_mean_ms <= 0) return std::chrono::milliseconds(0);
+    const double ratio = std::max(1.0001, f.latency_p99_ms / f.latency_mean_ms);
+    const double z = 2.326;
+    const double disc = z * z - 2 * std::log(ratio);
+    const double sigma = disc > 0 ? z - std::sqrt(disc) : z;
+    const double mu = std::log(f.latency_mean_ms) - sigma * sigma / 2;
+    std::lognormal_distribution<double> d(mu, sigma);
+    return std::chrono::milliseconds(static_cast<int64_t>(d(rng_)));
+  }
+
+  json stats(bool detail) const {
+    json out;
+    for (const auto& [name, s] : services_) {
+      uint64_t doubled = 0;
+      for (const auto& [order, n] : s.per_order) doubled += n > 1;
+      json j{{"requests", s.requests},
+             {"applied", s.applied},
+             {"orders", s.per_order.size()},
+             {"double_applied", doubled},
+             {"rejected_4xx", s.rejected},
+             {"errors_5xx", s.errors_5xx},
+             {"timeouts_after_apply", s.timeouts},
+             {"faults", s.faults}};
+      if (detail) j["per_order"] = s.per_order;
+      out[name] = j;
+    }
+    return out;
+  }
+
+  std::map<std::string, Service> services_;
+  std::mt19937_64 rng_;
+  std::chrono::milliseconds hold_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket s, World& world) : stream_(std::move(s)), world_(world), timer_(stream_.get_executor()) {}
+  void run() { read(); }
+
+ private:
+  void read() {
+    req_ = {};
+    stream_.expires_after(std::chrono::minutes(10));
+    http::async_read(stream_, buf_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (!ec) self->respond();
+    });
+  }
+  void respond() {
+    Reply r = world_.handle(req_);
+    auto res = std::make_shared<http::response<http::string_body>>(r.status, req_.version());
+    res->set(http::field::content_type, "application/json");
+    res->keep_alive(req_.keep_alive());
+    res->body() = r.body.dump();
+    res->prepare_payload();
+    timer_.expires_after(r.delay);
+    timer_.async_wait([self = shared_from_this(), res](beast::error_code) {
+      self->stream_.expires_after(std::chrono::minutes(1));
+      http::async_write(self->stream_, *res, [self, res](beast::error_code ec, size_t) {
+        if (ec || !res->keep_alive()) {
+          beast::error_code ignored;
+          self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+          return;
+        }
+        self->read();
+      });
+    });
+  }
+  beast::tcp_stream stream_;
+  World& world_;
+  asio::steady_timer timer_;
+  beast::flat_buffer buf_;
+  http::request<http::string_body> req_;
+};
+
+void accept(tcp::acceptor& acceptor, World& world) {
+  acceptor.async_accept([&](beast::error_code ec, tcp::socket s) {
+    if (!ec) std::make_shared<Session>(std::move(s), world)->run();
+    accept(acceptor, world);
+  });
+}
+
+// "waybill:latency_mean_ms=50,latency_p99_ms=350,timeout_after_apply=0.1"
+void apply_fault_flag(World& world, const std::string& flag) {
+  const auto colon = flag.find(':');
+  Service* s = colon == std::string::npos ? nullptr : world.service(flag.substr(0, colon));
+  if (!s) throw std::invalid_argument("--faults wants SERVICE:key=value,..., SERVICE one of waybill, inventory, sms");
+  json j = json::object();
+  std::string rest = flag.substr(colon + 1);
+  size_t pos = 0;
+  while (pos < rest.size()) {
+    size_t end = rest.find(',', pos);
+    if (end == std::string::npos) end = rest.size();
+    const std::string kv = rest.substr(pos, end - pos);
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument("--faults: expected key=value, got " + kv);
+    j[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
+    pos = end + 1;
+  }
+  update(s->faults, j);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  po::options_description desc("idemsink-fake-services options");
+  desc.add_options()("help,h", "show this help")("listen", po::value<std::string>()->default_value("127.0.0.1:0"),
+                                                 "address to listen on (port 0 picks one)")(
+      "seed", po::value<uint64_t>()->default_value(42), "random seed for latencies and faults")(
+      "hold", po::value<int>()->default_value(30000), "ms a timed-out-after-apply response is held back")(
+      "faults", po::value<std::vector<std::string>>()->composing(),
+      "SERVICE:key=value,... e.g. waybill:latency_mean_ms=50,latency_p99_ms=350,timeout_after_apply=0.1,"
+      "error_5xx=0.05,reject_4xx=0.01 (repeatable)");
+  try {
+    po::variables_map vm;
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("help")) {
+      std::cout << desc;
+      return 0;
+    }
+    po::notify(vm);
+    World world(vm["seed"].as<uint64_t>(), std::chrono::milliseconds(vm["hold"].as<int>()));
+    if (vm.count("faults"))
+      for (const auto& f : vm["faults"].as<std::vector<std::string>>()) apply_fault_flag(world, f);
+    const std::string listen = vm["listen"].as<std::string>();
+    const auto colon = listen.rfind(':');
+    asio::io_context io;
+    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address(listen.substr(0, colon)),
+                                             static_cast<unsigned short>(std::stoi(listen.substr(colon + 1)))));
+    std::cout << "listening on " << acceptor.local_endpoint().address().to_string() << ":"
+              << acceptor.local_endpoint().port() << std::endl;
+    asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](auto, int) { io.stop(); });
+    accept(acceptor, world);
+    io.run();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "idemsink-fake-services: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,194 @@
+#include "plugins/common/http_client.h"
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <stdexcept>
+#include <thread>
+
+namespace idemsink::plugins {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+idemsink_outcome classify(const HttpResult& r) {
+  switch (r.failure) {
+    case HttpResult::Failure::BeforeSend: return IDEMSINK_OUTCOME_RETRYABLE;
+    case HttpResult::Failure::AfterSend: return IDEMSINK_OUTCOME_UNCERTAIN;
+    case HttpResult::Failure::None: break;
+  }
+  if (r.status >= 200 && r.status < 300) return IDEMSINK_OUTCOME_OK;
+  if (r.status == 408 || r.status == 429 || r.status >= 500) return IDEMSINK_OUTCOME_RETRYABLE;
+  return IDEMSINK_OUTCOME_PERMANENT;
+}
+
+std::string describe(const HttpResult& r) {
+  if (r.failure == HttpResult::Failure::BeforeSend) return "not sent: " + r.error;
+  if (r.failure == HttpResult::Failure::AfterSend) return "no response after sending: " + r.error;
+  return "HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
+}
+
+Endpoint parse_url(const std::string& url) {
+  const std::string scheme = "http://";
+  if (url.rfind(scheme, 0) != 0) throw std::invalid_argument("endpoint must start with http://, got " + url);
+  std::string rest = url.substr(scheme.size());
+  Endpoint e;
+  const auto slash = rest.find('/');
+  if (slash != std::string::npos) {
+    e.base_path = rest.substr(slash);
+    while (!e.base_path.empty() && e.base_path.back() == '/') e.base_path.pop_back();
+    rest = rest.substr(0, slash);
+  }
+  const auto colon = rest.rfind(':');
+  e.host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  if (colon != std::string::npos) {
+    const int port = std::stoi(rest.substr(colon + 1));
+    if (port <= 0 || port > 65535) throw std::invalid_argument("bad port in " + url);
+    e.port = static_cast<uint16_t>(port);
+  }
+  if (e.host.empty()) throw std::invalid_argument("no host in " + url);
+  return e;
+}
+
+struct HttpClient::Impl {
+  struct Call {
+    http::request<http::string_body> req;
+    std::function<void(HttpResult)> done;
+  };
+  struct Conn {
+    explicit Conn(asio::io_context& io) : stream(io) {}
+    beast::tcp_stream stream;
+    beast::flat_buffer buf;
+    http::response<http::string_body> res;
+  };
+
+  Options opt;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::resolver resolver{io};
+  std::vector<tcp::endpoint> endpoints;
+  std::vector<std::shared_ptr<Conn>> idle;
+  std::deque<std::shared_ptr<Call>> waiting;
+  size_t open = 0;  // connections open or opening
+  std::thread thread;
+
+  explicit Impl(Options o) : opt(std::move(o)) {
+    for (const auto& e : resolver.resolve(opt.endpoint.host, std::to_string(opt.endpoint.port))) endpoints.push_back(e);
+    if (endpoints.empty()) throw std::invalid_argument("cannot resolve " + opt.endpoint.host);
+    thread = std::thread([this] { io.run(); });
+  }
+  ~Impl() {
+    work.reset();
+    asio::post(io, [this] {
+      for (auto& c : idle) c->stream.close();
+      idle.clear();
+    });
+    io.stop();
+    thread.join();
+    // Calls still queued never went out: report them so no completion is lost.
+    for (auto& c : waiting) c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
+  }
+
+  void start(std::shared_ptr<Call> call) {
+    if (!idle.empty()) {
+      auto conn = idle.back();
+      idle.pop_back();
+      send(conn, call, /*reused=*/true);
+    } else if (open < opt.max_connections) {
+      ++open;
+      auto conn = std::make_shared<Conn>(io);
+      conn->stream.expires_after(opt.timeout);
+      conn->stream.async_connect(endpoints, [this, conn, call](beast::error_code ec, const tcp::endpoint&) {
+        if (ec) {
+          --open;
+          call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "connect: " + ec.message()});
+          next();
+          return;
+        }
+        send(conn, call, false);
+      });
+    } else {
+      waiting.push_back(std::move(call));
+    }
+  }
+
+  void send(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call, bool reused) {
+    conn->stream.expires_after(opt.timeout);
+    http::async_write(conn->stream, call->req, [this, conn, call, reused](beast::error_code ec, size_t) {
+      if (ec) {
+        close(conn);
+        // A kept-alive connection the server already closed: nothing was
+        // processed, so resend once on a fresh connection.
+        if (reused) {
+          start(call);
+          return;
+        }
+        call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "write: " + ec.message()});
+        next();
+        return;
+      }
+      conn->res = {};
+      http::async_read(conn->stream, conn->buf, conn->res, [this, conn, call](beast::error_code rec, size_t) {
+        if (rec) {
+          // Sent but unanswered: the server may have acted on it. Never
+          // resent here; the core decides by handler kind.
+          close(conn);
+          call->done(HttpResult{HttpResult::Failure::AfterSend, 0, {}, rec == beast::error::timeout ? "timeout" : rec.message()});
+          next();
+          return;
+        }
+        HttpResult r{HttpResult::Failure::None, conn->res.result_int(), std::move(conn->res.body()), {}};
+        const bool keep = conn->res.keep_alive();
+        if (keep) {
+          conn->stream.expires_never();
+          idle.push_back(conn);
+        } else {
+          close(conn);
+        }
+        call->done(std::move(r));
+        next();
+      });
+    });
+  }
+
+  void close(const std::shared_ptr<Conn>& conn) {
+    beast::error_code ignored;
+    conn->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    conn->stream.close();
+    --open;
+  }
+
+  void next() {
+    if (waiting.empty()) return;
+    auto call = waiting.front();
+    waiting.pop_front();
+    start(call);
+  }
+};
+
+HttpClient::HttpClient(Options opt) : impl_(std::make_unique<Impl>(std::move(opt))) {}
+HttpClient::~HttpClient() = default;
+
+const Endpoint& HttpClient::endpoint() const { return impl_->opt.endpoint; }
+
+void HttpClient::request(const std::string& method, const std::string& target, std::string body, Headers headers,
+                         std::function<void(HttpResult)> done) {
+  auto call = std::make_shared<Impl::Call>();
+  call->req.method(http::string_to_verb(method));
+  call->req.target(impl_->opt.endpoint.base_path + target);
+  call->req.version(11);
+  call->req.set(http::field::host, impl_->opt.endpoint.host);
+  call->req.set(http::field::content_type, "application/json");
+  call->req.keep_alive(true);
+  for (auto& [k, v] : headers) call->req.set(k, v);
+  call->req.body() = std::move(body);
+  call->req.prepare_payload();
+  call->done = std::move(done);
+  asio::post(impl_->io, [impl = impl_.get(), call] { impl->start(call); });
+}
+
+}  // namespace idemsink::plugins

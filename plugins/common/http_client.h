@@ -1,0 +1,71 @@
+// Asynchronous HTTP/1.1 client shared by the remote plugins (Boost.Beast on
+// one plugin-owned thread): keep-alive connections in a bounded pool, a
+// deadline per call, and the one place where HTTP results become handler
+// outcomes. Plugins depend on sdk/ and this folder only, never on core/.
+#pragma once
+
+#include <idemsink/plugin_abi.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace idemsink::plugins {
+
+struct HttpResult {
+  /// Where a failure happened, which decides retryable vs uncertain.
+  enum class Failure {
+    None,        ///< a response arrived
+    BeforeSend,  ///< no connection, or the request could not be written: not applied
+    AfterSend,   ///< sent, then timeout or reset before the response: may be applied
+  };
+  Failure failure = Failure::None;
+  unsigned status = 0;
+  std::string body;
+  std::string error;
+};
+
+/// The classification every remote plugin uses:
+///   2xx ok · 4xx except 408/429 permanent · 408/429/5xx retryable (the
+///   server says it did not process the request) · failure before sending
+///   retryable · timeout or reset after sending uncertain.
+idemsink_outcome classify(const HttpResult& r);
+/// A short text for logs and last_error: "HTTP 503: body..." or the failure.
+std::string describe(const HttpResult& r);
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 80;
+  std::string base_path;  // from the URL, without trailing slash
+};
+/// Parses "http://host:port/base"; throws std::invalid_argument.
+Endpoint parse_url(const std::string& url);
+
+class HttpClient {
+ public:
+  struct Options {
+    Endpoint endpoint;
+    std::chrono::milliseconds timeout{2000};
+    size_t max_connections = 64;
+  };
+  using Headers = std::vector<std::pair<std::string, std::string>>;
+
+  explicit HttpClient(Options opt);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  /// Queues one request; `done` runs exactly once on the client's thread.
+  void request(const std::string& method, const std::string& target, std::string body, Headers headers,
+               std::function<void(HttpResult)> done);
+
+  const Endpoint& endpoint() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idemsink::plugins

@@ -1,0 +1,42 @@
+// inventory: reserves stock for an order over RPC (remote_idempotent).
+// The idem_token is the request_id the inventory service de-duplicates on.
+#include "plugins/common/remote.h"
+
+namespace {
+
+using namespace idemsink;
+using namespace idemsink::plugins;
+
+constexpr idemsink_option_decl kOptions[] = {IDEMSINK_REMOTE_OPTIONS("http://127.0.0.1:8080")};
+
+class Inventory {
+ public:
+  Inventory(const sdk::Host&, const sdk::Options& o) : http_(client_options(o)) {}
+
+  void invoke(const sdk::Record& rec, sdk::Completion done) {
+    nlohmann::json body{{"request_id", std::string(rec.idem_token())},
+                        {"order_id", std::string(rec.biz_key())},
+                        {"order", order_payload(rec)}};
+    http_.request("POST", "/inventory/reserve", body.dump(), {},
+                  [done = share(std::move(done))](HttpResult r) { report(*done, r, "reservation_id"); });
+  }
+
+  void reconcile(const sdk::Record& rec, sdk::Completion done) {
+    http_.request("GET", "/inventory/reservations/" + std::string(rec.idem_token()), "", {},
+                  [done = share(std::move(done))](HttpResult r) {
+                    if (r.failure == HttpResult::Failure::None && r.status == 404)
+                      return done->permanent("no reservation was made with this request id");
+                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
+                    report(*done, r, "reservation_id");
+                  });
+  }
+
+ private:
+  HttpClient http_;
+};
+
+}  // namespace
+
+IDEMSINK_PLUGIN(Inventory, .name = "inventory", .version = "1.0.0",
+                .description = "reserves stock; the idem_token is the request_id",
+                .kind = IDEMSINK_KIND_REMOTE_IDEMPOTENT, .options = kOptions)

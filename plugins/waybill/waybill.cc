@@ -1,0 +1,44 @@
+// waybill: creates a logistics waybill per order (remote_idempotent).
+//
+// The idem_token goes out as the Idempotency-Key header: a retry after a
+// timeout, a restart or a takeover sends the same key, and the logistics API
+// answers with the waybill it already created instead of a second one.
+#include "plugins/common/remote.h"
+
+namespace {
+
+using namespace idemsink;
+using namespace idemsink::plugins;
+
+constexpr idemsink_option_decl kOptions[] = {IDEMSINK_REMOTE_OPTIONS("http://127.0.0.1:8080")};
+
+class Waybill {
+ public:
+  Waybill(const sdk::Host&, const sdk::Options& o) : http_(client_options(o)) {}
+
+  void invoke(const sdk::Record& rec, sdk::Completion done) {
+    nlohmann::json body{{"order_id", std::string(rec.biz_key())}, {"order", order_payload(rec)}};
+    http_.request("POST", "/waybills", body.dump(), {{"Idempotency-Key", std::string(rec.idem_token())}},
+                  [done = share(std::move(done))](HttpResult r) { report(*done, r, "waybill_no"); });
+  }
+
+  // Did a waybill with this idempotency key get created?
+  void reconcile(const sdk::Record& rec, sdk::Completion done) {
+    http_.request("GET", "/waybills/by-key/" + std::string(rec.idem_token()), "", {},
+                  [done = share(std::move(done))](HttpResult r) {
+                    if (r.failure == HttpResult::Failure::None && r.status == 404)
+                      return done->permanent("no waybill was created with this key");
+                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
+                    report(*done, r, "waybill_no");
+                  });
+  }
+
+ private:
+  HttpClient http_;
+};
+
+}  // namespace
+
+IDEMSINK_PLUGIN(Waybill, .name = "waybill", .version = "1.0.0",
+                .description = "creates a logistics waybill; the idem_token is the Idempotency-Key",
+                .kind = IDEMSINK_KIND_REMOTE_IDEMPOTENT, .options = kOptions)
