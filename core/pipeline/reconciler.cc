@@ -60,18 +60,20 @@ Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Confi
     if (h->can_reconcile()) handlers_.emplace(route, h);
 }
 
-void Reconciler::start(std::chrono::milliseconds interval) {
-  if (handlers_.empty() || interval.count() == 0) return;
-  timer_.expires_after(interval);
-  timer_.async_wait([this, interval](boost::system::error_code ec) {
+void Reconciler::start(std::chrono::milliseconds first_delay) {
+  const auto period = cfg_.claim.reconcile_interval;
+  if (handlers_.empty() || period.count() == 0) return;
+  timer_.expires_after(first_delay);
+  timer_.async_wait([this, period](boost::system::error_code ec) {
     if (ec || stopped_) return;
-    run_once([this, interval](ReconcileSummary s) {
+    run_once([this, period](ReconcileSummary s) {
       if (s.examined)
         spdlog::info("reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
                      "stuck left for an operator",
                      s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
-      start(interval);
-    });
+      // A full round means more are waiting: go again at once.
+      start(s.examined == kRoundLimit && !stopped_ ? std::chrono::milliseconds(1) : period);
+    }, kRoundLimit);
   });
 }
 
@@ -93,8 +95,9 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
     auto cands = std::make_shared<std::vector<Candidate>>();
     for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, calls, idem_token, src_topic, "
                            "src_partition, src_offset FROM idemsink_claim WHERE namespace IN (" + routes +
-                           ") AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND "
-                           "updated_at < NOW(3) - INTERVAL " + stuck_after + " MICROSECOND)) ORDER BY updated_at LIMIT " +
+                           ") AND ((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR (status = 1 AND "
+                           "(owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " + stuck_after +
+                           " MICROSECOND)) ORDER BY updated_at LIMIT " +
                            std::to_string(limit))) {
       Candidate cand;
       cand.row = claim::RowKey{*r[0], *r[1], *r[2]};
@@ -170,19 +173,26 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
             ", lease_until = NULL, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
             " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
             "' AND attempt = " + std::to_string(cand.attempt) +
-            " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
+            " AND ((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR "
+            "(status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
         summary->applied += n;
       }
-      // 2. Not applied: take the unknown row back (CAS) to run it once more.
+      // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
+      //    no other host re-drives it meanwhile) and run it once more. The row
+      //    stays `unknown` until the re-drive reports: a host that dies on the
+      //    way leaves it unknown, to be reconciled again, never half-done.
       std::vector<size_t> owned;
+      const auto lease = std::max<std::chrono::milliseconds>(cfg_.claim.lease, std::chrono::seconds(10));
       for (size_t i : redrive) {
         const Candidate& cand = (*cands)[i];
+        const auto hold = lease + cfg_.route_by_name(cand.row.ns)->call_timeout;
         const uint64_t n = c.execute(
-            "UPDATE idemsink_claim SET status = 1, attempt = attempt + 1, owner = " + c.quote(store_.owner()) +
-            ", lease_until = NOW(3) + INTERVAL " + std::to_string(cfg_.claim.lease.count() * 1000) +
+            "UPDATE idemsink_claim SET attempt = attempt + 1, owner = " + c.quote(store_.owner()) +
+            ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
             " MICROSECOND, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
             " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
-            "' AND attempt = " + std::to_string(cand.attempt) + " AND status = 4");
+            "' AND attempt = " + std::to_string(cand.attempt) +
+            " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))");
         if (n == 1) owned.push_back(i);
       }
       asio::post(io_, [this, cands, owned, summary, finish] {
@@ -208,27 +218,32 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
               timer->cancel();
               outcomes->push_back({i, {o, detail}});
               if (--*left > 0) return;
-              // 3. Record the re-drives' results under the new claim epoch.
+              // 3. Record the re-drives' results under the epoch we took.
               pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
-                std::vector<claim::Outcome> ok, failed, unknown;
                 for (const auto& [idx, res] : *outcomes) {
                   const Candidate& cand = (*cands)[idx];
-                  claim::Outcome out{cand.row, cand.attempt + 1, cand.calls + 1, {}, {}};
+                  std::string set;
                   if (res.first == IDEMSINK_OUTCOME_OK) {
-                    out.receipt = res.second;
-                    ok.push_back(out);
+                    set = "status = 2, receipt = " + Connection::hex(res.second) + ", last_error = " +
+                          c.quote("reconciled: not applied, re-driven once");
                   } else if (res.first == IDEMSINK_OUTCOME_PERMANENT) {
-                    out.error = "re-driven after reconcile: " + res.second;
-                    failed.push_back(out);
+                    set = "status = 3, last_error = " +
+                          c.quote(sanitize_utf8("re-driven after reconcile: " + res.second, 1024));
                   } else {
-                    out.error = "re-driven after reconcile, uncertain again: " + res.second;
-                    unknown.push_back(out);
+                    set = "last_error = " +
+                          c.quote(sanitize_utf8("re-driven after reconcile, uncertain again: " + res.second, 1024));
                   }
+                  const uint64_t n = c.execute(
+                      "UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(cand.calls + 1) +
+                      ", lease_until = NULL, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
+                      " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
+                      "' AND status = 4 AND owner = " + c.quote(store_.owner()) +
+                      " AND attempt = " + std::to_string(cand.attempt + 1));
+                  if (n == 0) continue;  // our lease ran out and another host took it: its result counts
+                  if (res.first == IDEMSINK_OUTCOME_OK) ++summary->redriven_done;
+                  else if (res.first == IDEMSINK_OUTCOME_PERMANENT) ++summary->failed;
+                  else ++summary->undecided;
                 }
-                for (bool b : store_.mark_done(c, ok)) summary->redriven_done += b;
-                for (bool b : store_.mark_terminal(c, claim::Status::Failed, failed)) summary->failed += b;
-                store_.mark_terminal(c, claim::Status::Unknown, unknown);
-                summary->undecided += unknown.size();
                 asio::post(io_, [summary, finish] { finish(*summary); });
               });
             });

@@ -8,8 +8,10 @@
 // the effect happened (by idem_token):
 //   applied            -> the row becomes done with the receipt
 //   not applied        -> an unknown row is re-driven once (same token, the
-//                         payload kept in the DLQ outbox); a stuck row is
-//                         left for its record or an operator (logged)
+//                         payload kept in the DLQ outbox) while it stays
+//                         `unknown` under a lease, then becomes done or
+//                         failed; a stuck row is left for its record or an
+//                         operator (logged)
 //   cannot tell        -> left as it is, counted, tried again next round
 // Every change is a conditional statement on (status, attempt), so hosts
 // reconciling the same row at once cannot both act on it.
@@ -44,10 +46,12 @@ class Reconciler {
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
              std::map<std::string, plugin::Instance*> handlers, Metrics* metrics, std::string owner);
 
+  static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
-  void run_once(std::function<void(ReconcileSummary)> done, size_t limit = 200);
-  /// Rounds every `interval` until stop().
-  void start(std::chrono::milliseconds interval);
+  void run_once(std::function<void(ReconcileSummary)> done, size_t limit = kRoundLimit);
+  /// A round after `first_delay`, then every claim.reconcile_interval (at
+  /// once again after a full round) until stop(). Off when the interval is 0.
+  void start(std::chrono::milliseconds first_delay);
   void stop();
 
  private:

@@ -7,7 +7,7 @@
 #include "core/plugin/calls.h"
 #include "core/plugin/plugin.h"
 #include "tests/support/mock_kafka.h"
-#include "tests/support/process.h"
+#include "examples/devkit/process.h"
 
 using namespace idemsink;
 using idemsink::test::test_plugin_dir;
@@ -41,8 +41,8 @@ config::RouteConfig route_with(std::map<std::string, std::pair<config::OptionVal
 BOOST_AUTO_TEST_CASE(missing_file) { expect_refused("/nonexistent/plugin.so", {"file not found"}); }
 
 BOOST_AUTO_TEST_CASE(file_that_is_not_a_shared_library) {
-  idemsink::test::ScratchDir dir("abi");
-  idemsink::test::write_file(dir / "garbage.so", "this is not an ELF file\n");
+  idemsink::devkit::ScratchDir dir("abi");
+  idemsink::devkit::write_file(dir / "garbage.so", "this is not an ELF file\n");
   expect_refused((dir / "garbage.so").string(), {"not a loadable shared library"});
 }
 

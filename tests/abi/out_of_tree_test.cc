@@ -8,11 +8,12 @@
 #include <set>
 
 #include "tests/support/host_fixture.h"
-#include "tests/support/mariadb_server.h"
+#include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
+using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {

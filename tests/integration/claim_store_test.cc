@@ -11,7 +11,7 @@
 #include "core/claim/dlq_outbox.h"
 #include "core/claim/schema.h"
 #include "core/db/pool.h"
-#include "tests/support/mariadb_server.h"
+#include "examples/devkit/mariadb_server.h"
 
 using namespace idemsink;
 using claim::ClaimRequest;
@@ -27,7 +27,7 @@ constexpr int64_t kNov2026 = 1794000000000LL;  // 2026-11-06
 struct Db {
   config::DatabaseConfig cfg;
   std::unique_ptr<db::Connection> conn;
-  explicit Db(const std::string& name) : cfg(test::MariaDbServer::shared().fresh_database(name)) {
+  explicit Db(const std::string& name) : cfg(devkit::MariaDbServer::shared().fresh_database(name)) {
     conn = std::make_unique<db::Connection>(cfg);
     claim::apply_schema(*conn, std::chrono::system_clock::now(), {});
   }
@@ -323,7 +323,7 @@ BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_onc
 }
 
 BOOST_AUTO_TEST_CASE(pool_survives_the_database_going_away_mid_job) {
-  auto& server = test::MariaDbServer::shared();
+  auto& server = devkit::MariaDbServer::shared();
   Db db("claim_db_gone");
   db::Pool pool(db.cfg, 2);
   ClaimStore a("host-a", "host-a#1", 30s);
@@ -340,9 +340,9 @@ BOOST_AUTO_TEST_CASE(pool_survives_the_database_going_away_mid_job) {
     results = a.claim(c, reqs);
     finished.store(true);
   });
-  test::wait_until([&] { return runs.load() >= 2 || !pool.healthy(); }, 30s, "the pool to notice");
+  devkit::wait_until([&] { return runs.load() >= 2 || !pool.healthy(); }, 30s, "the pool to notice");
   server.restart();
-  test::wait_until([&] { return finished.load(); }, 60s, "the job to be re-run after the restart");
+  devkit::wait_until([&] { return finished.load(); }, 60s, "the job to be re-run after the restart");
   BOOST_TEST(runs.load() >= 2);
   BOOST_TEST(pool.reconnects() >= 1u);
   for (const auto& r : results) BOOST_TEST((r.verdict == Verdict::Owned));

@@ -9,13 +9,13 @@
 #include <map>
 #include <set>
 
-#include "tests/support/fake_services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mariadb_server.h"
+#include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
+using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -34,7 +34,7 @@ std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& na
 
 BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   const std::string faults = "latency_mean_ms=4,latency_p99_ms=40,timeout_after_apply=0.1,error_5xx=0.05,reject_4xx=0.01";
-  FakeServices services({"--hold", "1500", "--faults", "waybill:" + faults, "--faults", "inventory:" + faults,
+  FakeServices services(fake_services_binary(), {"--hold", "1500", "--faults", "waybill:" + faults, "--faults", "inventory:" + faults,
                          "--faults", "sms:" + faults});
   auto db = MariaDbServer::shared().fresh_database("plugins_faults");
   MockKafka kafka;

@@ -8,9 +8,11 @@
 
 #include "core/config/config.h"
 #include "tests/support/mock_kafka.h"
-#include "tests/support/process.h"
+#include "examples/devkit/process.h"
 
 namespace idemsink::test {
+
+using namespace idemsink::devkit;
 
 /// [host], [kafka], [database] and [claim] sections for tests: short
 /// session timeout (fast rejoin on the mock cluster), fast commits. The

@@ -1,10 +1,5 @@
 #include "tests/support/mock_kafka.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <stdexcept>
 
@@ -12,31 +7,15 @@ namespace idemsink::test {
 
 std::string idemsink_binary() { return IDEMSINK_BINARY; }
 std::string test_plugin_dir() { return IDEMSINK_TEST_PLUGIN_DIR; }
+std::string shipped_plugin(const std::string& name) {
+  return std::string(IDEMSINK_PLUGIN_DIR) + "/libidemsink_" + name + ".so";
+}
+std::string fake_services_binary() { return IDEMSINK_FAKE_SERVICES; }
 
-MockKafka::MockKafka(int brokers) : dir_("kafka") {
-  proc_ = std::make_unique<Process>(
-      std::vector<std::string>{idemsink_binary(), "dev-kafka", "--brokers", std::to_string(brokers)}, dir_ / "out",
-      dir_ / "err");
-  wait_until([&] { return read_file(dir_ / "out").find('\n') != std::string::npos || !proc_->running(); },
-             std::chrono::seconds(30), "dev-kafka to print its address");
-  const std::string line = read_file(dir_ / "out");
-  const auto b = line.find("bootstrap="), c = line.find(" control=127.0.0.1:");
-  if (b == std::string::npos || c == std::string::npos)
-    throw std::runtime_error("dev-kafka did not start: " + line + read_file(dir_ / "err"));
-  bootstrap_ = line.substr(b + 10, c - b - 10);
-  control_port_ = std::stoi(line.substr(c + 19));
-
-  control_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(control_port_));
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (::connect(control_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    throw std::runtime_error("cannot connect to dev-kafka control port");
-
+MockKafka::MockKafka(int brokers) : cluster_(idemsink_binary(), {"--brokers", std::to_string(brokers)}) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap_.c_str(), err, sizeof err);
+  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap().c_str(), err, sizeof err);
   rd_kafka_conf_set(conf, "enable.idempotence", "true", err, sizeof err);
   rd_kafka_conf_set(conf, "linger.ms", "2", err, sizeof err);
   rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
@@ -50,17 +29,6 @@ MockKafka::MockKafka(int brokers) : dir_("kafka") {
 
 MockKafka::~MockKafka() {
   if (producer_) rd_kafka_destroy(producer_);
-  if (control_fd_ >= 0) ::close(control_fd_);
-}
-
-void MockKafka::command(const std::string& line) {
-  const std::string out = line + "\n";
-  if (::write(control_fd_, out.data(), out.size()) != static_cast<ssize_t>(out.size()))
-    throw std::runtime_error("dev-kafka control write failed");
-  std::string reply;
-  char ch;
-  while (::read(control_fd_, &ch, 1) == 1 && ch != '\n') reply.push_back(ch);
-  if (reply != "ok") throw std::runtime_error("dev-kafka: '" + line + "' -> " + reply);
 }
 
 void MockKafka::create_topic(const std::string& name, int partitions) {
@@ -129,13 +97,10 @@ std::map<int32_t, int64_t> MockKafka::high_watermarks(const std::string& topic, 
 
 std::vector<ConsumedMessage> MockKafka::read_all(const std::string& topic, int partitions, int timeout_ms) {
   auto hi = high_watermarks(topic, partitions);
-  rd_kafka_t* rk = make_consumer(bootstrap_, "idemsink-test-reader");
+  rd_kafka_t* rk = make_consumer(bootstrap(), "idemsink-test-reader");
   rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(partitions);
-  size_t expected = 0;
-  for (int p = 0; p < partitions; ++p) {
+  for (int p = 0; p < partitions; ++p)
     if (hi[p] > 0) rd_kafka_topic_partition_list_add(l, topic.c_str(), p)->offset = RD_KAFKA_OFFSET_BEGINNING;
-    expected += static_cast<size_t>(hi[p]);
-  }
   rd_kafka_assign(rk, l);
   rd_kafka_topic_partition_list_destroy(l);
   std::vector<ConsumedMessage> out;
@@ -175,13 +140,12 @@ std::vector<ConsumedMessage> MockKafka::read_all(const std::string& topic, int p
   }
   rd_kafka_consumer_close(rk);
   rd_kafka_destroy(rk);
-  (void)expected;
   if (!done()) throw std::runtime_error("read_all(" + topic + "): did not reach the high watermarks in time");
   return out;
 }
 
 std::map<int32_t, int64_t> MockKafka::committed(const std::string& group, const std::string& topic, int partitions) {
-  rd_kafka_t* rk = make_consumer(bootstrap_, group);
+  rd_kafka_t* rk = make_consumer(bootstrap(), group);
   rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(partitions);
   for (int p = 0; p < partitions; ++p) rd_kafka_topic_partition_list_add(l, topic.c_str(), p);
   auto err = rd_kafka_committed(rk, l, 10000);

@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/support/process.h"
+#include "examples/devkit/services.h"
 
 namespace idemsink::test {
+
+using namespace idemsink::devkit;
 
 struct TestMessage {
   std::optional<std::string> key;
@@ -38,9 +40,9 @@ class MockKafka {
   explicit MockKafka(int brokers = 1);
   ~MockKafka();
 
-  const std::string& bootstrap() const { return bootstrap_; }
+  const std::string& bootstrap() const { return cluster_.bootstrap(); }
   /// Sends one control command; throws if the answer is not "ok".
-  void command(const std::string& line);
+  void command(const std::string& line) { cluster_.command(line); }
   void create_topic(const std::string& name, int partitions);
 
   /// Produces and waits until every message is acknowledged.
@@ -54,11 +56,7 @@ class MockKafka {
   std::map<int32_t, int64_t> high_watermarks(const std::string& topic, int partitions);
 
  private:
-  ScratchDir dir_;
-  std::unique_ptr<Process> proc_;
-  std::string bootstrap_;
-  int control_port_ = 0;
-  int control_fd_ = -1;
+  DevKafka cluster_;
   rd_kafka_t* producer_ = nullptr;
 };
 
@@ -66,5 +64,9 @@ class MockKafka {
 std::string idemsink_binary();
 /// Directory holding the test plugins.
 std::string test_plugin_dir();
+/// Path of a shipped plugin (waybill, inventory, sms, ledger).
+std::string shipped_plugin(const std::string& name);
+/// Path of the fake services binary.
+std::string fake_services_binary();
 
 }  // namespace idemsink::test

@@ -1,5 +1,6 @@
-// A real mariadbd for tests: Debian's server binary in a scratch data
-// directory, on a loopback port of its own, stopped with the test binary.
+// A real mariadbd for tests and the demo: Debian's server binary in a
+// scratch data directory, on a loopback port of its own, stopped with its
+// parent process.
 #pragma once
 
 #include <memory>
@@ -7,13 +8,13 @@
 
 #include "core/config/config.h"
 #include "core/db/connection.h"
-#include "tests/support/process.h"
+#include "examples/devkit/process.h"
 
-namespace idemsink::test {
+namespace idemsink::devkit {
 
 class MariaDbServer {
  public:
-  /// The server shared by all tests of one test binary (started on first use).
+  /// One server per process, started on first use.
   static MariaDbServer& shared();
 
   MariaDbServer();
@@ -41,4 +42,4 @@ class MariaDbServer {
   std::unique_ptr<Process> server_;
 };
 
-}  // namespace idemsink::test
+}  // namespace idemsink::devkit

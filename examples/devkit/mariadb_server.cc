@@ -1,11 +1,11 @@
-#include "tests/support/mariadb_server.h"
+#include "examples/devkit/mariadb_server.h"
 
 #include <signal.h>
 
 #include <stdexcept>
 #include <thread>
 
-namespace idemsink::test {
+namespace idemsink::devkit {
 namespace {
 
 std::string find_binary(const std::vector<std::string>& candidates) {
@@ -97,4 +97,4 @@ std::unique_ptr<db::Connection> MariaDbServer::connect(const std::string& name) 
   return std::make_unique<db::Connection>(database(name));
 }
 
-}  // namespace idemsink::test
+}  // namespace idemsink::devkit

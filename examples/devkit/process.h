@@ -1,5 +1,6 @@
-// A child process for tests: started with fork/exec, output to files, killed
-// with the parent (PR_SET_PDEATHSIG), stoppable with any signal.
+// Child processes for tests and the demo: started with fork/exec, output to
+// files, killed with their parent (PR_SET_PDEATHSIG), stoppable with any
+// signal; plus scratch directories and waiting for a condition.
 #pragma once
 
 #include <sys/types.h>
@@ -11,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace idemsink::test {
+namespace idemsink::devkit {
 
 class Process {
  public:
@@ -64,6 +65,6 @@ class ScratchDir {
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 
-}  // namespace idemsink::test
+}  // namespace idemsink::devkit
 
-#include "tests/support/wait_impl.h"
+#include "examples/devkit/wait_impl.h"

@@ -1,4 +1,4 @@
-#include "tests/support/process.h"
+#include "examples/devkit/process.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace idemsink::test {
+namespace idemsink::devkit {
 
 Process::Process(std::vector<std::string> argv, std::filesystem::path out_file, std::filesystem::path err_file,
                  std::map<std::string, std::string> env)
@@ -127,4 +127,4 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
   out << text;
 }
 
-}  // namespace idemsink::test
+}  // namespace idemsink::devkit

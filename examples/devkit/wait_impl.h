@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace idemsink::test {
+namespace idemsink::devkit {
 
 template <class Pred>
 void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what) {
@@ -16,4 +16,4 @@ void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string&
   }
 }
 
-}  // namespace idemsink::test
+}  // namespace idemsink::devkit

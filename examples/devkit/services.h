@@ -1,0 +1,51 @@
+// The demo's and the tests' external parts as processes: the embedded Kafka
+// (`idemsink dev-kafka`) with its control channel, and the fake external
+// services with their HTTP API.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "examples/devkit/process.h"
+
+namespace idemsink::devkit {
+
+/// `idemsink dev-kafka`: librdkafka's mock cluster in a process of its own.
+class DevKafka {
+ public:
+  DevKafka(const std::string& idemsink_binary, std::vector<std::string> extra_args = {});
+  ~DevKafka();
+  const std::string& bootstrap() const { return bootstrap_; }
+  /// Sends one control command; throws unless the answer is "ok".
+  void command(const std::string& line);
+
+ private:
+  ScratchDir dir_;
+  std::unique_ptr<Process> proc_;
+  std::string bootstrap_;
+  int control_fd_ = -1;
+};
+
+/// `idemsink-fake-services` on a free loopback port.
+class FakeServices {
+ public:
+  /// `flags` are extra command-line flags, e.g. {"--faults", "waybill:error_5xx=0.05"}.
+  FakeServices(const std::string& binary, std::vector<std::string> flags = {});
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  /// GET /stats?detail=1
+  nlohmann::json stats();
+
+ private:
+  ScratchDir dir_;
+  std::unique_ptr<Process> proc_;
+  int port_ = 0;
+};
+
+/// A blocking HTTP/1.1 request to 127.0.0.1:port; returns {status, body}.
+std::pair<int, std::string> http_request(int port, const std::string& method, const std::string& target,
+                                         const std::string& body = "");
+
+}  // namespace idemsink::devkit
