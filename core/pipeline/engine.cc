@@ -1015,6 +1015,7 @@ void Engine::on_assigned(const std::vector<kafka::TopicPartition>& tps) {
   auto fut = done.get_future();
   asio::post(io_, [&] {
     commits_held_until_ = {};  // the rebalance got this far: commits carry the new generation
+    ++assignment_generation_;
     for (const auto& tp : tps) {
       auto p = std::make_shared<Partition>();
       p->tp = tp;
@@ -1118,6 +1119,7 @@ void Engine::update_backpressure() {
   const bool want_resume = !operator_paused_.load() && records_.size() <= high / 2;
   if (want_pause && !fetch_paused_) {
     fetch_paused_ = true;
+    paused_generation_ = assignment_generation_;
     consumer_->pause(consumer_->assignment());
     metrics_.paused.store(1);
     spdlog::info("fetching paused ({} records buffered{})", records_.size(),
@@ -1132,8 +1134,9 @@ void Engine::update_backpressure() {
     consumer_->resume(resume);
     metrics_.paused.store(0);
     spdlog::info("fetching resumed");
-  } else if (fetch_paused_) {
+  } else if (fetch_paused_ && paused_generation_ != assignment_generation_) {
     consumer_->pause(consumer_->assignment());  // partitions assigned since the pause
+    paused_generation_ = assignment_generation_;
   }
 }
 

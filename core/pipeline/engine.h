@@ -193,6 +193,8 @@ class Engine : public kafka::Consumer::Listener {
 
   std::vector<std::unique_ptr<RevokeWaiter>> revokes_;
   bool fetch_paused_ = false;
+  uint64_t assignment_generation_ = 0;  // bumped by every assignment
+  uint64_t paused_generation_ = 0;      // the assignment the pause was applied to
   std::chrono::steady_clock::time_point commits_held_until_{};
   std::atomic<bool> operator_paused_{false};
   bool stopping_ = false;

@@ -1,0 +1,121 @@
+// pipeline_bench: end-to-end records/s of the host at seed 002's RPC latency
+// (waybill plugin, mean 60 ms, P99 350 ms), with the calls of many keys in
+// flight at once against one call in flight per partition (the seed's
+// sequential consumer loop, 16 partitions). Same machine, same run, same
+// records; prints both rates and the ratio.
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "examples/devkit/mariadb_server.h"
+#include "examples/devkit/services.h"
+
+using namespace idemsink;
+using namespace idemsink::devkit;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kPartitions = 16;
+
+void produce(const std::string& bootstrap, const std::string& topic, int n) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
+  rd_kafka_conf_set(conf, "linger.ms", "20", err, sizeof err);
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  for (int i = 0; i < n; ++i) {
+    const std::string key = "ORD-" + std::to_string(i);
+    const std::string value = "{\"order_id\":\"" + key + "\",\"sku\":\"SKU-" + std::to_string(i % 300) + "\"}";
+    while (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_KEY(key.data(), key.size()),
+                             RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+      rd_kafka_poll(rk, 10);
+  }
+  rd_kafka_flush(rk, 60000);
+  rd_kafka_destroy(rk);
+}
+
+int64_t committed_total(const std::string& bootstrap, const std::string& group, const std::string& topic) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
+  rd_kafka_conf_set(conf, "group.id", group.c_str(), err, sizeof err);
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+  rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(kPartitions);
+  for (int p = 0; p < kPartitions; ++p) rd_kafka_topic_partition_list_add(l, topic.c_str(), p);
+  rd_kafka_committed(rk, l, 10000);
+  int64_t total = 0;
+  for (int i = 0; i < l->cnt; ++i) total += std::max<int64_t>(0, l->elems[i].offset);
+  rd_kafka_topic_partition_list_destroy(l);
+  rd_kafka_destroy(rk);
+  return total;
+}
+
+// Runs a host over `topic` with `in_flight` calls at most; returns records/s
+// from the first assigned partition to the last committed offset.
+double run(const std::string& name, int in_flight, const std::string& topic, int records, DevKafka& kafka,
+           FakeServices& services, const ScratchDir& dir) {
+  auto& mariadb = MariaDbServer::shared();
+  mariadb.fresh_database("bench_" + name);
+  const int admin = free_port();
+  std::string cfg = "[host]\nid = \"bench-" + name + "\"\nmax_in_flight = " + std::to_string(in_flight) +
+                    "\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n[kafka]\nbootstrap_servers = \"" +
+                    kafka.bootstrap() + "\"\ngroup_id = \"bench-" + name +
+                    "\"\nmax_poll_records = 200\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
+                    "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" + mariadb.socket() +
+                    "\"\ndatabase = \"bench_" + name + "\"\n[[route]]\nname = \"waybill\"\ntopic = \"" + topic +
+                    "\"\nplugin = \"" + IDEMSINK_PLUGIN_DIR + "/libidemsink_waybill.so\"\n"
+                    "key = { from = \"json\", json = \"order_id\" }\n[route.options]\nendpoint = \"" + services.url() +
+                    "\"\nmax_connections = " + std::to_string(std::min(in_flight, 1000)) + "\n";
+  write_file(dir / (name + ".toml"), cfg);
+  Process host({IDEMSINK_BINARY, "run", "--config", (dir / (name + ".toml")).string()}, dir / (name + ".out"),
+               dir / (name + ".log"));
+  wait_until(
+      [&] {
+        try {
+          auto [code, body] = http_request(admin, "GET", "/status");
+          return code == 200 && nlohmann::json::parse(body)["assigned_partitions"].get<int>() > 0;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      60s, name + " to get its partitions");
+  const auto t0 = Clock::now();
+  wait_until([&] { return committed_total(kafka.bootstrap(), "bench-" + name, topic) >= records; }, 900s,
+             name + " to commit everything");
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  host.signal(SIGTERM);
+  host.wait(60s);
+  return records / secs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Each case gets enough records to reach its steady state: rates compare,
+  // counts need not match.
+  const int narrow_records = argc > 1 ? std::stoi(argv[1]) : 4000;
+  const int wide_records = argc > 2 ? std::stoi(argv[2]) : 40000;
+  ScratchDir dir("pipeline-bench");
+  DevKafka kafka(IDEMSINK_BINARY, {"--topic", "bench.wide:16", "--topic", "bench.narrow:16"});
+  FakeServices services(IDEMSINK_FAKE_SERVICES, {"--faults", "waybill:latency_mean_ms=60,latency_p99_ms=350"});
+  produce(kafka.bootstrap(), "bench.narrow", narrow_records);
+  produce(kafka.bootstrap(), "bench.wide", wide_records);
+  const double narrow = run("narrow", kPartitions, "bench.narrow", narrow_records, kafka, services, dir);
+  const double wide = run("wide", 2000, "bench.wide", wide_records, kafka, services, dir);
+  std::cout << "pipeline_bench: " << narrow_records << " / " << wide_records
+            << " records, 16 partitions, waybill RPC mean 60 ms / P99 350 ms\n"
+            << std::left << std::setw(46) << "16 in flight (one per partition, seed's loop)" << std::right
+            << std::setw(10) << std::fixed << std::setprecision(0) << narrow << " rec/s\n"
+            << std::left << std::setw(46) << "2000 in flight (key-ordered, async)" << std::right << std::setw(10) << wide
+            << " rec/s\n"
+            << std::left << std::setw(46) << "speed-up" << std::right << std::setw(10) << std::setprecision(1)
+            << wide / narrow << "x\n";
+  return 0;
+}
