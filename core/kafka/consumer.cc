@@ -186,6 +186,14 @@ std::vector<TopicPartition> Consumer::assignment() {
   return from_list(l);
 }
 
+std::optional<int64_t> Consumer::high_watermark(const TopicPartition& tp) {
+  int64_t lo = 0, hi = 0;
+  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+      hi < 0)
+    return std::nullopt;
+  return hi;
+}
+
 std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPartition>& tps, int timeout_ms) {
   auto list = to_list(tps);
   if (auto err = rd_kafka_committed(rk_.get(), list.get(), timeout_ms))

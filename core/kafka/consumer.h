@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,9 @@ class Consumer {
   void seek(const TopicPartitionOffset& tpo);
   void resume(const std::vector<TopicPartition>& tps);
   std::vector<TopicPartition> assignment();
+  /// Last known high watermark of a partition (cached by librdkafka from
+  /// fetches; never blocks), or nullopt if not known yet.
+  std::optional<int64_t> high_watermark(const TopicPartition& tp);
   /// Committed offsets of the group for these partitions (blocking; tests, audit).
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartition>& tps, int timeout_ms);
 

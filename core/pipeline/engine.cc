@@ -185,6 +185,13 @@ void Engine::start(kafka::Consumer* consumer) {
   });
   every(relay_timer_, 2s, [this] { relay_kick(); });
   every(gauges_timer_, 5s, [this] {
+    int64_t lag = 0;
+    for (const auto& [tp, part] : partitions_) {
+      const auto hi = consumer_->high_watermark(tp);
+      const auto cp = part->tracker.commit_point();
+      if (hi) lag += std::max<int64_t>(0, *hi - (cp ? *cp : *hi));
+    }
+    metrics_.lag.store(lag);
     metrics_.db_statements.store(pool_.statements());
     metrics_.db_reconnects.store(pool_.reconnects());
     metrics_.db_healthy.store(pool_.healthy() ? 1 : 0);
@@ -192,7 +199,10 @@ void Engine::start(kafka::Consumer* consumer) {
     gauges_running_ = true;
     pool_.submit("gauges", [this](db::Connection& c) {
       const uint64_t pending = outbox_.pending(c);
-      auto stuck = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 1 AND lease_until < NOW(3)");
+      // The reconciler's definition: pending, nobody's lease, untouched for stuck_after.
+      auto stuck = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 1 AND (owner IS NULL OR lease_until < "
+                           "NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
+                           std::to_string(cfg_.claim.stuck_after.count() * 1000) + " MICROSECOND");
       asio::post(io_, [this, pending, n = std::stoll(*stuck[0][0])] {
         metrics_.dlq_pending.store(static_cast<int64_t>(pending));
         metrics_.stuck_pending.store(n);

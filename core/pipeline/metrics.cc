@@ -84,7 +84,7 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_assigned_partitions", "gauge", "Partitions assigned to this host.", assigned_partitions.load());
   scalar("idemsink_consumer_lag", "gauge", "Records between the commit point and the high watermark, summed.",
          lag.load());
-  scalar("idemsink_stuck_pending", "gauge", "Pending claims whose lease expired (all hosts).", stuck_pending.load());
+  scalar("idemsink_stuck_pending", "gauge", "Pending claims nobody holds, untouched for claim.stuck_after (all hosts).", stuck_pending.load());
   scalar("idemsink_reconciled_done_total", "counter", "Unknown or stuck claims resolved done by reconciliation.",
          reconciled_done.load());
   scalar("idemsink_reconcile_undecided", "gauge", "Claims the last reconcile round could not settle (alert on it).",

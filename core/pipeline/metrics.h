@@ -53,7 +53,7 @@ class Metrics {
   std::atomic<int64_t> paused{0};           // 1 while fetching is paused
   std::atomic<int64_t> assigned_partitions{0};
   std::atomic<int64_t> lag{0};              // sum over assigned partitions of high watermark - commit point
-  std::atomic<int64_t> stuck_pending{0};    // pending claims with an expired lease, refreshed periodically
+  std::atomic<int64_t> stuck_pending{0};    // pending, nobody's lease, untouched for stuck_after (all hosts)
   std::atomic<uint64_t> reconciled_done{0};    // unknown/stuck rows resolved done by the reconcile hook
   std::atomic<int64_t> reconcile_undecided{0}; // rows the last reconcile round could not settle
   std::atomic<uint64_t> db_statements{0};

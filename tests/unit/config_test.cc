@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "core/config/config.h"
 
@@ -124,4 +126,25 @@ BOOST_AUTO_TEST_CASE(reference_lists_every_section) {
   for (const char* s : {"## [host]", "## [kafka]", "## [database]", "## [claim]", "## [[route]]", "`max_in_flight`",
                         "`lease`", "`retention_days`"})
     BOOST_TEST(md.find(s) != std::string::npos, s);
+}
+
+BOOST_AUTO_TEST_CASE(committed_reference_matches_the_declarations) {
+  std::ifstream in(std::string(IDEMSINK_SOURCE_DIR) + "/conf/CONFIGURATION.md");
+  std::stringstream committed;
+  committed << in.rdbuf();
+  BOOST_TEST(committed.str() == reference_markdown(),
+             "conf/CONFIGURATION.md is stale: regenerate it with `idemsink config-reference > conf/CONFIGURATION.md`");
+}
+
+BOOST_AUTO_TEST_CASE(shipped_configs_load) {
+  for (const char* var : {"HOSTNAME", "KAFKA_PASSWORD", "IDEMSINK_DB_PASSWORD", "IDEMSINK_DEMO_ADMIN", "IDEMSINK_DEMO_KAFKA",
+                          "IDEMSINK_DEMO_DB_SOCKET", "IDEMSINK_DEMO_SERVICES", "IDEMSINK_PLUGIN_DIR"})
+    ::setenv(var, "127.0.0.1:1", 0);
+  const std::string dir = std::string(IDEMSINK_SOURCE_DIR) + "/conf/";
+  Config prod = load_file(dir + "idemsink.toml");
+  BOOST_TEST(prod.routes.size() == 4u);
+  BOOST_TEST(prod.routes[2].retry.topics.size() == 2u);
+  BOOST_TEST(prod.database.password == std::string(std::getenv("IDEMSINK_DB_PASSWORD")));
+  Config demo = load_file(dir + "demo.toml");
+  BOOST_TEST(demo.routes.size() == 4u);
 }
