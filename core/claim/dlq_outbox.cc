@@ -163,6 +163,12 @@ std::vector<DeadLetter> DlqOutbox::take(Connection& c, size_t limit) const {
   return out;
 }
 
+uint64_t DlqOutbox::renew(Connection& c) const {
+  return c.execute("UPDATE idemsink_dlq_outbox SET lease_until = NOW(3) + INTERVAL " +
+                   std::to_string(lease_.count() * 1000) + " MICROSECOND WHERE owner = " + c.quote(owner_) +
+                   " AND published_at IS NULL");
+}
+
 void DlqOutbox::mark_published(Connection& c, std::span<const uint64_t> ids) const {
   if (ids.empty()) return;
   c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), owner = NULL, lease_until = NULL WHERE id IN (" +

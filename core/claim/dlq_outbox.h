@@ -65,6 +65,10 @@ class DlqOutbox {
   /// owner's lease ran out, and returns them with their payloads.
   std::vector<DeadLetter> take(db::Connection& c, size_t limit) const;
 
+  /// Extends the lease of the unpublished rows we hold (a relay cycle still
+  /// waiting for the broker). Returns rows touched.
+  uint64_t renew(db::Connection& c) const;
+
   /// Stamps rows as published.
   void mark_published(db::Connection& c, std::span<const uint64_t> ids) const;
 

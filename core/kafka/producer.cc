@@ -7,7 +7,13 @@ namespace idemsink::kafka {
 
 Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_delivery_(std::move(on_delivery)) {
   std::map<std::string, std::string> props{
-      {"message.timeout.ms", "30000"},  // a failed DLQ write stays in the outbox and is retried by the relay
+      // No delivery deadline: retriable errors are retried until the broker
+      // takes the record, and the idempotent producer never writes its own
+      // retries twice. A finite timeout could expire while a request is in
+      // flight, report a failure for a record the broker did append, and the
+      // relay would then publish it again. Permanent errors (unknown topic,
+      // authorization) are still reported at once.
+      {"message.timeout.ms", "0"},
       {"linger.ms", "5"},
   };
   for (const auto& [k, v] : cfg.properties) props[k] = v;

@@ -1,6 +1,8 @@
 // The DLQ producer: idempotent (enable.idempotence=true, acks=all), so
-// librdkafka's internal retries never write a record twice. Delivery reports
-// arrive on the producer's own poll thread.
+// librdkafka's internal retries never write a record twice, and without a
+// delivery deadline (message.timeout.ms=0 unless configured), so a record is
+// never reported failed after the broker may have appended it. Delivery
+// reports arrive on the producer's own poll thread.
 #pragma once
 
 #include <atomic>

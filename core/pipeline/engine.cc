@@ -100,6 +100,7 @@ struct Engine::Record {
 
 struct Engine::RevokeWaiter {
   std::vector<kafka::TopicPartition> tps;
+  std::vector<std::shared_ptr<Partition>> parts;  // this assignment's state of those partitions
   bool lost = false;
   std::promise<std::vector<kafka::TopicPartitionOffset>> promise;
   std::chrono::steady_clock::time_point deadline;
@@ -172,8 +173,11 @@ void Engine::start(kafka::Consumer* consumer) {
   every(renew_timer_, std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
     if (renew_running_) return;
     renew_running_ = true;
-    pool_.submit("renew leases", [this](db::Connection& c) {
+    // A relay cycle waiting for the broker keeps its outbox rows too.
+    const bool relay_waiting = relay_running_ && relay_pending_ > 0;
+    pool_.submit("renew leases", [this, relay_waiting](db::Connection& c) {
       store_.renew(c);
+      if (relay_waiting) outbox_.renew(c);
       asio::post(io_, [this] { renew_running_ = false; });
     });
   });
@@ -1051,7 +1055,9 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
     std::vector<uint64_t> to_drop;
     for (const auto& tp : waiter->tps) {
       auto it = partitions_.find(tp);
-      if (it != partitions_.end()) it->second->revoked = true;
+      if (it == partitions_.end()) continue;
+      it->second->revoked = true;
+      waiter->parts.push_back(it->second);
     }
     for (auto& [id, rec] : records_) {
       if (!rec->part->revoked) continue;
@@ -1093,11 +1099,11 @@ void Engine::check_revokes() {
   const auto now = std::chrono::steady_clock::now();
   for (auto it = revokes_.begin(); it != revokes_.end();) {
     RevokeWaiter& w = **it;
+    // Records of an earlier assignment of the same partition (past their
+    // grace then) do not hold this revocation up.
     size_t active = 0;
-    for (const auto& [id, rec] : records_) {
-      if (std::find(w.tps.begin(), w.tps.end(), rec->part->tp) == w.tps.end() || !rec->part->revoked) continue;
-      ++active;
-    }
+    for (const auto& [id, rec] : records_)
+      if (std::find(w.parts.begin(), w.parts.end(), rec->part) != w.parts.end()) ++active;
     if (active > 0 && now < w.deadline) {
       ++it;
       continue;

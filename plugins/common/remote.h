@@ -51,4 +51,16 @@ inline std::shared_ptr<sdk::Completion> share(sdk::Completion done) {
   return std::make_shared<sdk::Completion>(std::move(done));
 }
 
+/// The reconcile answer of a service that can be asked "what did you make
+/// for this key?": 404 = certainly not applied, 2xx = applied (receipt in
+/// `field`), anything else = cannot tell now.
+inline void lookup_receipt(HttpClient& http, const std::string& target, const char* field,
+                           const std::string& not_found, sdk::Completion done) {
+  http.request("GET", target, "", {}, [done = share(std::move(done)), field, not_found](HttpResult r) {
+    if (r.failure == HttpResult::Failure::None && r.status == 404) return done->permanent(not_found);
+    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
+    report(*done, r, field);
+  });
+}
+
 }  // namespace idemsink::plugins

@@ -22,13 +22,8 @@ class Inventory {
   }
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
-    http_.request("GET", "/inventory/reservations/" + std::string(rec.idem_token()), "", {},
-                  [done = share(std::move(done))](HttpResult r) {
-                    if (r.failure == HttpResult::Failure::None && r.status == 404)
-                      return done->permanent("no reservation was made with this request id");
-                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
-                    report(*done, r, "reservation_id");
-                  });
+    lookup_receipt(http_, "/inventory/reservations/" + std::string(rec.idem_token()), "reservation_id",
+                   "no reservation was made with this request id", std::move(done));
   }
 
  private:

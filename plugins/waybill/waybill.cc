@@ -24,13 +24,8 @@ class Waybill {
 
   // Did a waybill with this idempotency key get created?
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
-    http_.request("GET", "/waybills/by-key/" + std::string(rec.idem_token()), "", {},
-                  [done = share(std::move(done))](HttpResult r) {
-                    if (r.failure == HttpResult::Failure::None && r.status == 404)
-                      return done->permanent("no waybill was created with this key");
-                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
-                    report(*done, r, "waybill_no");
-                  });
+    lookup_receipt(http_, "/waybills/by-key/" + std::string(rec.idem_token()), "waybill_no",
+                   "no waybill was created with this key", std::move(done));
   }
 
  private:

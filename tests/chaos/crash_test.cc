@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
@@ -22,37 +23,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string hex(std::string_view s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-struct Topic {
-  std::string name;
-  int partitions;
-};
-
-void wait_all_committed(MockKafka& kafka, const std::string& group, const std::vector<Topic>& topics,
-                        HostProcess& host, std::chrono::milliseconds timeout = 120s) {
-  std::map<std::string, std::map<int32_t, int64_t>> hi;
-  for (const auto& t : topics) hi[t.name] = kafka.high_watermarks(t.name, t.partitions);
-  wait_until(
-      [&] {
-        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
-        for (const auto& t : topics) {
-          auto c = kafka.committed(group, t.name, t.partitions);
-          for (int p = 0; p < t.partitions; ++p)
-            if (c[p] < hi[t.name][p]) return false;
-        }
-        return true;
-      },
-      timeout, "committed offsets to reach the end");
-}
+using Topics = std::vector<std::pair<std::string, int>>;
 
 // `n` records; every `duplicate_every`-th re-publishes the order of three
 // records earlier (same payload), so 1 in `duplicate_every` is a duplicate.
@@ -79,8 +50,8 @@ void check_remote_exactly_once(const std::filesystem::path& calls, const std::se
   BOOST_TEST(tokens.size() == keys.size());
   size_t again = 0;
   for (const auto& k : keys) {
-    BOOST_TEST(tokens[hex(k)].size() == 1u, k << " was called with " << tokens[hex(k)].size() << " tokens");
-    if (invocations[hex(k)] > 1) ++again;
+    BOOST_TEST(tokens[to_hex(k)].size() == 1u, k << " was called with " << tokens[to_hex(k)].size() << " tokens");
+    if (invocations[to_hex(k)] > 1) ++again;
   }
   if (reinvoked) *reinvoked = again;
 }
@@ -96,7 +67,7 @@ void check_claims_all_done(const std::string& database, size_t expected) {
 // Runs the host with a fault armed until it kills itself, then again
 // without, until everything is committed.
 void crash_and_recover(MockKafka& kafka, const ScratchDir& dir, const std::string& config, const std::string& fault,
-                       const std::string& group, const std::vector<Topic>& topics) {
+                       const std::string& group, const Topics& topics) {
   {
     HostProcess crashing(dir, "crashing-" + fault.substr(0, fault.find(':')), config, {{"IDEMSINK_FAULT", fault}});
     auto rc = crashing.proc().wait(120s);
@@ -105,7 +76,7 @@ void crash_and_recover(MockKafka& kafka, const ScratchDir& dir, const std::strin
     BOOST_TEST(crashing.log().find("fault point") != std::string::npos);
   }
   HostProcess recovering(dir, "recovering", config);
-  wait_all_committed(kafka, group, topics, recovering);
+  wait_committed(kafka, group, topics, recovering);
   BOOST_TEST(recovering.stop() == 0);
 }
 
@@ -173,14 +144,14 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
                              route_config({"waybill", "orders", "scripted_idempotent.so", "",
                                            {{"log", "\"" + calls.string() + "\""}, {"delay", "\"1ms\""}}}) +
                              route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
-  const std::vector<Topic> topics{{"orders", 8}, {"ledger", 8}};
+  const Topics topics{{"orders", 8}, {"ledger", 8}};
   for (const std::string fault : {"after_handler_ok:2000", "in_local_tx:20"}) {
     HostProcess crashing(dir, "crashing", config, {{"IDEMSINK_FAULT", fault}});
     auto rc = crashing.proc().wait(180s);
     BOOST_REQUIRE_MESSAGE(rc.has_value() && *rc == -9, "fault " << fault << " did not kill the host");
   }
   HostProcess recovering(dir, "recovering", config);
-  wait_all_committed(kafka, "g", topics, recovering, 180s);
+  wait_committed(kafka, "g", topics, recovering, 180s);
   BOOST_TEST(recovering.stop() == 0);
 
   size_t reinvoked = 0;
@@ -241,7 +212,7 @@ BOOST_AUTO_TEST_CASE(database_going_away_mid_run_is_survived) {
              "the host to notice the outage");
   BOOST_TEST(host.running());
   server.restart();
-  wait_all_committed(kafka, "g", {{"orders", 4}}, host);
+  wait_committed(kafka, "g", {{"orders", 4}}, host);
   BOOST_TEST(host.stop() == 0);
   check_remote_exactly_once(calls, keys);
   check_claims_all_done(dbname, keys.size());

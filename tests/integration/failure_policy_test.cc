@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
@@ -18,33 +19,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string hex(std::string_view s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-void wait_committed(MockKafka& kafka, const std::string& group, const std::string& topic, int partitions,
-                    HostProcess& host, std::chrono::milliseconds timeout = 60s) {
-  auto hi = kafka.high_watermarks(topic, partitions);
-  wait_until(
-      [&] {
-        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
-        auto c = kafka.committed(group, topic, partitions);
-        for (int p = 0; p < partitions; ++p)
-          if (c[p] < hi[p]) return false;
-        return true;
-      },
-      timeout, "committed offsets of " + topic + " to reach the end");
 }
 
 std::vector<ConsumedMessage> wait_dlq(MockKafka& kafka, const std::string& topic, size_t n,
@@ -107,8 +84,8 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
                                      {{"log", "\"" + calls.string() + "\""}}, kFastRetry}) +
                        route_config({"sms", "sms", "scripted_at_most_once.so", "",
                                      {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
-  wait_committed(kafka, "g", "orders", 1, host);
-  wait_committed(kafka, "g", "sms", 1, host);
+  wait_committed(kafka, "g", {{"orders", 1}}, host);
+  wait_committed(kafka, "g", {{"sms", 1}}, host);
   BOOST_TEST(kafka.committed("g", "orders", 1)[0] == 200);
   BOOST_TEST(kafka.committed("g", "sms", 1)[0] == 20);
 
@@ -116,14 +93,14 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   auto calls_of = calls_by_key(calls);
   for (int i = 0; i < 200; ++i) {
     if (i == 37 || i == 80 || i == 120 || i == 150) continue;
-    BOOST_TEST(calls_of[hex("o-" + std::to_string(i))].size() == 1u, "o-" << i);
+    BOOST_TEST(calls_of[to_hex("o-" + std::to_string(i))].size() == 1u, "o-" << i);
   }
-  BOOST_TEST(calls_of[hex("perm-37")].size() == 1u);  // permanent: never retried
-  const auto& retried = calls_of[hex("retry3-80")];
+  BOOST_TEST(calls_of[to_hex("perm-37")].size() == 1u);  // permanent: never retried
+  const auto& retried = calls_of[to_hex("retry3-80")];
   BOOST_REQUIRE(retried.size() == 4u);                // three failures, then success
   for (const auto& c : retried) BOOST_TEST(c[2] == retried[0][2]);  // one token throughout
   BOOST_TEST(retried.back()[4] == "ok");
-  BOOST_TEST(calls_of[hex("uncertain-7")].size() == 1u);  // at most once: never called again
+  BOOST_TEST(calls_of[to_hex("uncertain-7")].size() == 1u);  // at most once: never called again
 
   // The database says the same.
   auto conn = MariaDbServer::shared().connect("policy_batch");
@@ -191,15 +168,16 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
   kafka.command(errors);
 
   HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + "[kafka.producer]\n\"message.timeout.ms\" = \"1500\"\n" +
-                       "\"retry.backoff.ms\" = \"100\"\n\n" +
+                   base_config(kafka, db, "host-a", "g") + "[kafka.producer]\n\"retry.backoff.ms\" = \"250\"\n\n" +
                        route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
                                      {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
   // The source partitions move to the end although the DLQ is down: the
-  // dead records are durable in the outbox.
-  wait_committed(kafka, "g", "orders", 2, host);
+  // dead records are durable in the outbox, not yet published.
+  wait_committed(kafka, "g", {{"orders", 2}}, host);
   auto conn = MariaDbServer::shared().connect("policy_dlq_outage");
   BOOST_TEST(std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox")[0][0]) == 20);
+  BOOST_TEST(std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0]) > 0,
+             "the DLQ took the records before the source partitions were committed: the outage was not tested");
   // When the DLQ takes writes again, the relay publishes each row once.
   auto dlq = wait_dlq(kafka, "orders.dlq", 20, 120s);
   wait_until([&] { return conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
@@ -209,7 +187,6 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
   for (const auto& m : dlq) ++seen[m.headers.at("idemsink.source.offset") + "/" + m.headers.at("idemsink.source.partition")];
   BOOST_TEST(dlq.size() == 20u);
   BOOST_TEST(seen.size() == 20u);  // none twice
-  BOOST_TEST(host.log().find("DLQ publish failed for") != std::string::npos);  // it really failed meanwhile
   BOOST_TEST(host.stop() == 0);
 }
 
@@ -238,7 +215,7 @@ BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
                    base_config(kafka, db, "host-a", "g") +
                        route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
                                      {{"log", "\"" + calls.string() + "\""}}, "max_record_bytes = 2000\n"}));
-  wait_committed(kafka, "g", "orders", 1, host);
+  wait_committed(kafka, "g", {{"orders", 1}}, host);
   auto dlq = wait_dlq(kafka, "orders.dlq", 7);
   std::map<std::string, std::string> reason_by_key;
   for (const auto& m : dlq) reason_by_key[*m.key] = m.headers.at("idemsink.reason");
@@ -274,8 +251,8 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
                        route_config({"waybill", "orders", "scripted_idempotent.so", "",
                                      {{"log", "\"" + calls.string() + "\""}}, retry}) +
                        route_config({"twice", "twice", "double_complete.so", "", {}, retry}));
-  wait_committed(kafka, "g", "orders", 1, host);
-  wait_committed(kafka, "g", "twice", 1, host);
+  wait_committed(kafka, "g", {{"orders", 1}}, host);
+  wait_committed(kafka, "g", {{"twice", 1}}, host);
   auto conn = MariaDbServer::shared().connect("policy_plugins");
   auto status = [&](const std::string& key) {
     return *conn->query("SELECT status FROM idemsink_claim WHERE biz_key = '" + key + "'")[0][0];
@@ -285,7 +262,7 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
   BOOST_TEST(status("throw-1") == "3");
   BOOST_TEST(status("hang-1") == "3");
   BOOST_TEST(status("fine-1") == "2");
-  BOOST_TEST(calls_by_key(calls)[hex("hang-1")].size() == 3u);
+  BOOST_TEST(calls_by_key(calls)[to_hex("hang-1")].size() == 3u);
   // A plugin that reports twice counts once; an invalid outcome is not success.
   BOOST_TEST(status("t-1") == "2");
   BOOST_TEST(status("t-2") == "2");
@@ -316,11 +293,11 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
                                      {{"log", "\"" + calls.string() + "\""}},
                                      "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n"}));
   // The source partition does not wait for the retries.
-  wait_committed(kafka, "g", "orders", 1, host);
+  wait_committed(kafka, "g", {{"orders", 1}}, host);
   auto early = calls_by_key(calls);
-  BOOST_TEST(early[hex("retry2-b")].size() < 3u, "the source commit waited for the second retry");
-  wait_committed(kafka, "g", "orders.retry.1", 1, host);
-  wait_committed(kafka, "g", "orders.retry.2", 1, host);
+  BOOST_TEST(early[to_hex("retry2-b")].size() < 3u, "the source commit waited for the second retry");
+  wait_committed(kafka, "g", {{"orders.retry.1", 1}}, host);
+  wait_committed(kafka, "g", {{"orders.retry.2", 1}}, host);
   auto dlq = wait_dlq(kafka, "orders.dlq", 1);
   BOOST_REQUIRE(dlq.size() == 1u);
   BOOST_TEST(*dlq[0].key == "retry9-c");
@@ -334,8 +311,8 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   for (const auto& [k, n] : names) BOOST_TEST(n == 1, k << " appears " << n << " times");
 
   auto by_key = calls_by_key(calls);
-  const auto& a = by_key[hex("retry1-a")];
-  const auto& b = by_key[hex("retry2-b")];
+  const auto& a = by_key[to_hex("retry1-a")];
+  const auto& b = by_key[to_hex("retry2-b")];
   BOOST_REQUIRE(a.size() == 2u);
   BOOST_REQUIRE(b.size() == 3u);
   BOOST_TEST(a[0][2] == a[1][2]);  // the same idem_token on every tier
@@ -345,7 +322,7 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   // Each tier waited its delay.
   BOOST_TEST(std::stoll(a[1][5]) - std::stoll(a[0][5]) >= 1500);
   BOOST_TEST(std::stoll(b[2][5]) - std::stoll(b[1][5]) >= 3000);
-  BOOST_TEST(by_key[hex("retry9-c")].size() == 3u);  // source + two tiers
+  BOOST_TEST(by_key[to_hex("retry9-c")].size() == 3u);  // source + two tiers
   auto conn = MariaDbServer::shared().connect("policy_retry_topics");
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry2-b'")[0][0] == "2");
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry9-c'")[0][0] == "3");

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
@@ -13,35 +14,6 @@ using namespace idemsink;
 using namespace idemsink::test;
 using namespace idemsink::devkit;
 using namespace std::chrono_literals;
-
-namespace {
-
-std::string hex(std::string_view s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-// Waits until the group's committed offsets reach the high watermarks.
-void wait_all_committed(MockKafka& kafka, const std::string& group, const std::string& topic, int partitions,
-                        HostProcess& host, std::chrono::milliseconds timeout = 60s) {
-  auto hi = kafka.high_watermarks(topic, partitions);
-  wait_until(
-      [&] {
-        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
-        auto c = kafka.committed(group, topic, partitions);
-        for (int p = 0; p < partitions; ++p)
-          if (c[p] < hi[p]) return false;
-        return true;
-      },
-      timeout, "committed offsets to reach the end of " + topic);
-}
-
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(every_key_is_applied_once_and_offsets_reach_the_end) {
   auto db = MariaDbServer::shared().fresh_database("pipeline_happy");
@@ -65,13 +37,13 @@ BOOST_AUTO_TEST_CASE(every_key_is_applied_once_and_offsets_reach_the_end) {
                    base_config(kafka, db, "host-a", "g1") +
                        route_config({"waybill", "orders", "scripted_idempotent.so", "",
                                      {{"log", "\"" + calls.string() + "\""}, {"delay", "\"5ms\""}}}));
-  wait_all_committed(kafka, "g1", "orders", 4, host);
+  wait_committed(kafka, "g1", {{"orders", 4}}, host);
 
   auto log = read_call_log(calls);
   std::map<std::string, int> per_key;
   for (const auto& cols : log) ++per_key[cols.at(1)];
   BOOST_TEST(per_key.size() == keys.size());
-  for (const auto& k : keys) BOOST_TEST(per_key[hex(k)] == 1, k << " called " << per_key[hex(k)] << " times");
+  for (const auto& k : keys) BOOST_TEST(per_key[to_hex(k)] == 1, k << " called " << per_key[to_hex(k)] << " times");
 
   auto conn = MariaDbServer::shared().connect("pipeline_happy");
   auto rows = conn->query("SELECT status, COUNT(*) FROM idemsink_claim GROUP BY status");

@@ -69,18 +69,9 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   for (const auto& t : topics) cfg += route(t);
   HostProcess host(dir, "host", cfg);
 
-  for (const auto& t : topics) {
-    auto hi = kafka.high_watermarks(t, 4);
-    wait_until(
-        [&] {
-          if (!host.running()) throw std::runtime_error("host exited:\n" + host.log());
-          auto c = kafka.committed("g", t, 4);
-          for (int p = 0; p < 4; ++p)
-            if (c[p] < hi[p]) return false;
-          return true;
-        },
-        180s, "all of " + t + " committed");
-  }
+  std::vector<std::pair<std::string, int>> committed;
+  for (const auto& t : topics) committed.push_back({t, 4});
+  wait_committed(kafka, "g", committed, host, 180s);
   auto conn = MariaDbServer::shared().connect("plugins_faults");
   // The unknown SMS (timeouts after sending) get settled by the reconcile hook.
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 0; }, 60s,

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "examples/devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
@@ -17,16 +18,6 @@ using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::string hex(std::string_view s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
 
 void two_hosts_share_and_hand_over(const std::string& strategy) {
   const std::string dbname = "rebalance_" + strategy.substr(0, strategy.find('-'));
@@ -64,16 +55,7 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
   wait_until([&] { return b.log().find("kafka: assigned") != std::string::npos; }, 60s, "host-b to get partitions");
   wait_until([&] { return done_count() >= 1500; }, 120s, "both hosts to make progress");
   BOOST_TEST(a.stop() == 0);  // A drains and leaves; B takes everything
-  auto hi = kafka.high_watermarks("orders", 8);
-  wait_until(
-      [&] {
-        if (!b.running()) throw std::runtime_error("host-b exited:\n" + b.log());
-        auto c = kafka.committed("g", "orders", 8);
-        for (int p = 0; p < 8; ++p)
-          if (c[p] < hi[p]) return false;
-        return true;
-      },
-      120s, "all offsets committed");
+  wait_committed(kafka, "g", {{"orders", 8}}, b);
   BOOST_TEST(b.stop() == 0);
 
   // Clean hand-overs: no key was ever called twice, by either host.
@@ -82,7 +64,7 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
   BOOST_TEST(invocations.size() == keys.size());
   int twice = 0;
   for (const auto& k : keys)
-    if (invocations[hex(k)] != 1) ++twice;
+    if (invocations[to_hex(k)] != 1) ++twice;
   BOOST_TEST(twice == 0, twice << " keys called more than once");
   BOOST_TEST(done_count() == static_cast<int>(keys.size()));
   BOOST_TEST(a.log().find("revoking") != std::string::npos);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <map>
 #include <sstream>
 
 namespace idemsink::test {
@@ -55,6 +56,24 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
     throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) + "ms of SIGTERM");
   }
   return *rc;
+}
+
+void wait_committed(MockKafka& kafka, const std::string& group,
+                    const std::vector<std::pair<std::string, int>>& topics, HostProcess& host,
+                    std::chrono::milliseconds timeout) {
+  std::map<std::string, std::map<int32_t, int64_t>> hi;
+  for (const auto& [topic, partitions] : topics) hi[topic] = kafka.high_watermarks(topic, partitions);
+  wait_until(
+      [&] {
+        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
+        for (const auto& [topic, partitions] : topics) {
+          auto c = kafka.committed(group, topic, partitions);
+          for (int p = 0; p < partitions; ++p)
+            if (c[p] < hi[topic][p]) return false;
+        }
+        return true;
+      },
+      timeout, "committed offsets to reach the end");
 }
 
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file) {

@@ -51,7 +51,13 @@ class HostProcess {
   std::unique_ptr<Process> proc_;
 };
 
-/// Counts lines of `file` (the scripted plugin's call log).
+/// Waits until the group's committed offsets reach the high watermarks of
+/// every (topic, partitions); fails early, with its log, if the host exits.
+void wait_committed(MockKafka& kafka, const std::string& group,
+                    const std::vector<std::pair<std::string, int>>& topics, HostProcess& host,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+/// The scripted plugin's call log, one vector of columns per call.
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);
 
 }  // namespace idemsink::test
