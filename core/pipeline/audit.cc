@@ -22,6 +22,7 @@ kafka::HandlePtr consumer_handle(const config::Config& cfg, const std::string& g
   props["bootstrap.servers"] = cfg.kafka.bootstrap_servers;
   props["group.id"] = group;
   props["enable.auto.commit"] = "false";
+  props["enable.partition.eof"] = "true";  // a partition whose committed offset follows a transaction marker ends there
   rd_kafka_conf_t* conf = kafka::make_conf(props);
   kafka::route_librdkafka_logs(conf);
   char err[512];
@@ -49,7 +50,10 @@ struct Seen {
   std::optional<std::string> biz_key;  // nullopt: no key could be extracted
 };
 
-// Accounts for one batch of records of one partition.
+constexpr size_t kPage = 1000;  // records accounted per pair of statements
+
+// Accounts for one page of records of one partition. The claim lookup is by
+// primary key (namespace, biz_key) across every month partition.
 void account(Connection& c, const std::string& route, PartitionAudit& pa, const std::vector<Seen>& seen) {
   std::set<int64_t> in_outbox;
   std::string offsets;
@@ -63,9 +67,9 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
   if (!keys.empty()) {
     std::string list;
     for (const auto& k : keys) list += (list.empty() ? "" : ",") + Connection::hex(k);
-    for (auto& r : c.query("SELECT biz_key FROM idemsink_claim WHERE namespace = " + Connection::hex(route) +
-                           " AND biz_key IN (" + list + ") AND status IN (2, 3, 4)"))
-      terminal.insert(*r[0]);
+    for (auto& r : c.query("SELECT biz_key, status FROM idemsink_claim FORCE INDEX (PRIMARY) WHERE namespace = " +
+                           Connection::hex(route) + " AND biz_key IN (" + list + ")"))
+      if (*r[1] != "1") terminal.insert(*r[0]);  // done, failed or unknown
   }
   for (const auto& s : seen) {
     ++pa.consumed;
@@ -77,6 +81,81 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
       pa.missing.push_back(s.offset);
     }
   }
+}
+
+// "3, 7..12, 40": consecutive offsets as ranges.
+std::string ranges(const std::vector<int64_t>& offsets, size_t max_ranges) {
+  std::string out;
+  size_t n = 0;
+  for (size_t i = 0; i < offsets.size();) {
+    size_t j = i;
+    while (j + 1 < offsets.size() && offsets[j + 1] == offsets[j] + 1) ++j;
+    if (n++ == max_ranges) return out + ", ...";
+    out += (out.empty() ? "" : ", ") + std::to_string(offsets[i]) +
+           (j > i ? ".." + std::to_string(offsets[j]) : std::string());
+    i = j + 1;
+  }
+  return out;
+}
+
+// Reads every partition of `topic` from its low watermark up to the group's
+// committed offset, all partitions at once, and accounts for each record.
+void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
+                 KeyExtractor& extractor, const std::string& topic, AuditReport& report) {
+  const int parts = partition_count(group, topic);
+  if (parts == 0) return;
+  kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_new(parts));
+  for (int p = 0; p < parts; ++p) rd_kafka_topic_partition_list_add(committed.get(), topic.c_str(), p);
+  if (auto err = rd_kafka_committed(group, committed.get(), 10000))
+    throw kafka::KafkaError("committed offsets of " + topic + ": " + rd_kafka_err2str(err));
+  const size_t first = report.partitions.size();
+  kafka::PartitionListPtr assign(rd_kafka_topic_partition_list_new(parts));
+  std::map<int32_t, size_t> index;  // partition -> report entry still being read
+  for (int p = 0; p < parts; ++p) {
+    PartitionAudit pa;
+    pa.topic = topic;
+    pa.partition = p;
+    pa.committed = std::max<int64_t>(0, committed->elems[p].offset);
+    int64_t hi = 0;
+    if (auto err = rd_kafka_query_watermark_offsets(group, topic.c_str(), p, &pa.low, &hi, 10000))
+      throw kafka::KafkaError("watermarks of " + topic + ": " + rd_kafka_err2str(err));
+    if (pa.committed > pa.low) {
+      rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
+      index[p] = first + static_cast<size_t>(p);
+    }
+    report.partitions.push_back(std::move(pa));
+  }
+  if (index.empty()) return;
+  rd_kafka_assign(reader, assign.get());
+  std::map<int32_t, std::vector<Seen>> pages;
+  auto flush = [&](int32_t p) {
+    auto& page = pages[p];
+    if (!page.empty()) account(db, route.name, report.partitions[first + static_cast<size_t>(p)], page);
+    page.clear();
+  };
+  while (!index.empty()) {
+    rd_kafka_message_t* m = rd_kafka_consumer_poll(reader, 10000);
+    if (m == nullptr) throw kafka::KafkaError("audit: no records from " + topic + " for 10s while reading");
+    kafka::MessagePtr msg(m);
+    if (msg->err && msg->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+      throw kafka::KafkaError(std::string("audit: ") + rd_kafka_message_errstr(msg.get()));
+    auto it = index.find(msg->partition);
+    if (it == index.end()) continue;
+    const PartitionAudit& pa = report.partitions[it->second];
+    if (!msg->err && msg->offset < pa.committed) {
+      auto key = extractor.extract(msg.get());
+      pages[msg->partition].push_back(
+          {msg->offset,
+           std::holds_alternative<std::string>(key) ? std::optional(std::get<std::string>(key)) : std::nullopt});
+      if (pages[msg->partition].size() == kPage) flush(msg->partition);
+    }
+    // Done with the partition at its committed offset (or its end).
+    if (msg->err || msg->offset + 1 >= pa.committed) {
+      flush(msg->partition);
+      index.erase(it);
+    }
+  }
+  rd_kafka_assign(reader, nullptr);
 }
 
 }  // namespace
@@ -92,11 +171,7 @@ void AuditReport::print(std::ostream& os) const {
   for (const auto& p : partitions) {
     os << p.topic << "[" << p.partition << "] offsets " << p.low << ".." << p.committed << ": " << p.consumed
        << " records, " << p.by_claim << " by claim, " << p.by_outbox << " by DLQ outbox";
-    if (!p.missing.empty()) {
-      os << ", " << p.missing.size() << " UNACCOUNTED (first: ";
-      for (size_t i = 0; i < p.missing.size() && i < 10; ++i) os << (i ? ", " : "") << p.missing[i];
-      os << ")";
-    }
+    if (!p.missing.empty()) os << ", " << p.missing.size() << " UNACCOUNTED at offsets " << ranges(p.missing, 20);
     os << "\n";
     consumed += p.consumed;
     missing += static_cast<int64_t>(p.missing.size());
@@ -115,50 +190,7 @@ AuditReport audit(const config::Config& cfg) {
     std::vector<std::string> topics{route.topic};
     for (size_t tier = 1; tier <= route.retry.topics.size(); ++tier)
       topics.push_back(route.retry.topic_name(route.topic, tier));
-    for (const auto& topic : topics) {
-      const int parts = partition_count(group.get(), topic);
-      for (int p = 0; p < parts; ++p) {
-        PartitionAudit pa;
-        pa.topic = topic;
-        pa.partition = p;
-        kafka::PartitionListPtr l(rd_kafka_topic_partition_list_new(1));
-        rd_kafka_topic_partition_list_add(l.get(), topic.c_str(), p);
-        if (auto err = rd_kafka_committed(group.get(), l.get(), 10000))
-          throw kafka::KafkaError("committed offsets of " + topic + ": " + rd_kafka_err2str(err));
-        pa.committed = std::max<int64_t>(0, l->elems[0].offset);
-        int64_t hi = 0;
-        if (auto err = rd_kafka_query_watermark_offsets(group.get(), topic.c_str(), p, &pa.low, &hi, 10000))
-          throw kafka::KafkaError("watermarks of " + topic + ": " + rd_kafka_err2str(err));
-        if (pa.committed > pa.low) {
-          l->elems[0].offset = pa.low;
-          rd_kafka_assign(reader.get(), l.get());
-          std::vector<Seen> batch;
-          int64_t next = pa.low;
-          while (next < pa.committed) {
-            rd_kafka_message_t* m = rd_kafka_consumer_poll(reader.get(), 5000);
-            if (m == nullptr) throw kafka::KafkaError("audit: no records from " + topic + " while reading");
-            kafka::MessagePtr msg(m);
-            if (msg->err) {
-              if (msg->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) break;
-              throw kafka::KafkaError(std::string("audit: ") + rd_kafka_message_errstr(msg.get()));
-            }
-            next = msg->offset + 1;
-            if (msg->offset >= pa.committed) break;
-            auto key = extractor.extract(msg.get());
-            batch.push_back({msg->offset, std::holds_alternative<std::string>(key)
-                                              ? std::optional(std::get<std::string>(key))
-                                              : std::nullopt});
-            if (batch.size() == 500) {
-              account(db, route.name, pa, batch);
-              batch.clear();
-            }
-          }
-          if (!batch.empty()) account(db, route.name, pa, batch);
-          rd_kafka_assign(reader.get(), nullptr);
-        }
-        report.partitions.push_back(std::move(pa));
-      }
-    }
+    for (const auto& topic : topics) audit_topic(group.get(), reader.get(), db, route, extractor, topic, report);
   }
   return report;
 }
