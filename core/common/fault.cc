@@ -45,14 +45,17 @@ void init_from_env() {
   spdlog::warn("fault injection armed: IDEMSINK_FAULT={}", spec);
 }
 
-void hit(std::string_view point) {
+bool once(std::string_view point) {
   Armed* armed = g_armed.load(std::memory_order_relaxed);
-  if (armed == nullptr) return;
+  if (armed == nullptr) return false;
   std::lock_guard lk(armed->mu);
   auto it = armed->points.find(point);
-  if (it == armed->points.end()) return;
-  if (++it->second.first == it->second.second) {
-    spdlog::warn("fault point {} reached (hit {}): SIGKILL", point, it->second.first);
+  return it != armed->points.end() && ++it->second.first == it->second.second;
+}
+
+void hit(std::string_view point) {
+  if (once(point)) {
+    spdlog::warn("fault point {} reached: SIGKILL", point);
     spdlog::default_logger()->flush();
     ::kill(::getpid(), SIGKILL);
   }

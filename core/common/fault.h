@@ -6,6 +6,10 @@
 //   after_handler_ok    handler reported OK, claim not yet marked done (B→C)
 //   after_mark_done     claim marked done, offset not yet committed
 //   in_local_tx         local_tx business write done, transaction not committed
+// and points that inject a fault instead of killing (checked with once()):
+//   drop_fetch          the N-th record polled, and every later one of its
+//                       partition, vanish until that partition is sought
+//                       (a consumer that silently stops delivering)
 // Without the variable every check is one relaxed load of a null pointer.
 #pragma once
 
@@ -18,5 +22,8 @@ void init_from_env();
 
 /// Counts one pass of `point` and SIGKILLs the process on the armed pass.
 void hit(std::string_view point);
+
+/// Counts one pass of `point`; true on the armed pass only.
+bool once(std::string_view point);
 
 }  // namespace idemsink::fault

@@ -51,6 +51,9 @@ constexpr Setting kSettings[] = {
     {"kafka.poll_timeout", Type::Duration, "100ms", false, 1, 60000, "How long one poll waits for records."},
     {"kafka.commit_interval", Type::Duration, "1s", false, 10, 600000,
      "How often durable offsets are committed (also on revoke and shutdown)."},
+    {"kafka.stall_timeout", Type::Duration, "30s", false, 1000, 3600000,
+     "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
+     "receives no record for this long, is stalled: logged, counted and read again from where it stands."},
     {"kafka.properties", Type::StringMap, "", false, 0, 0,
      "librdkafka properties for both clients (security.protocol, sasl.*, ...)."},
     {"kafka.consumer", Type::StringMap, "", false, 0, 0,
@@ -429,6 +432,7 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   c.kafka.max_poll_records = static_cast<int>(kafka.integer("max_poll_records"));
   c.kafka.poll_timeout = kafka.duration("poll_timeout");
   c.kafka.commit_interval = kafka.duration("commit_interval");
+  c.kafka.stall_timeout = kafka.duration("stall_timeout");
   c.kafka.properties = kafka.string_map("properties");
   c.kafka.consumer_properties = kafka.string_map("consumer");
   c.kafka.producer_properties = kafka.string_map("producer");

@@ -48,6 +48,7 @@ struct KafkaConfig {
   int max_poll_records = 500;
   Millis poll_timeout{100};
   Millis commit_interval{1000};
+  Millis stall_timeout{30000};
   std::map<std::string, std::string> properties;           // both clients
   std::map<std::string, std::string> consumer_properties;  // consumer only
   std::map<std::string, std::string> producer_properties;  // DLQ producer only

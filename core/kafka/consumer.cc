@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/common/fault.h"
 #include "core/common/log.h"
 
 namespace idemsink::kafka {
@@ -36,6 +37,41 @@ std::vector<TopicPartitionOffset> offsets_of(const rd_kafka_topic_partition_list
 
 void route_librdkafka_logs(rd_kafka_conf_t* conf) { rd_kafka_conf_set_log_cb(conf, &log_cb); }
 
+namespace {
+
+// librdkafka versions that fixed a fault this consumer works around
+// (docs/librdkafka.md has the table, with the test of each).
+constexpr int kBatchConsumeFixed = 0x020100ff;  // batch consume skipped offsets with pause/resume
+constexpr int kSeekTimeoutFixed = 0x020100ff;   // seek_partitions() read its timeout as microseconds
+constexpr int kStickyCloseFixed = 0x020300ff;   // cooperative-sticky close before the first assignment aborted
+constexpr int kIllegalGenerationFixed = 0x020a00ff;  // ILLEGAL_GENERATION on commit lost the assignment
+
+constexpr auto kStreamCheckEvery = std::chrono::milliseconds(200);
+constexpr int kSeekTimeoutMs = 10000;
+
+bool cooperative_sticky(const config::KafkaConfig& cfg) {
+  for (const auto* props : {&cfg.properties, &cfg.consumer_properties}) {
+    auto it = props->find("partition.assignment.strategy");
+    if (it != props->end() && it->second.find("cooperative-sticky") != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string library_workarounds(const config::KafkaConfig& cfg) {
+  const int v = rd_kafka_version();
+  std::string out = std::string("librdkafka ") + rd_kafka_version_str() +
+                    ": records are polled one at a time and every offset jump is re-read before it is committed";
+  if (v < kBatchConsumeFixed) out += "; batch consume is not used (it skips offsets around pause/resume before 2.1.0)";
+  if (v < kSeekTimeoutFixed) out += "; seek timeouts scaled (read as microseconds before 2.1.0)";
+  if (v < kStickyCloseFixed && cooperative_sticky(cfg))
+    out += "; a cooperative-sticky consumer is closed only after its first assignment (it aborts before 2.3.0)";
+  if (v < kIllegalGenerationFixed && cooperative_sticky(cfg))
+    out += "; periodic commits wait out rebalances (ILLEGAL_GENERATION loses the assignment before 2.10.0)";
+  return out;
+}
+
 Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topics, Listener& listener)
     : cfg_(cfg), topics_(std::move(topics)), listener_(listener) {
   std::map<std::string, std::string> props{
@@ -66,11 +102,14 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   rk_.reset(rk);
   rd_kafka_poll_set_consumer(rk);
   queue_ = rd_kafka_queue_get_consumer(rk);
+  must_wait_first_assignment_ = rd_kafka_version() < kStickyCloseFixed && cooperative_sticky(cfg);
+  const std::string reset = props["auto.offset.reset"];
+  starts_at_end_ = reset == "latest" || reset == "largest" || reset == "end";
 }
 
 Consumer::~Consumer() {
   close();
-  if (queue_) rd_kafka_queue_destroy(queue_);
+  if (rk_) rd_kafka_queue_destroy(queue_);
 }
 
 void Consumer::start() {
@@ -81,28 +120,244 @@ void Consumer::start() {
   poller_ = std::thread([this] { poll_loop(); });
 }
 
-void Consumer::close() {
+void Consumer::close(std::chrono::steady_clock::time_point deadline) {
+  if (!poller_.joinable()) return;
+  close_deadline_ = deadline;
   stop_.store(true);
-  if (poller_.joinable()) poller_.join();
+  rd_kafka_queue_yield(queue_);
+  poller_.join();
 }
 
 void Consumer::poll_loop() {
-  std::vector<rd_kafka_message_t*> buf(static_cast<size_t>(cfg_.max_poll_records));
-  while (!stop_.load()) {
-    ssize_t n = rd_kafka_consume_batch_queue(queue_, static_cast<int>(cfg_.poll_timeout.count()), buf.data(), buf.size());
-    if (n < 0) {
-      spdlog::error("kafka poll failed: {}", rd_kafka_err2str(rd_kafka_last_error()));
-      continue;
+  const size_t max_batch = static_cast<size_t>(cfg_.max_poll_records);
+  const int timeout_ms = static_cast<int>(cfg_.poll_timeout.count());
+  for (;;) {
+    if (stop_.load() && (!must_wait_first_assignment_ || first_rebalance_seen_.load() ||
+                         std::chrono::steady_clock::now() >= close_deadline_))
+      break;
+    apply_commands();
+    batch_.seek_generation = seeks_applied_;
+    // One record at a time, never the batch API: see kBatchConsumeFixed.
+    rd_kafka_message_t* m = rd_kafka_consume_queue(queue_, timeout_ms);
+    while (m != nullptr) {
+      if (admit(m)) {
+        batch_.messages.emplace_back(m);
+      } else {
+        rd_kafka_message_destroy(m);
+      }
+      if (batch_.messages.size() >= max_batch) break;
+      m = rd_kafka_consume_queue(queue_, 0);
     }
-    if (n == 0) continue;
-    std::vector<MessagePtr> batch;
-    batch.reserve(static_cast<size_t>(n));
-    for (ssize_t i = 0; i < n; ++i) batch.emplace_back(buf[static_cast<size_t>(i)]);
-    listener_.on_messages(std::move(batch));
+    flush();
+    check_streams();
+  }
+  if (must_wait_first_assignment_ && !first_rebalance_seen_.load()) {
+    // Closing or destroying now would abort the process (docs/librdkafka.md):
+    // leave the handle to the process exit. This host holds no partitions,
+    // so there is nothing to drain or commit; the group drops the member
+    // after session.timeout.ms.
+    spdlog::warn("kafka: no partitions were assigned before the shutdown deadline; leaving the group by session "
+                 "timeout instead of closing (librdkafka {} aborts when a cooperative-sticky consumer closes before "
+                 "its first assignment)",
+                 rd_kafka_version_str());
+    (void)rk_.release();
+    abandoned_.store(true);
+    return;
   }
   // Leaving the group revokes everything through rebalance_cb on this thread.
   if (auto err = rd_kafka_consumer_close(rk_.get()))
     spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
+  flush();
+}
+
+void Consumer::flush() {
+  if (batch_.messages.empty()) return;
+  Batch out;
+  std::swap(out, batch_);
+  batch_.seek_generation = out.seek_generation;
+  listener_.on_messages(std::move(out));
+}
+
+bool Consumer::admit(rd_kafka_message_t* m) {
+  if (m->err) return true;  // the listener logs consume errors
+  const TopicPartition tp{rd_kafka_topic_name(m->rkt), m->partition};
+  auto it = streams_.find(tp);
+  if (it == streams_.end()) return true;  // not (or no longer) assigned: the listener drops it
+  Stream& s = it->second;
+  // Until a seek we asked for has happened, the stream is not the one we want.
+  if (s.pending_seek || s.dropping) return false;
+  if (fault::once("drop_fetch")) {
+    spdlog::warn("fault drop_fetch: records of {}[{}] from offset {} vanish until the partition is sought", tp.topic,
+                 tp.partition, m->offset);
+    s.dropping = true;
+    return false;
+  }
+  const int64_t offset = m->offset;
+  if (s.rereading_from) {
+    // The first record of the re-read settles the gap.
+    const int64_t from = *s.rereading_from;
+    s.rereading_from.reset();
+    if (offset > from) {
+      flush();
+      listener_.on_gap({tp, from, offset, true});
+    } else if (offset == from && s.gap_end > from) {
+      spdlog::warn("kafka: {}[{}]: the first read jumped from offset {} to {}; the re-read delivered them", tp.topic,
+                   tp.partition, from, s.gap_end);
+      flush();
+      listener_.on_gap({tp, from, s.gap_end, false});
+    }
+  } else if (s.next && offset > *s.next) {
+    // A jump: re-read from the expected offset before believing it.
+    s.gap_end = offset;
+    s.rereading_from = *s.next;
+    seek_stream(tp, s, *s.next);
+    return false;
+  }
+  if (!s.next || offset >= *s.next) s.next = offset + 1;
+  s.last_progress = std::chrono::steady_clock::now();
+  return true;
+}
+
+void Consumer::seek_stream(const TopicPartition& tp, Stream& s, int64_t offset) {
+  s.dropping = false;
+  s.last_progress = std::chrono::steady_clock::now();
+  if (seek_now(tp, offset)) {
+    s.pending_seek.reset();
+  } else {
+    s.pending_seek = offset;  // retried by check_streams(); records are refused meanwhile
+  }
+}
+
+void Consumer::check_streams() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_stream_check_ || streams_.empty()) return;
+  next_stream_check_ = now + kStreamCheckEvery;
+  std::vector<TopicPartition> tps;
+  for (auto& [tp, s] : streams_) {
+    if (s.pending_seek) seek_stream(tp, s, *s.pending_seek);
+    if (s.next && !s.pending_seek) tps.push_back(tp);
+  }
+  if (!tps.empty()) {
+    auto list = to_list(tps);
+    if (rd_kafka_position(rk_.get(), list.get()) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      // The position moves with every record returned to us and with every
+      // transaction marker the library consumed silently. Beyond the next
+      // expected offset without a record means offsets we never saw.
+      for (int i = 0; i < list->cnt; ++i) {
+        const int64_t pos = list->elems[i].offset;
+        if (pos < 0) continue;  // unknown, e.g. right after a seek
+        const TopicPartition tp{list->elems[i].topic, list->elems[i].partition};
+        Stream& s = streams_[tp];
+        if (s.dropping) continue;
+        if (s.rereading_from) {
+          if (pos > *s.rereading_from) {
+            const int64_t from = *s.rereading_from;
+            s.rereading_from.reset();
+            s.next = pos;
+            s.last_progress = now;
+            listener_.on_gap({tp, from, pos, true});
+          }
+        } else if (pos > *s.next) {
+          s.gap_end = pos;
+          s.rereading_from = *s.next;
+          seek_stream(tp, s, *s.next);
+        }
+      }
+    }
+  }
+  check_stalls(now);
+}
+
+void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
+  // A partition that should be fetching and is behind, yet receives
+  // nothing: the fetch was lost. Asked of the broker (the last stable
+  // offset under read_committed: an open transaction is no stall), then
+  // read again from where the partition stands.
+  for (auto& [tp, s] : streams_) {
+    if (paused_.count(tp) || !s.next || now - s.last_progress < cfg_.stall_timeout) continue;
+    s.last_progress = now;
+    int64_t low = 0, high = 0;
+    if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
+            RD_KAFKA_RESP_ERR_NO_ERROR ||
+        high <= *s.next)
+      continue;
+    spdlog::error("kafka: {}[{}] is stalled: {} record(s) between offset {} and the end of the partition ({}), none "
+                  "received for {}ms although fetching is on; reading it again from {}",
+                  tp.topic, tp.partition, high - *s.next, *s.next, high, cfg_.stall_timeout.count(), *s.next);
+    listener_.on_stall(tp, *s.next, high);
+    s.rereading_from.reset();
+    seek_stream(tp, s, *s.next);
+  }
+}
+
+void Consumer::enqueue(Command c) {
+  {
+    std::lock_guard lk(commands_mu_);
+    commands_.push_back(std::move(c));
+  }
+  rd_kafka_queue_yield(queue_);  // wake the poll thread
+}
+
+void Consumer::apply_commands() {
+  std::vector<Command> cmds;
+  {
+    std::lock_guard lk(commands_mu_);
+    cmds.swap(commands_);
+  }
+  for (auto& c : cmds) {
+    switch (c.kind) {
+      case Command::Kind::Pause:
+        rd_kafka_pause_partitions(rk_.get(), to_list(c.tps).get());
+        for (const auto& tp : c.tps) paused_.insert(tp);
+        break;
+      case Command::Kind::Resume: {
+        auto list = to_list(c.tps);
+        rd_kafka_resume_partitions(rk_.get(), list.get());
+        // A resumed partition waits for the fetcher's next wake-up (up to a
+        // second in librdkafka 2.0); a seek to where it stands wakes it now.
+        rd_kafka_position(rk_.get(), list.get());
+        for (int i = 0; i < list->cnt; ++i) {
+          const TopicPartition tp{list->elems[i].topic, list->elems[i].partition};
+          paused_.erase(tp);
+          auto it = streams_.find(tp);
+          if (it == streams_.end()) continue;
+          it->second.last_progress = std::chrono::steady_clock::now();
+          const Stream& s = it->second;
+          if (list->elems[i].offset >= 0 && s.next && !s.rereading_from && !s.pending_seek) seek_now(tp, *s.next);
+        }
+        break;
+      }
+      case Command::Kind::Seek: {
+        ++seeks_applied_;
+        const TopicPartition& tp = c.tps.front();
+        auto it = streams_.find(tp);
+        if (it == streams_.end()) break;  // revoked meanwhile
+        it->second = Stream{c.offset};
+        seek_stream(tp, it->second, c.offset);
+        break;
+      }
+    }
+  }
+}
+
+bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
+  auto list = to_list(std::vector<TopicPartitionOffset>{{tp, offset}});
+  // Synchronous, so nothing polled afterwards predates it and the position
+  // read afterwards is the new one. See kSeekTimeoutFixed: older versions
+  // read the timeout in microseconds.
+  const int timeout = rd_kafka_version() < kSeekTimeoutFixed ? kSeekTimeoutMs * 1000 : kSeekTimeoutMs;
+  rd_kafka_error_t* e = rd_kafka_seek_partitions(rk_.get(), list.get(), timeout);
+  std::string problem;
+  if (e) {
+    problem = rd_kafka_error_string(e);
+    rd_kafka_error_destroy(e);
+  } else if (list->elems[0].err) {
+    problem = rd_kafka_err2str(list->elems[0].err);
+  }
+  if (problem.empty()) return true;
+  spdlog::warn("kafka: seek {}[{}] to {} failed: {}; its records are held back until a seek succeeds", tp.topic,
+               tp.partition, offset, problem);
+  return false;
 }
 
 void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
@@ -110,9 +365,30 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   auto* self = static_cast<Consumer*>(opaque);
   const bool cooperative = std::strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
   const auto tps = from_list(parts);
+  self->flush();  // records polled before the rebalance reach the listener before it
   if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
     spdlog::info("kafka: assigned {}{}", describe(tps), cooperative ? " (incremental)" : "");
-    self->listener_.on_assigned(tps);
+    // The group's committed offsets: where each partition's records must
+    // start, and its lag until the first record arrives.
+    std::vector<TopicPartitionOffset> committed;
+    for (const auto& tp : tps) committed.push_back({tp, RD_KAFKA_OFFSET_INVALID});
+    if (!tps.empty()) {
+      auto list = to_list(tps);
+      if (auto e = rd_kafka_committed(rk, list.get(), kSeekTimeoutMs)) {
+        spdlog::warn("kafka: reading the committed offsets of {} failed ({}); their first records set the start",
+                     describe(tps), rd_kafka_err2str(e));
+      } else {
+        committed = offsets_of(list.get());
+      }
+    }
+    for (auto& c : committed) {
+      if (c.offset < 0) c.offset = self->start_without_commit(c.tp);
+      Stream s;
+      if (c.offset >= 0) s.next = c.offset;
+      self->streams_[c.tp] = s;
+      self->paused_.erase(c.tp);
+    }
+    self->listener_.on_assigned(committed);
     if (cooperative) {
       if (rd_kafka_error_t* e = rd_kafka_incremental_assign(rk, parts)) {
         spdlog::error("kafka incremental assign failed: {}", rd_kafka_error_string(e));
@@ -121,11 +397,22 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
     } else if (auto e = rd_kafka_assign(rk, parts)) {
       spdlog::error("kafka assign failed: {}", rd_kafka_err2str(e));
     }
+    if (self->stop_.load()) {
+      // Assigned while shutting down (see must_wait_first_assignment_):
+      // take nothing new; the close right after revokes them again.
+      rd_kafka_pause_partitions(rk, parts);
+      for (const auto& tp : tps) self->paused_.insert(tp);
+    }
+    self->first_rebalance_seen_.store(true);
     return;
   }
   const bool lost = err != RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || rd_kafka_assignment_lost(rk);
   spdlog::info("kafka: {} {}", lost ? "lost" : "revoking", describe(tps));
   auto offsets = self->listener_.on_revoking(tps, lost);
+  for (const auto& tp : tps) {
+    self->streams_.erase(tp);
+    self->paused_.erase(tp);
+  }
   if (!lost && !offsets.empty()) self->commit_sync(offsets);
   if (cooperative) {
     if (rd_kafka_error_t* e = rd_kafka_incremental_unassign(rk, parts)) {
@@ -159,39 +446,40 @@ void Consumer::commit_async(const std::vector<TopicPartitionOffset>& offsets) {
 }
 
 void Consumer::pause(const std::vector<TopicPartition>& tps) {
-  if (tps.empty()) return;
-  auto list = to_list(tps);
-  rd_kafka_pause_partitions(rk_.get(), list.get());
-}
-
-void Consumer::seek(const TopicPartitionOffset& tpo) {
-  auto list = to_list(std::vector<TopicPartitionOffset>{tpo});
-  if (rd_kafka_error_t* e = rd_kafka_seek_partitions(rk_.get(), list.get(), 0)) {
-    spdlog::warn("kafka: seek {}[{}] to {} failed: {}", tpo.tp.topic, tpo.tp.partition, tpo.offset,
-                 rd_kafka_error_string(e));
-    rd_kafka_error_destroy(e);
-  }
+  if (!tps.empty()) enqueue({Command::Kind::Pause, tps});
 }
 
 void Consumer::resume(const std::vector<TopicPartition>& tps) {
-  if (tps.empty()) return;
-  auto list = to_list(tps);
-  rd_kafka_resume_partitions(rk_.get(), list.get());
+  if (!tps.empty()) enqueue({Command::Kind::Resume, tps});
 }
 
-std::vector<TopicPartition> Consumer::assignment() {
-  rd_kafka_topic_partition_list_t* l = nullptr;
-  if (rd_kafka_assignment(rk_.get(), &l) != RD_KAFKA_RESP_ERR_NO_ERROR) return {};
-  PartitionListPtr owned(l);
-  return from_list(l);
+uint64_t Consumer::seek(const TopicPartitionOffset& tpo) {
+  uint64_t ticket = 0;
+  {
+    std::lock_guard lk(commands_mu_);
+    commands_.push_back({Command::Kind::Seek, {tpo.tp}, tpo.offset});
+    ticket = ++seeks_requested_;
+  }
+  rd_kafka_queue_yield(queue_);
+  return ticket;
 }
 
-std::optional<int64_t> Consumer::high_watermark(const TopicPartition& tp) {
-  int64_t lo = 0, hi = 0;
-  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-      hi < 0)
+int64_t Consumer::start_without_commit(const TopicPartition& tp) {
+  // Where auto.offset.reset starts a partition the group never committed.
+  int64_t low = 0, high = 0;
+  if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, kSeekTimeoutMs) !=
+      RD_KAFKA_RESP_ERR_NO_ERROR)
+    return RD_KAFKA_OFFSET_INVALID;  // the first record sets the start
+  return starts_at_end_ ? high : low;
+}
+
+std::optional<Consumer::Watermarks> Consumer::watermarks(const TopicPartition& tp) {
+  Watermarks w;
+  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &w.low, &w.high) !=
+          RD_KAFKA_RESP_ERR_NO_ERROR ||
+      w.high < 0)
     return std::nullopt;
-  return hi;
+  return w;
 }
 
 std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPartition>& tps, int timeout_ms) {

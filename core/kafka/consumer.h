@@ -6,10 +6,30 @@
 // Rebalance callbacks run on the poll thread and may block there while the
 // pipeline drains the revoked partitions (bounded by host.shutdown_grace,
 // which must stay below max.poll.interval.ms).
+//
+// Gap-free delivery: records of a partition reach the listener in offset
+// order without jumps. When the next record polled is not the one expected
+// (last + 1, or the group's committed offset), the partition is re-read
+// from the expected offset; offsets still absent after the re-read are
+// real holes (transaction markers, compacted records) and are reported with
+// on_gap() before the records after them. A hole at the end of a partition
+// (a trailing transaction marker) is found the same way, from the
+// consumer's position. A partition that should be fetching, is behind the
+// broker's end (its last stable offset) and receives nothing for
+// kafka.stall_timeout is stalled: reported and read again. A seek that fails
+// is retried, and the partition's records are held back until it happens.
+// docs/librdkafka.md lists the library faults this guards against.
+//
+// Fetch control (pause, resume, seek) is applied by the poll thread between
+// polls, in the order asked, so every batch can say which seeks it follows.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,13 +41,39 @@ namespace idemsink::kafka {
 
 class Consumer {
  public:
+  /// Records polled together, in poll order. `seek_generation` counts the
+  /// seek() calls applied before they were polled: a record of a partition
+  /// sought with ticket T comes from the new position iff seek_generation >= T.
+  struct Batch {
+    std::vector<MessagePtr> messages;
+    uint64_t seek_generation = 0;
+  };
+
+  /// Offsets [from, to) of a partition that the first read jumped over.
+  struct Gap {
+    TopicPartition tp;
+    int64_t from = 0;
+    int64_t to = 0;
+    /// true: a re-read confirmed no record there (a hole the commit may pass);
+    /// false: the re-read delivered records the first read had skipped.
+    bool absent = false;
+  };
+
   class Listener {
    public:
     virtual ~Listener() = default;
     /// A polled batch (poll thread). Must not block for long.
-    virtual void on_messages(std::vector<MessagePtr> batch) = 0;
-    /// Partitions newly assigned (poll thread, inside the rebalance).
-    virtual void on_assigned(const std::vector<TopicPartition>& tps) = 0;
+    virtual void on_messages(Batch batch) = 0;
+    /// A gap found and settled (poll thread), in order with on_messages.
+    virtual void on_gap(const Gap& gap) = 0;
+    /// A partition that should be fetching received nothing for
+    /// kafka.stall_timeout although it has records from `from` to `end`; it
+    /// is being read again from `from` (poll thread).
+    virtual void on_stall(const TopicPartition& tp, int64_t from, int64_t end) = 0;
+    /// Partitions newly assigned (poll thread, inside the rebalance), each
+    /// with the offset its records start at: the group's committed offset,
+    /// or where auto.offset.reset starts it (RD_KAFKA_OFFSET_INVALID: unknown).
+    virtual void on_assigned(const std::vector<TopicPartitionOffset>& starts) = 0;
     /// Partitions being taken away (poll thread, inside the rebalance): block
     /// until their in-flight work is drained or the grace period passed, and
     /// return the offsets to commit before they go. `lost` means the group
@@ -45,27 +91,68 @@ class Consumer {
   /// Subscribes and starts the poll thread.
   void start();
   /// Stops polling, closes the consumer (revoking everything through the
-  /// listener) and joins the poll thread.
-  void close();
+  /// listener) and joins the poll thread. A consumer that must not close
+  /// before its first assignment (docs/librdkafka.md) keeps polling for it
+  /// until `deadline`.
+  void close(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now());
 
   void commit_async(const std::vector<TopicPartitionOffset>& offsets);
+
+  /// Fetch control, applied by the poll thread before its next poll.
   void pause(const std::vector<TopicPartition>& tps);
-  /// Moves the fetch position (asynchronously) and drops what was prefetched.
-  void seek(const TopicPartitionOffset& tpo);
   void resume(const std::vector<TopicPartition>& tps);
-  std::vector<TopicPartition> assignment();
-  /// Last known high watermark of a partition (cached by librdkafka from
-  /// fetches; never blocks), or nullopt if not known yet.
-  std::optional<int64_t> high_watermark(const TopicPartition& tp);
+  /// Moves the fetch position, dropping what was prefetched; returns the
+  /// seek's ticket (see Batch::seek_generation).
+  uint64_t seek(const TopicPartitionOffset& tpo);
+
+  /// Last known low and high watermarks of a partition (cached by librdkafka
+  /// from fetches; never blocks), or nullopt if not known yet.
+  struct Watermarks {
+    int64_t low = 0;
+    int64_t high = 0;
+  };
+  std::optional<Watermarks> watermarks(const TopicPartition& tp);
   /// Committed offsets of the group for these partitions (blocking; tests, audit).
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartition>& tps, int timeout_ms);
+  /// True when close() had to leave the handle to the process exit (see
+  /// must_wait_first_assignment_): the process must exit without running
+  /// destructors, since librdkafka's threads still run.
+  bool abandoned() const { return abandoned_.load(); }
 
  private:
+  struct Command {
+    enum class Kind { Pause, Resume, Seek } kind;
+    std::vector<TopicPartition> tps;
+    int64_t offset = 0;  // Seek
+  };
+  // The poll thread's view of one assigned partition.
+  struct Stream {
+    std::optional<int64_t> next;            // offset the next record must have
+    std::optional<int64_t> rereading_from;  // a re-read from here is under way
+    int64_t gap_end = 0;                    // where the first read jumped to
+    std::optional<int64_t> pending_seek;    // a seek that failed: retried; records refused meanwhile
+    std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
+    bool dropping = false;                  // test fault drop_fetch: records vanish until the next seek
+  };
+
   static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                            void* opaque);
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
                         void* opaque);
   void poll_loop();
+  void enqueue(Command c);
+  void apply_commands();
+  /// Synchronous seek; false (logged) if it did not happen.
+  bool seek_now(const TopicPartition& tp, int64_t offset);
+  void seek_stream(const TopicPartition& tp, Stream& s, int64_t offset);
+  int64_t start_without_commit(const TopicPartition& tp);
+  /// Whether a polled record goes to the listener; starts or settles a re-read.
+  bool admit(rd_kafka_message_t* m);
+  /// Retries failed seeks, finds holes from the positions, detects stalls.
+  void check_streams();
+  void check_stalls(std::chrono::steady_clock::time_point now);
+  /// Hands the records polled so far to the listener.
+  void flush();
   void commit_sync(const std::vector<TopicPartitionOffset>& offsets);
 
   config::KafkaConfig cfg_;
@@ -73,11 +160,30 @@ class Consumer {
   Listener& listener_;
   HandlePtr rk_;
   rd_kafka_queue_t* queue_ = nullptr;
+  bool must_wait_first_assignment_ = false;  // librdkafka < 2.3 with cooperative-sticky
+  bool starts_at_end_ = false;               // auto.offset.reset = latest
   std::atomic<bool> stop_{false};
+  std::atomic<bool> abandoned_{false};
+  std::atomic<bool> first_rebalance_seen_{false};
+  std::chrono::steady_clock::time_point close_deadline_{};
   std::thread poller_;
+
+  std::mutex commands_mu_;
+  std::vector<Command> commands_;
+  uint64_t seeks_requested_ = 0;  // under commands_mu_
+
+  // Poll thread only.
+  Batch batch_;
+  uint64_t seeks_applied_ = 0;
+  std::map<TopicPartition, Stream> streams_;
+  std::set<TopicPartition> paused_;  // as told to librdkafka
+  std::chrono::steady_clock::time_point next_stream_check_{};
 };
 
 /// librdkafka's own log lines, routed into the host log.
 void route_librdkafka_logs(rd_kafka_conf_t* conf);
+
+/// One line naming the linked librdkafka and the workarounds in force.
+std::string library_workarounds(const config::KafkaConfig& cfg);
 
 }  // namespace idemsink::kafka

@@ -5,6 +5,7 @@
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -55,6 +56,121 @@ bool parse_api_key(const std::string& s, int16_t& out) {
     return true;
   }
   return false;
+}
+
+// ---- transaction markers, written with a hand-made Produce request
+//
+// The mock cluster of librdkafka 2.0 writes no transaction markers, yet a
+// real cluster's partitions are full of them (one per transaction), and a
+// consumer never returns them: offsets with no record. This appends
+// committed-transaction control records to a partition, so tests meet the
+// holes a real cluster has.
+
+uint32_t crc32c(const std::string& data) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char byte : data) {
+    crc ^= byte;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+template <class T>
+void put_be(std::string& out, T v) {
+  for (int i = sizeof(T) - 1; i >= 0; --i) out.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
+}
+
+void put_varint(std::string& out, int64_t v) {
+  uint64_t z = (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63);  // zigzag
+  while (z >= 0x80) {
+    out.push_back(static_cast<char>((z & 0x7F) | 0x80));
+    z >>= 7;
+  }
+  out.push_back(static_cast<char>(z));
+}
+
+// A v2 record batch of `count` COMMIT control records.
+std::string control_batch(int count) {
+  std::string records;
+  for (int i = 0; i < count; ++i) {
+    std::string rec;
+    rec.push_back(0);     // attributes
+    put_varint(rec, 0);   // timestamp delta
+    put_varint(rec, i);   // offset delta
+    std::string key;
+    put_be<int16_t>(key, 0);  // control record version
+    put_be<int16_t>(key, 1);  // type: COMMIT
+    put_varint(rec, static_cast<int64_t>(key.size()));
+    rec += key;
+    std::string value;
+    put_be<int16_t>(value, 0);  // version
+    put_be<int32_t>(value, 0);  // coordinator epoch
+    put_varint(rec, static_cast<int64_t>(value.size()));
+    rec += value;
+    put_varint(rec, 0);  // headers
+    put_varint(records, static_cast<int64_t>(rec.size()));
+    records += rec;
+  }
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  std::string tail;  // attributes .. records: what the CRC covers
+  put_be<int16_t>(tail, 0x30);  // transactional | control
+  put_be<int32_t>(tail, count - 1);
+  put_be<int64_t>(tail, now);
+  put_be<int64_t>(tail, now);
+  put_be<int64_t>(tail, 1);   // producer id
+  put_be<int16_t>(tail, 0);   // producer epoch
+  put_be<int32_t>(tail, -1);  // base sequence
+  put_be<int32_t>(tail, count);
+  tail += records;
+  std::string batch;
+  put_be<int64_t>(batch, 0);                                      // base offset
+  put_be<int32_t>(batch, static_cast<int32_t>(4 + 1 + 4 + tail.size()));  // batch length
+  put_be<int32_t>(batch, -1);                                     // partition leader epoch
+  batch.push_back(2);                                             // magic
+  put_be<uint32_t>(batch, crc32c(tail));
+  return batch + tail;
+}
+
+// Sends one Produce v3 request of the control batch to `broker`; returns its
+// partition error code.
+int16_t produce_control(const std::string& broker, const std::string& topic, int32_t partition, int count) {
+  boost::asio::io_context io;
+  tcp::socket sock(io);
+  const auto colon = broker.rfind(':');
+  sock.connect(tcp::endpoint(boost::asio::ip::make_address(broker.substr(0, colon)),
+                             static_cast<unsigned short>(std::stoi(broker.substr(colon + 1)))));
+  std::string body;
+  put_be<int16_t>(body, 0);   // api key: Produce
+  put_be<int16_t>(body, 3);   // api version
+  put_be<int32_t>(body, 1);   // correlation id
+  put_be<int16_t>(body, 9);
+  body += "dev-kafka";        // client id
+  put_be<int16_t>(body, -1);  // transactional id: null
+  put_be<int16_t>(body, -1);  // acks: all
+  put_be<int32_t>(body, 10000);
+  put_be<int32_t>(body, 1);   // topics
+  put_be<int16_t>(body, static_cast<int16_t>(topic.size()));
+  body += topic;
+  put_be<int32_t>(body, 1);   // partitions
+  put_be<int32_t>(body, partition);
+  const std::string batch = control_batch(count);
+  put_be<int32_t>(body, static_cast<int32_t>(batch.size()));
+  body += batch;
+  std::string req;
+  put_be<int32_t>(req, static_cast<int32_t>(body.size()));
+  boost::asio::write(sock, boost::asio::buffer(req + body));
+  unsigned char size_buf[4];
+  boost::asio::read(sock, boost::asio::buffer(size_buf));
+  const uint32_t size = (uint32_t{size_buf[0]} << 24) | (uint32_t{size_buf[1]} << 16) | (uint32_t{size_buf[2]} << 8) |
+                        uint32_t{size_buf[3]};
+  std::string resp(size, '\0');
+  boost::asio::read(sock, boost::asio::buffer(resp));
+  // correlation id, #topics, topic name, #partitions, partition, error code
+  const size_t at = 4 + 4 + 2 + topic.size() + 4 + 4;
+  if (resp.size() < at + 2) throw std::runtime_error("short Produce response");
+  return static_cast<int16_t>((static_cast<unsigned char>(resp[at]) << 8) | static_cast<unsigned char>(resp[at + 1]));
 }
 
 std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& shutdown) {
@@ -112,6 +228,24 @@ std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& 
     if (!(in >> name >> e) || !parse_error(e, err)) return "error usage: topic_error NAME ERR";
     rd_kafka_mock_topic_set_error(mc, name.c_str(), err);
     return "ok";
+  }
+  if (cmd == "control_records") {
+    std::string name;
+    int partition = 0, count = 0;
+    if (!(in >> name >> partition >> count) || count < 1) return "error usage: control_records TOPIC PARTITION COUNT";
+    // Only the partition's leader takes it: try each broker.
+    std::istringstream brokers(rd_kafka_mock_cluster_bootstraps(mc));
+    std::string broker, last = "no broker";
+    while (std::getline(brokers, broker, ',')) {
+      try {
+        const int16_t code = produce_control(broker, name, partition, count);
+        if (code == 0) return "ok";
+        last = rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(code));
+      } catch (const std::exception& e) {
+        last = e.what();
+      }
+    }
+    return "error " + last;
   }
   return "error unknown command " + cmd;
 }

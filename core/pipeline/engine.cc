@@ -56,13 +56,16 @@ std::optional<int64_t> header_int(const rd_kafka_message_t* msg, const char* nam
 
 struct Engine::Partition {
   kafka::TopicPartition tp;
+  PartitionMetrics* metrics = nullptr;
   OffsetTracker tracker;
   bool revoked = false;
   int64_t last_sent = -1;  // commit point last sent to Kafka
-  // A retry-topic partition whose next record is not due yet: paused and
-  // rewound to `held_at` until the timer fires.
-  std::optional<int64_t> held_at;
+  // Records polled before our last seek of this partition are stale.
+  uint64_t seek_ticket = 0;
+  // A retry-topic partition whose next record is not due yet is paused and
+  // rewound to that record until this timer fires.
   std::unique_ptr<asio::steady_timer> hold_timer;
+  bool stalled = false;  // the consumer reported a stall; cleared by the next record
 };
 
 struct Engine::Record {
@@ -114,6 +117,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg, 
       cfg_(cfg),
       metrics_(metrics),
       owner_(owner),
+      gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
       store_(cfg.host.id, owner, cfg.claim.lease),
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
@@ -166,9 +170,9 @@ void Engine::every(asio::steady_timer& t, std::chrono::milliseconds period, std:
 
 void Engine::start(kafka::Consumer* consumer) {
   consumer_ = consumer;
+  gate_.attach(consumer);
   every(commit_timer_, cfg_.kafka.commit_interval, [this] {
     commit_offsets();
-    update_backpressure();
   });
   every(renew_timer_, std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
     if (renew_running_) return;
@@ -189,13 +193,9 @@ void Engine::start(kafka::Consumer* consumer) {
   });
   every(relay_timer_, 2s, [this] { relay_kick(); });
   every(gauges_timer_, 5s, [this] {
-    int64_t lag = 0;
-    for (const auto& [tp, part] : partitions_) {
-      const auto hi = consumer_->high_watermark(tp);
-      const auto cp = part->tracker.commit_point();
-      if (hi) lag += std::max<int64_t>(0, *hi - (cp ? *cp : *hi));
-    }
-    metrics_.lag.store(lag);
+    update_partition_gauges();
+    metrics_.buffered.store(static_cast<int64_t>(gate_.buffered()));
+    metrics_.paused.store(gate_.paused_all() ? 1 : 0);
     metrics_.db_statements.store(pool_.statements());
     metrics_.db_reconnects.store(pool_.reconnects());
     metrics_.db_healthy.store(pool_.healthy() ? 1 : 0);
@@ -225,16 +225,53 @@ void Engine::start(kafka::Consumer* consumer) {
 
 // ---------------------------------------------------------------- ingest
 
-void Engine::on_messages(std::vector<kafka::MessagePtr> batch) {
-  auto shared = std::make_shared<std::vector<kafka::MessagePtr>>(std::move(batch));
+void Engine::on_messages(kafka::Consumer::Batch batch) {
+  // Buffered from here on: a pause must not wait for the engine thread to
+  // reach these records.
+  gate_.buffered_delta(static_cast<int64_t>(batch.messages.size()));
+  auto shared = std::make_shared<kafka::Consumer::Batch>(std::move(batch));
   asio::post(io_, [this, shared] { ingest(std::move(*shared)); });
 }
 
-void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
+void Engine::on_gap(const kafka::Consumer::Gap& gap) {
+  asio::post(io_, [this, gap] { apply_gap(gap); });
+}
+
+void Engine::apply_gap(const kafka::Consumer::Gap& gap) {
+  auto it = partitions_.find(gap.tp);
+  if (it == partitions_.end() || it->second->revoked) return;
+  Partition& part = *it->second;
+  if (!gap.absent) {
+    part.metrics->skips_recovered.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Only a hole that starts where this partition stands may be passed; one
+  // found before our own seek of the partition (a retry hold) is stale.
+  if (part.tracker.next_expected() != gap.from) return;
+  part.tracker.skip_to(gap.to);
+  part.metrics->gaps.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers, "
+               "compaction, or records deleted by retention); the commit passes them",
+               gap.tp.topic, gap.tp.partition, gap.from, gap.to - 1);
+}
+
+void Engine::on_stall(const kafka::TopicPartition& tp, int64_t, int64_t) {
+  asio::post(io_, [this, tp] {
+    auto it = partitions_.find(tp);
+    if (it == partitions_.end() || it->second->revoked || it->second->stalled) return;
+    it->second->stalled = true;
+    it->second->metrics->stalled.store(1);
+    it->second->metrics->stalls.fetch_add(1, std::memory_order_relaxed);
+  });
+}
+
+void Engine::ingest(kafka::Consumer::Batch batch) {
+  // Polled records that do not become pipeline records leave the buffer here.
+  int64_t kept = 0;
   const int64_t now = now_ms();
   const int64_t horizon_ms =
       now - int64_t{cfg_.claim.retention_days - cfg_.claim.horizon_margin_days} * 86'400'000;
-  for (auto& msg : batch) {
+  for (auto& msg : batch.messages) {
     if (msg->err) {
       if (msg->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
         spdlog::warn("kafka: consume error on {}[{}]: {}", msg->rkt ? rd_kafka_topic_name(msg->rkt) : "?",
@@ -247,7 +284,21 @@ void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
     auto route_it = route_by_topic_.find(tp.topic);
     if (route_it == route_by_topic_.end()) continue;  // not subscribed; cannot happen
     Partition& part = *pit->second;
-    if (part.held_at && msg->offset >= *part.held_at) continue;  // prefetched behind a record not due yet
+    if (batch.seek_generation < part.seek_ticket) continue;  // polled before our last seek of the partition
+    switch (part.tracker.check(msg->offset)) {
+      case OffsetTracker::Admit::Next:
+        break;
+      case OffsetTracker::Admit::Refetch:
+        continue;
+      case OffsetTracker::Admit::Gap:
+        // The consumer delivers gap-free or reports the hole first; this
+        // must never happen. Never commit over it: read the partition again.
+        spdlog::error("kafka: {}[{}] jumped from offset {} to {} without a verified hole; re-reading from {}",
+                      tp.topic, tp.partition, *part.tracker.next_expected(), msg->offset,
+                      *part.tracker.next_expected());
+        rewind(part, *part.tracker.next_expected());
+        continue;
+    }
     if (route_it->second.tier > 0) {
       const auto due = header_int(msg.get(), "idemsink.retry.due_ms");
       if (due && *due > now) {
@@ -255,7 +306,12 @@ void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
         continue;
       }
     }
-    if (!part.tracker.add(msg->offset)) continue;  // seen already (refetch)
+    part.tracker.add(msg->offset);
+    if (part.stalled) {
+      part.stalled = false;
+      part.metrics->stalled.store(0);
+      spdlog::info("kafka: {}[{}] is flowing again from offset {}", tp.topic, tp.partition, msg->offset);
+    }
 
     auto rec = std::make_unique<Record>();
     Record& r = *rec;
@@ -270,6 +326,7 @@ void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
     if (r.tier > 0) r.calls = static_cast<uint32_t>(header_int(msg.get(), "idemsink.attempt").value_or(0));
     r.msg = std::move(msg);
     records_.emplace(r.id, std::move(rec));
+    ++kept;
     r.route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
 
     const config::RouteConfig& rc = r.route->cfg;
@@ -314,7 +371,7 @@ void Engine::ingest(std::vector<kafka::MessagePtr> batch) {
       r.stage = Stage::Waiting;
     }
   }
-  update_backpressure();
+  gate_.buffered_delta(kept - static_cast<int64_t>(batch.messages.size()));
 }
 
 void Engine::refuse(Record& r, std::string reason, std::string detail) {
@@ -570,9 +627,8 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
 }
 
 void Engine::hold_partition(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms) {
-  part->held_at = offset;
-  consumer_->pause({part->tp});
-  consumer_->seek({part->tp, offset});
+  gate_.hold(part->tp);
+  rewind(*part, offset);
   const auto wait = std::chrono::milliseconds(std::max<int64_t>(0, due_ms - now_ms()));
   spdlog::debug("retry topic {}[{}]: record {} is due in {}ms; partition held", part->tp.topic, part->tp.partition,
                 offset, wait.count());
@@ -580,8 +636,7 @@ void Engine::hold_partition(const std::shared_ptr<Partition>& part, int64_t offs
   part->hold_timer->async_wait([this, weak = std::weak_ptr<Partition>(part)](boost::system::error_code ec) {
     auto p = weak.lock();
     if (ec || !p || p->revoked) return;
-    p->held_at.reset();
-    if (!fetch_paused_) consumer_->resume({p->tp});
+    gate_.release(p->tp);
   });
 }
 
@@ -943,6 +998,7 @@ void Engine::retire(Record& r) {
   const std::string key_id = r.key_id;
   const uint64_t id = r.id;
   records_.erase(id);  // r is gone from here on
+  gate_.buffered_delta(-1);
   if (!key_id.empty()) {
     auto it = keys_.find(key_id);
     if (it != keys_.end()) {
@@ -955,7 +1011,6 @@ void Engine::retire(Record& r) {
       }
     }
   }
-  update_backpressure();
 }
 
 void Engine::drop(Record& r) {
@@ -964,6 +1019,7 @@ void Engine::drop(Record& r) {
   const std::string key_id = r.key_id;
   const uint64_t id = r.id;
   records_.erase(id);
+  gate_.buffered_delta(-1);
   if (!key_id.empty()) {
     auto it = keys_.find(key_id);
     if (it != keys_.end()) {
@@ -977,7 +1033,6 @@ void Engine::drop(Record& r) {
       }
     }
   }
-  update_backpressure();
 }
 
 void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
@@ -1008,7 +1063,11 @@ void Engine::commit_offsets() {
 }
 
 void Engine::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
-  if (!err || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+  if (!err) {
+    for (const auto& o : offsets) metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
+    return;
+  }
+  if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
   metrics_.commit_failures.fetch_add(1, std::memory_order_relaxed);
   const bool rebalancing = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
   if (rebalancing)
@@ -1024,17 +1083,31 @@ void Engine::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::
   });
 }
 
-void Engine::on_assigned(const std::vector<kafka::TopicPartition>& tps) {
+void Engine::on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
     commits_held_until_ = {};  // the rebalance got this far: commits carry the new generation
-    ++assignment_generation_;
-    for (const auto& tp : tps) {
+    std::vector<kafka::TopicPartition> tps;
+    for (const auto& [tp, offset] : starts) {
       auto p = std::make_shared<Partition>();
       p->tp = tp;
+      p->metrics = &metrics_.partition(tp.topic, tp.partition);
+      p->metrics->assigned.store(true);
+      p->metrics->committed.store(offset);
+      p->metrics->stalled.store(0);
+      if (offset >= 0) {
+        // Records must start here (the group's committed offset, or where
+        // auto.offset.reset starts); until one arrives this is also the
+        // partition's commit point, and its lag is measured from it.
+        p->tracker.start_at(offset);
+        p->last_sent = offset;
+      }
       partitions_[tp] = p;
+      tps.push_back(tp);
     }
+    gate_.assigned(tps);
+    update_partition_gauges();
     metrics_.assigned_partitions.store(static_cast<int64_t>(partitions_.size()));
     done.set_value();
   });
@@ -1094,6 +1167,23 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
   return fut.get();
 }
 
+void Engine::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }
+
+void Engine::update_partition_gauges() {
+  int64_t total = 0;
+  for (const auto& [tp, part] : partitions_) {
+    const auto w = consumer_ ? consumer_->watermarks(tp) : std::nullopt;
+    if (!w) continue;
+    // Before a record arrives the commit point is the group's committed
+    // offset; with neither, everything Kafka still has is behind.
+    const int64_t lag = std::max<int64_t>(0, w->high - part->tracker.commit_point().value_or(w->low));
+    part->metrics->high_watermark.store(w->high);
+    part->metrics->lag.store(lag);
+    total += lag;
+  }
+  metrics_.lag.store(total);
+}
+
 void Engine::check_revokes() {
   if (revokes_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
@@ -1118,7 +1208,9 @@ void Engine::check_revokes() {
       if (pit == partitions_.end()) continue;
       auto cp = pit->second->tracker.commit_point();
       if (!w.lost && cp && *cp > pit->second->last_sent) offsets.push_back({tp, *cp});
+      pit->second->metrics->assigned.store(false);
       partitions_.erase(pit);
+      gate_.revoked({tp});
     }
     metrics_.assigned_partitions.store(static_cast<int64_t>(partitions_.size()));
     if (w.timer) w.timer->cancel();
@@ -1127,39 +1219,7 @@ void Engine::check_revokes() {
   }
 }
 
-void Engine::update_backpressure() {
-  metrics_.buffered.store(static_cast<int64_t>(records_.size()), std::memory_order_relaxed);
-  if (consumer_ == nullptr) return;
-  const size_t high = static_cast<size_t>(cfg_.host.max_buffered_records);
-  const bool want_pause = operator_paused_.load() || records_.size() >= high;
-  const bool want_resume = !operator_paused_.load() && records_.size() <= high / 2;
-  if (want_pause && !fetch_paused_) {
-    fetch_paused_ = true;
-    paused_generation_ = assignment_generation_;
-    consumer_->pause(consumer_->assignment());
-    metrics_.paused.store(1);
-    spdlog::info("fetching paused ({} records buffered{})", records_.size(),
-                 operator_paused_.load() ? ", paused by operator" : "");
-  } else if (fetch_paused_ && want_resume) {
-    fetch_paused_ = false;
-    std::vector<kafka::TopicPartition> resume;
-    for (const auto& tp : consumer_->assignment()) {
-      auto it = partitions_.find(tp);
-      if (it == partitions_.end() || !it->second->held_at) resume.push_back(tp);
-    }
-    consumer_->resume(resume);
-    metrics_.paused.store(0);
-    spdlog::info("fetching resumed");
-  } else if (fetch_paused_ && paused_generation_ != assignment_generation_) {
-    consumer_->pause(consumer_->assignment());  // partitions assigned since the pause
-    paused_generation_ = assignment_generation_;
-  }
-}
-
-void Engine::set_operator_pause(bool paused) {
-  operator_paused_.store(paused);
-  asio::post(io_, [this] { update_backpressure(); });
-}
+void Engine::set_operator_pause(bool paused) { gate_.set_operator_pause(paused); }
 
 // ---------------------------------------------------------------- DLQ relay
 

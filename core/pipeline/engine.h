@@ -35,6 +35,7 @@
 #include "core/db/pool.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
+#include "core/pipeline/fetch_gate.h"
 #include "core/pipeline/key_extractor.h"
 #include "core/pipeline/metrics.h"
 #include "core/pipeline/offset_tracker.h"
@@ -74,7 +75,7 @@ class Engine : public kafka::Consumer::Listener {
 
   /// Operator pause/resume (admin API): stops fetching, keeps the group.
   void set_operator_pause(bool paused);
-  bool operator_paused() const { return operator_paused_.load(); }
+  bool operator_paused() const { return gate_.operator_paused(); }
 
   /// Delivery report of the DLQ producer (producer thread).
   void on_dlq_delivery(uint64_t outbox_id, rd_kafka_resp_err_t err);
@@ -84,8 +85,10 @@ class Engine : public kafka::Consumer::Listener {
   void set_producer_factory(ProducerFactory f);
 
   // kafka::Consumer::Listener (poll thread)
-  void on_messages(std::vector<kafka::MessagePtr> batch) override;
-  void on_assigned(const std::vector<kafka::TopicPartition>& tps) override;
+  void on_messages(kafka::Consumer::Batch batch) override;
+  void on_gap(const kafka::Consumer::Gap& gap) override;
+  void on_stall(const kafka::TopicPartition& tp, int64_t from, int64_t end) override;
+  void on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) override;
   std::vector<kafka::TopicPartitionOffset> on_revoking(const std::vector<kafka::TopicPartition>& tps,
                                                        bool lost) override;
   void on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) override;
@@ -112,7 +115,8 @@ class Engine : public kafka::Consumer::Listener {
   struct RevokeWaiter;
 
   // ingest and claims
-  void ingest(std::vector<kafka::MessagePtr> batch);
+  void ingest(kafka::Consumer::Batch batch);
+  void apply_gap(const kafka::Consumer::Gap& gap);
   void refuse(Record& r, std::string reason, std::string detail);
   void enqueue_claim(Record& r);
   void flush_claims();
@@ -137,8 +141,9 @@ class Engine : public kafka::Consumer::Listener {
   void release_claims(std::vector<claim::Outcome> outcomes);
   // offsets, rebalance, backpressure
   void commit_offsets();
+  void rewind(Partition& part, int64_t offset);
+  void update_partition_gauges();
   void check_revokes();
-  void update_backpressure();
   // DLQ relay
   void relay_kick();
   void on_relay_taken(std::vector<claim::DeadLetter> letters);
@@ -157,6 +162,7 @@ class Engine : public kafka::Consumer::Listener {
   const config::Config& cfg_;
   Metrics& metrics_;
   std::string owner_;
+  FetchGate gate_;
   claim::ClaimStore store_;
   claim::DlqOutbox outbox_;
   kafka::Consumer* consumer_ = nullptr;
@@ -192,11 +198,7 @@ class Engine : public kafka::Consumer::Listener {
   bool gauges_running_ = false;
 
   std::vector<std::unique_ptr<RevokeWaiter>> revokes_;
-  bool fetch_paused_ = false;
-  uint64_t assignment_generation_ = 0;  // bumped by every assignment
-  uint64_t paused_generation_ = 0;      // the assignment the pause was applied to
   std::chrono::steady_clock::time_point commits_held_until_{};
-  std::atomic<bool> operator_paused_{false};
   bool stopping_ = false;
 
   // DLQ relay: one cycle at a time, so one host never publishes a row twice.

@@ -2,6 +2,7 @@
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -72,6 +73,7 @@ int run_host(const config::Config& cfg) {
   const std::string owner = cfg.host.id + "#" + random_uuid().substr(0, 8);
   spdlog::info("idemsink host {} starting: {} route(s), group {}, owner {}", cfg.host.id, cfg.routes.size(),
                cfg.kafka.group_id, owner);
+  spdlog::info("{}", kafka::library_workarounds(cfg.kafka));
 
   Metrics metrics;
   std::vector<std::unique_ptr<Route>> routes;
@@ -115,7 +117,7 @@ int run_host(const config::Config& cfg) {
     shutdown = std::thread([&] {
       const auto deadline = std::chrono::steady_clock::now() + cfg.host.shutdown_grace + std::chrono::seconds(5);
       asio::post(io, [&] { reconciler.stop(); });
-      consumer.close();  // revokes and drains every partition, commits
+      consumer.close(deadline);  // revokes and drains every partition, commits
       engine.quiesce(deadline);
       if (admin) admin->stop();
       work.reset();
@@ -126,6 +128,12 @@ int run_host(const config::Config& cfg) {
   if (shutdown.joinable()) shutdown.join();
   pool.stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
   spdlog::info("idemsink host {} stopped", cfg.host.id);
+  if (consumer.abandoned()) {
+    // librdkafka's threads still run (docs/librdkafka.md): no destructor may
+    // race them. Everything durable is written; the logs are flushed.
+    spdlog::default_logger()->flush();
+    std::_Exit(0);
+  }
   return 0;
 }
 

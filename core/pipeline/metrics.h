@@ -40,9 +40,23 @@ struct RouteMetrics {
   Histogram handler_latency;
 };
 
+/// One partition of this host's assignment (kept after it is revoked, for
+/// its counters; gauges are shown only while assigned).
+struct PartitionMetrics {
+  std::atomic<bool> assigned{false};
+  std::atomic<int64_t> committed{-1};      // last offset the group acknowledged (-1: none)
+  std::atomic<int64_t> high_watermark{-1};
+  std::atomic<int64_t> lag{0};             // high watermark - commit point (the committed offset before any record)
+  std::atomic<int64_t> stalled{0};         // 1 while the partition is stalled
+  std::atomic<uint64_t> stalls{0};
+  std::atomic<uint64_t> gaps{0};           // verified holes (transaction markers, compaction) the commit passed
+  std::atomic<uint64_t> skips_recovered{0};  // jumps of the consumer that a re-read filled with records
+};
+
 class Metrics {
  public:
   RouteMetrics& route(const std::string& name);
+  PartitionMetrics& partition(const std::string& topic, int32_t partition);
 
   std::atomic<uint64_t> commits{0};
   std::atomic<uint64_t> commit_failures{0};
@@ -66,6 +80,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
+  std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
 };
 
 }  // namespace idemsink::pipeline

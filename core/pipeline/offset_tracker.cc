@@ -4,12 +4,26 @@
 
 namespace idemsink::pipeline {
 
-bool OffsetTracker::add(int64_t offset) {
-  if (last_added_ && offset <= *last_added_) return false;
-  last_added_ = offset;
+void OffsetTracker::start_at(int64_t offset) {
+  if (!next_) next_ = offset;
+}
+
+OffsetTracker::Admit OffsetTracker::check(int64_t offset) const {
+  if (next_ && offset < *next_) return Admit::Refetch;
+  if (next_ && offset > *next_) return Admit::Gap;
+  return Admit::Next;
+}
+
+OffsetTracker::Admit OffsetTracker::add(int64_t offset) {
+  if (const Admit a = check(offset); a != Admit::Next) return a;
+  next_ = offset + 1;
   window_.push_back({offset, false});
   ++outstanding_;
-  return true;
+  return Admit::Next;
+}
+
+void OffsetTracker::skip_to(int64_t offset) {
+  if (!next_ || offset > *next_) next_ = offset;
 }
 
 bool OffsetTracker::complete(int64_t offset) {
@@ -23,8 +37,8 @@ bool OffsetTracker::complete(int64_t offset) {
 }
 
 std::optional<int64_t> OffsetTracker::commit_point() const {
-  if (!last_added_) return std::nullopt;
-  return window_.empty() ? *last_added_ + 1 : window_.front().offset;
+  if (!window_.empty()) return window_.front().offset;
+  return next_;
 }
 
 }  // namespace idemsink::pipeline

@@ -9,11 +9,11 @@ namespace idemsink::test {
 
 std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
                         const std::string& group, const std::string& extra_host_lines,
-                        const std::string& extra_consumer_lines) {
+                        const std::string& extra_consumer_lines, const std::string& extra_kafka_lines) {
   std::ostringstream os;
   os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n" << extra_host_lines
      << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
-     << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n"
+     << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n" << extra_kafka_lines
      << "[kafka.properties]\n\"log_level\" = \"4\"\n"
      << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
      << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n" << extra_consumer_lines

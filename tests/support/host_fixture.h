@@ -16,10 +16,10 @@ using namespace idemsink::devkit;
 
 /// [host], [kafka], [database] and [claim] sections for tests: short
 /// session timeout (fast rejoin on the mock cluster), fast commits. The
-/// extra lines go into [host] and [kafka.consumer].
+/// extra lines go into [host], [kafka.consumer] and [kafka].
 std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
                         const std::string& group, const std::string& extra_host_lines = "",
-                        const std::string& extra_consumer_lines = "");
+                        const std::string& extra_consumer_lines = "", const std::string& extra_kafka_lines = "");
 
 /// One [[route]] table.
 struct RouteSpec {

@@ -144,6 +144,16 @@ std::vector<ConsumedMessage> MockKafka::read_all(const std::string& topic, int p
   return out;
 }
 
+void MockKafka::commit(const std::string& group, const std::string& topic, const std::map<int32_t, int64_t>& offsets) {
+  rd_kafka_t* rk = make_consumer(bootstrap(), group);
+  rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(static_cast<int>(offsets.size()));
+  for (const auto& [p, o] : offsets) rd_kafka_topic_partition_list_add(l, topic.c_str(), p)->offset = o;
+  auto err = rd_kafka_commit(rk, l, 0);
+  rd_kafka_topic_partition_list_destroy(l);
+  rd_kafka_destroy(rk);
+  if (err) throw std::runtime_error(std::string("commit: ") + rd_kafka_err2str(err));
+}
+
 std::map<int32_t, int64_t> MockKafka::committed(const std::string& group, const std::string& topic, int partitions) {
   rd_kafka_t* rk = make_consumer(bootstrap(), group);
   rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(partitions);

@@ -51,6 +51,8 @@ class MockKafka {
   /// Reads a topic from the beginning up to its high watermarks.
   std::vector<ConsumedMessage> read_all(const std::string& topic, int partitions, int timeout_ms = 10000);
 
+  /// Commits offsets for a group, as one of its members would have.
+  void commit(const std::string& group, const std::string& topic, const std::map<int32_t, int64_t>& offsets);
   /// The group's committed offsets (-1001 when none).
   std::map<int32_t, int64_t> committed(const std::string& group, const std::string& topic, int partitions);
   std::map<int32_t, int64_t> high_watermarks(const std::string& topic, int partitions);

@@ -1,0 +1,67 @@
+// Which assigned partitions fetch, and the one place that pauses and resumes
+// them. A partition stops fetching while
+//   - the operator paused the host (all partitions),
+//   - too many records are buffered: consumed, not yet durable, counted from
+//     the moment the consumer hands them over (all partitions; resumes at
+//     half the limit), or
+//   - it is a retry-topic partition held until its next record is due.
+// The host stays in its group throughout: the consumer keeps polling.
+//
+// Thread-safe: the consumer's poll thread reports new records (so a pause
+// never waits for the engine thread to catch up), the engine thread
+// everything else. Pause and resume reach the consumer in the order the
+// state changed.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "core/kafka/client.h"
+
+namespace idemsink::kafka {
+class Consumer;
+}
+
+namespace idemsink::pipeline {
+
+class FetchGate {
+ public:
+  explicit FetchGate(size_t max_buffered) : max_buffered_(max_buffered) {}
+
+  void attach(kafka::Consumer* consumer);
+
+  /// Records entering (positive) or leaving (negative) the buffer.
+  void buffered_delta(int64_t delta);
+  size_t buffered() const { return static_cast<size_t>(buffered_.load(std::memory_order_relaxed)); }
+
+  void set_operator_pause(bool paused);
+  bool operator_paused() const;
+  /// True while fetching is paused for all partitions (operator or backpressure).
+  bool paused_all() const;
+
+  void assigned(const std::vector<kafka::TopicPartition>& tps);
+  void revoked(const std::vector<kafka::TopicPartition>& tps);
+  /// A retry-topic partition waits for its next record to be due.
+  void hold(const kafka::TopicPartition& tp);
+  void release(const kafka::TopicPartition& tp);
+  /// Whether the partition should be receiving records now.
+  bool fetching(const kafka::TopicPartition& tp) const;
+
+ private:
+  void apply_locked();
+
+  const size_t max_buffered_;
+  kafka::Consumer* consumer_ = nullptr;
+  std::atomic<int64_t> buffered_{0};
+  mutable std::mutex mu_;
+  bool operator_paused_ = false;
+  bool backpressure_ = false;
+  std::set<kafka::TopicPartition> assigned_;
+  std::set<kafka::TopicPartition> held_;
+  std::set<kafka::TopicPartition> paused_;  // what the consumer was told
+};
+
+}  // namespace idemsink::pipeline
