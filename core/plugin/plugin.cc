@@ -140,13 +140,13 @@ std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
   if (desc.description == nullptr) lib->desc_.description = "";
   if (desc.kind != IDEMSINK_KIND_REMOTE_IDEMPOTENT && desc.kind != IDEMSINK_KIND_REMOTE_AT_MOST_ONCE &&
       desc.kind != IDEMSINK_KIND_LOCAL_TX)
-    refuse(path, "descriptor has invalid kind " + std::to_string(static_cast<int>(desc.kind)));
+    refuse(path, "descriptor has invalid kind " + std::to_string(desc.kind));
   if (desc.create == nullptr) refuse(path, "descriptor has no create callback");
   if (desc.destroy == nullptr) refuse(path, "descriptor has no destroy callback");
-  if (desc.kind == IDEMSINK_KIND_LOCAL_TX) {
+  if (lib->kind() == IDEMSINK_KIND_LOCAL_TX) {
     if (desc.apply == nullptr) refuse(path, "kind local_tx requires an apply callback");
   } else if (desc.invoke == nullptr) {
-    refuse(path, std::string("kind ") + kind_name(desc.kind) + " requires an invoke callback");
+    refuse(path, std::string("kind ") + kind_name(lib->kind()) + " requires an invoke callback");
   }
   if (desc.option_count > 0 && desc.options == nullptr) refuse(path, "option_count > 0 but options is NULL");
   std::set<std::string> seen;
@@ -173,7 +173,7 @@ std::string Library::info() const {
      << "name:        " << desc_.name << "\n"
      << "version:     " << desc_.version << "\n"
      << "description: " << desc_.description << "\n"
-     << "kind:        " << kind_name(desc_.kind) << "\n"
+     << "kind:        " << kind_name(kind()) << "\n"
      << "abi:         v" << desc_.abi_major << "." << desc_.abi_minor << " (host v" << IDEMSINK_ABI_MAJOR << "."
      << IDEMSINK_ABI_MINOR << ")\n"
      << "reconcile:   " << (desc_.reconcile ? "yes" : "no") << "\n"

@@ -36,7 +36,7 @@ class Library {
   const idemsink_plugin& descriptor() const { return desc_; }
   const std::filesystem::path& path() const { return path_; }
   std::string name() const { return desc_.name; }
-  idemsink_kind kind() const { return desc_.kind; }
+  idemsink_kind kind() const { return static_cast<idemsink_kind>(desc_.kind); }  // validated by load()
   std::span<const idemsink_option_decl> options() const { return {desc_.options, desc_.option_count}; }
   std::span<const char* const> schema() const { return {desc_.schema, desc_.schema_count}; }
   std::span<const idemsink_check> checks() const { return {desc_.checks, desc_.check_count}; }

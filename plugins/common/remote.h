@@ -1,11 +1,10 @@
 // Pieces shared by the remote plugins: the standard endpoint options, a
 // request body carrying the order, and reporting an HTTP result through the
-// SDK's Completion using the shared classification.
+// SDK's completion using the shared classification.
 #pragma once
 
 #include <idemsink/sdk.h>
 
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -36,7 +35,7 @@ inline nlohmann::json order_payload(const sdk::Record& rec) {
 }
 
 /// Reports an HTTP result; on success the receipt is `field` of the JSON body.
-inline void report(sdk::Completion& done, const HttpResult& r, const char* field) {
+inline void report(const sdk::SharedCompletion& done, const HttpResult& r, const char* field) {
   const idemsink_outcome o = classify(r);
   if (o != IDEMSINK_OUTCOME_OK) return done.report(o, describe(r));
   auto j = nlohmann::json::parse(r.body, nullptr, false);
@@ -46,21 +45,18 @@ inline void report(sdk::Completion& done, const HttpResult& r, const char* field
   done.ok(j[field].get<std::string>());
 }
 
-/// Completions are move-only; HTTP callbacks are std::function (copyable).
-inline std::shared_ptr<sdk::Completion> share(sdk::Completion done) {
-  return std::make_shared<sdk::Completion>(std::move(done));
-}
-
 /// The reconcile answer of a service that can be asked "what did you make
 /// for this key?": 404 = certainly not applied, 2xx = applied (receipt in
 /// `field`), anything else = cannot tell now.
 inline void lookup_receipt(HttpClient& http, const std::string& target, const char* field,
                            const std::string& not_found, sdk::Completion done) {
-  http.request("GET", target, "", {}, [done = share(std::move(done)), field, not_found](HttpResult r) {
-    if (r.failure == HttpResult::Failure::None && r.status == 404) return done->permanent(not_found);
-    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
-    report(*done, r, field);
-  });
+  // HTTP callbacks are std::function, which must be copyable: share the completion.
+  http.request("GET", target, "", {},
+               [done = sdk::SharedCompletion(std::move(done)), field, not_found](HttpResult r) {
+                 if (r.failure == HttpResult::Failure::None && r.status == 404) return done.permanent(not_found);
+                 if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
+                 report(done, r, field);
+               });
 }
 
 }  // namespace idemsink::plugins

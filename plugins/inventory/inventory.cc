@@ -18,7 +18,7 @@ class Inventory {
                         {"order_id", std::string(rec.biz_key())},
                         {"order", order_payload(rec)}};
     http_.request("POST", "/inventory/reserve", body.dump(), {},
-                  [done = share(std::move(done))](HttpResult r) { report(*done, r, "reservation_id"); });
+                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "reservation_id"); });
   }
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {

@@ -33,18 +33,18 @@ class Sms {
     nlohmann::json body{
         {"client_ref", std::string(rec.idem_token())}, {"order_id", order}, {"to", phone}, {"text", text}};
     http_.request("POST", "/sms/send", body.dump(), {},
-                  [done = share(std::move(done))](HttpResult r) { report(*done, r, "message_id"); });
+                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "message_id"); });
   }
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
     http_.request("GET", "/sms/messages?client_ref=" + std::string(rec.idem_token()), "", {},
-                  [done = share(std::move(done))](HttpResult r) {
-                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done->retryable(describe(r));
+                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) {
+                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
                     auto j = nlohmann::json::parse(r.body, nullptr, false);
                     if (j.is_discarded() || !j.contains("messages") || !j["messages"].is_array())
-                      return done->retryable("unreadable gateway answer: " + r.body.substr(0, 200));
-                    if (j["messages"].empty()) return done->permanent("the gateway never sent this message");
-                    done->ok(j["messages"][0].get<std::string>());
+                      return done.retryable("unreadable gateway answer: " + r.body.substr(0, 200));
+                    if (j["messages"].empty()) return done.permanent("the gateway never sent this message");
+                    done.ok(j["messages"][0].get<std::string>());
                   });
   }
 

@@ -19,7 +19,7 @@ class Waybill {
   void invoke(const sdk::Record& rec, sdk::Completion done) {
     nlohmann::json body{{"order_id", std::string(rec.biz_key())}, {"order", order_payload(rec)}};
     http_.request("POST", "/waybills", body.dump(), {{"Idempotency-Key", std::string(rec.idem_token())}},
-                  [done = share(std::move(done))](HttpResult r) { report(*done, r, "waybill_no"); });
+                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "waybill_no"); });
   }
 
   // Did a waybill with this idempotency key get created?

@@ -11,12 +11,25 @@
  * only the entry of another major version, and names that version.
  *
  * Compatibility rules:
- *  - The descriptor and every struct the host passes in start with their own
- *    size (struct_size). Fields are only ever appended; a reader uses a field
- *    only if struct_size says it is present.
+ *  - The descriptor (idemsink_plugin), idemsink_record and idemsink_host_api
+ *    start with their own size (struct_size). Fields are only ever appended;
+ *    a reader uses a field only if struct_size says it is present.
+ *  - Structs that travel in arrays (idemsink_option_decl, idemsink_check,
+ *    idemsink_option, idemsink_header, idemsink_sql_param) and idemsink_bytes
+ *    carry no size: the reader indexes them by its own sizeof, so their layout
+ *    is FROZEN for the whole ABI major. A new field needs a new struct, and
+ *    a new array of it appended to the struct (or host API) that carries the
+ *    old one.
  *  - The host accepts abi_major == IDEMSINK_ABI_MAJOR and
  *    abi_minor <= its own IDEMSINK_ABI_MINOR.
  *  - No C++ types and no exceptions cross this boundary.
+ *
+ * Threading: create and destroy are called on the host's start-up/shutdown
+ * thread. invoke and reconcile are called on the host's engine thread and
+ * must not block: do the I/O on a thread or event loop of the plugin's own.
+ * apply is called on a database worker thread, inside the transaction it
+ * writes through. A completion may be reported from any thread, at most once,
+ * and possibly before invoke returns.
  *
  * Memory: every pointer documents its OWNERSHIP and LIFETIME. "host-owned,
  * call-scoped" means valid only until the function it was passed to returns;
@@ -35,8 +48,12 @@ extern "C" {
 #define IDEMSINK_ABI_MAJOR 1
 #define IDEMSINK_ABI_MINOR 0
 
-/** Name of the exported entry function for this ABI major version. */
-#define IDEMSINK_ENTRY_SYMBOL "idemsink_plugin_entry_v1"
+/** The exported entry function of this ABI major version, as an identifier
+ *  (to define it) and as a string (to look it up). */
+#define IDEMSINK_ENTRY_NAME idemsink_plugin_entry_v1
+#define IDEMSINK_STRINGIFY_(x) #x
+#define IDEMSINK_STRINGIFY(x) IDEMSINK_STRINGIFY_(x)
+#define IDEMSINK_ENTRY_SYMBOL IDEMSINK_STRINGIFY(IDEMSINK_ENTRY_NAME)
 
 #if defined(_WIN32)
 #define IDEMSINK_EXPORT __declspec(dllexport)
@@ -94,6 +111,10 @@ typedef enum idemsink_option_type {
  * Declaration of one handler option. The host rejects unknown option names
  * and values of the wrong type before the plugin is created, and prints the
  * declarations in `idemsink plugin-info`.
+ *
+ * Layout FROZEN for ABI major 1: the descriptor passes an array of these and
+ * arrays carry no per-element size, so this struct can never grow. A future
+ * field needs a new struct and a new descriptor field appended after it.
  */
 typedef struct idemsink_option_decl {
     const char *name;          /**< plugin-owned, static */
@@ -107,6 +128,10 @@ typedef struct idemsink_option_decl {
  * returning one row per problem found (e.g. one biz_key credited twice).
  * `idemsink reconcile --check` runs every check of every route and exits
  * non-zero if any returns a row, so it can drive an alert.
+ *
+ * Layout FROZEN for ABI major 1: the descriptor passes an array of these and
+ * arrays carry no per-element size, so this struct can never grow. A future
+ * field needs a new struct and a new descriptor field appended after it.
  */
 typedef struct idemsink_check {
     const char *name; /**< plugin-owned, static; e.g. "duplicate_credits" */
@@ -114,19 +139,35 @@ typedef struct idemsink_check {
     const char *doc;  /**< plugin-owned, static; what a row means */
 } idemsink_check;
 
-/** One validated option value, in the canonical text form of its type. */
+/**
+ * One validated option value, in the canonical text form of its type.
+ *
+ * Layout FROZEN for ABI major 1: create() receives an array of these and
+ * arrays carry no per-element size, so this struct can never grow.
+ */
 typedef struct idemsink_option {
     const char *name;  /**< host-owned, call-scoped (create) */
     const char *value; /**< host-owned, call-scoped (create) */
 } idemsink_option;
 
-/** A byte string that may contain NUL bytes. */
+/**
+ * A byte string that may contain NUL bytes.
+ *
+ * Layout FROZEN for ABI major 1: it is embedded in frozen structs and passed
+ * in arrays (tx_query columns), so it can never grow.
+ */
 typedef struct idemsink_bytes {
     const char *data; /**< may be NULL when len == 0 */
     size_t len;
 } idemsink_bytes;
 
-/** One Kafka record header. */
+/**
+ * One Kafka record header.
+ *
+ * Layout FROZEN for ABI major 1: the record passes an array of these and
+ * arrays carry no per-element size, so this struct can never grow. A future
+ * field needs a new struct and a new record field appended after it.
+ */
 typedef struct idemsink_header {
     const char *name;     /**< NUL-terminated */
     idemsink_bytes value; /**< data NULL for a null header value */
@@ -178,7 +219,14 @@ typedef enum idemsink_sql_type {
     IDEMSINK_SQL_BLOB = 4   /**< uses `bytes`, any bytes */
 } idemsink_sql_type;
 
-/** One bound SQL parameter. Caller-owned, call-scoped. */
+/**
+ * One bound SQL parameter. Caller-owned, call-scoped.
+ *
+ * Layout FROZEN for ABI major 1: tx_execute and tx_query take an array of
+ * these and arrays carry no per-element size, so this struct can never grow.
+ * A future field needs a new struct and new host functions appended to
+ * idemsink_host_api.
+ */
 typedef struct idemsink_sql_param {
     idemsink_sql_type type;
     int64_t i;
@@ -236,7 +284,8 @@ typedef struct idemsink_plugin {
     const char *name;        /**< short identifier, e.g. "waybill" */
     const char *version;     /**< the plugin's own version, e.g. "1.2.0" */
     const char *description; /**< one line */
-    idemsink_kind kind;
+    /** Fixed width, unlike an enum, whose size is the compiler's choice. */
+    int32_t kind; /**< an idemsink_kind */
 
     const idemsink_option_decl *options; /**< may be NULL if option_count == 0 */
     size_t option_count;

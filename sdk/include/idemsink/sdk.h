@@ -49,6 +49,17 @@ inline void copy_message(char* buf, size_t cap, std::string_view msg) {
   buf[n] = '\0';
 }
 inline std::string_view view(idemsink_bytes b) { return b.data ? std::string_view(b.data, b.len) : std::string_view(); }
+
+// What every handle of one call shares: the host's callback and whether it
+// has been called, so that exactly one report reaches the host.
+struct CompletionState {
+  idemsink_complete_fn fn;
+  void* ctx;
+  std::mutex mu;
+  bool reported = false;
+  bool in_call = true;  // the ABI trampoline has not returned yet
+  int handles = 0;      // live Completion objects sharing this state
+};
 }  // namespace detail
 
 /// Handler options, already validated by the host against the declarations.
@@ -112,15 +123,6 @@ class Record {
 /// any thread. A Completion destroyed without reporting reports UNCERTAIN, so
 /// a forgotten path can never hang a record.
 class Completion {
-  struct State {
-    idemsink_complete_fn fn;
-    void* ctx;
-    std::mutex mu;
-    bool reported = false;
-    bool in_call = true;   // the ABI trampoline has not returned yet
-    int handles = 0;       // live Completion objects sharing this state
-  };
-
  public:
   Completion(Completion&& o) noexcept : s_(std::move(o.s_)) {}
   Completion& operator=(Completion&& o) noexcept {
@@ -148,10 +150,11 @@ class Completion {
     s_->fn(s_->ctx, outcome, detail.data(), detail.size());
   }
 
-  /// Used by the ABI trampolines; not part of the author-facing API.
+  /// Used by the ABI trampolines and idemsink/testing.h; not part of the
+  /// author-facing API.
   class Call {
    public:
-    Call(idemsink_complete_fn fn, void* ctx) : s_(std::make_shared<State>()) {
+    Call(idemsink_complete_fn fn, void* ctx) : s_(std::make_shared<detail::CompletionState>()) {
       s_->fn = fn;
       s_->ctx = ctx;
     }
@@ -169,11 +172,11 @@ class Completion {
     }
 
    private:
-    std::shared_ptr<State> s_;
+    std::shared_ptr<detail::CompletionState> s_;
   };
 
  private:
-  explicit Completion(std::shared_ptr<State> s) : s_(std::move(s)) {
+  explicit Completion(std::shared_ptr<detail::CompletionState> s) : s_(std::move(s)) {
     std::lock_guard lk(s_->mu);
     ++s_->handles;
   }
@@ -189,7 +192,28 @@ class Completion {
     static constexpr std::string_view kDropped = "handler dropped its completion without reporting a result";
     s->fn(s->ctx, IDEMSINK_OUTCOME_UNCERTAIN, kDropped.data(), kDropped.size());
   }
-  std::shared_ptr<State> s_;
+  std::shared_ptr<detail::CompletionState> s_;
+};
+
+/// A copyable handle to one Completion, for callbacks that must be copyable
+/// (std::function). Every copy reports through the same Completion, so the
+/// first report from any copy wins and the rest are ignored; when the last
+/// copy is destroyed without a report, the Completion reports UNCERTAIN.
+class SharedCompletion {
+ public:
+  explicit SharedCompletion(Completion done) : c_(std::make_shared<Completion>(std::move(done))) {}
+
+  // const: a copy captured by a non-mutable lambda must still report.
+  void ok(std::string_view receipt) const { report(IDEMSINK_OUTCOME_OK, receipt); }
+  void retryable(std::string_view error) const { report(IDEMSINK_OUTCOME_RETRYABLE, error); }
+  void uncertain(std::string_view error) const { report(IDEMSINK_OUTCOME_UNCERTAIN, error); }
+  void permanent(std::string_view error) const { report(IDEMSINK_OUTCOME_PERMANENT, error); }
+  void report(idemsink_outcome outcome, std::string_view detail) const {
+    if (c_) c_->report(outcome, detail);
+  }
+
+ private:
+  std::shared_ptr<Completion> c_;  // null only in a moved-from handle
 };
 
 /// Access to the host: logging.
@@ -342,7 +366,7 @@ idemsink_plugin make_descriptor(const PluginInfo& info) {
   d.name = info.name;
   d.version = info.version;
   d.description = info.description;
-  d.kind = info.kind;
+  d.kind = static_cast<int32_t>(info.kind);
   d.options = info.options.data();
   d.option_count = info.options.size();
   d.schema = info.schema.data();
@@ -390,7 +414,7 @@ idemsink_plugin make_descriptor(const PluginInfo& info) {
 /// Exports the ABI entry for handler class `HandlerType`; the remaining
 /// arguments are designated initializers of idemsink::sdk::PluginInfo.
 #define IDEMSINK_PLUGIN(HandlerType, ...)                                                            \
-  extern "C" IDEMSINK_EXPORT const idemsink_plugin* idemsink_plugin_entry_v1(void) {                 \
+  extern "C" IDEMSINK_EXPORT const idemsink_plugin* IDEMSINK_ENTRY_NAME(void) {                      \
     static const idemsink_plugin descriptor =                                                        \
         ::idemsink::sdk::detail::make_descriptor<HandlerType>(::idemsink::sdk::PluginInfo{__VA_ARGS__}); \
     return &descriptor;                                                                              \
