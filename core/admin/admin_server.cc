@@ -4,6 +4,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/common/log.h"
+#include "core/common/util.h"
 #include "core/pipeline/engine.h"
 #include "core/pipeline/metrics.h"
 
@@ -75,10 +76,11 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 tcp::endpoint parse_listen(const std::string& listen) {
-  const auto colon = listen.rfind(':');
-  if (colon == std::string::npos) throw std::invalid_argument("host.admin_listen must be host:port, got " + listen);
-  return tcp::endpoint(boost::asio::ip::make_address(listen.substr(0, colon)),
-                       static_cast<unsigned short>(std::stoi(listen.substr(colon + 1))));
+  const std::optional<HostPort> hp = parse_host_port(listen);
+  if (!hp)
+    throw std::invalid_argument("host.admin_listen must be an IP address and a port 0..65535 (\"127.0.0.1:9464\", "
+                                "\"[::1]:9464\"), got \"" + listen + "\"");
+  return tcp::endpoint(boost::asio::ip::make_address(hp->host), hp->port);
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 #include "core/common/util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 namespace idemsink {
@@ -12,13 +17,60 @@ std::optional<Millis> parse_duration(std::string_view text) {
   int64_t n = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
   if (ec != std::errc() || p == text.data() || n < 0) return std::nullopt;
-  std::string_view unit(p, text.data() + text.size() - p);
-  if (unit == "ms") return Millis(n);
-  if (unit == "s") return Millis(n * 1000);
-  if (unit == "m") return Millis(n * 60'000);
-  if (unit == "h") return Millis(n * 3'600'000);
-  if (unit == "d") return Millis(n * 86'400'000);
-  return std::nullopt;
+  const std::string_view unit(p, static_cast<size_t>(text.data() + text.size() - p));
+  int64_t scale = 0;
+  if (unit == "ms") {
+    scale = 1;
+  } else if (unit == "s") {
+    scale = 1000;
+  } else if (unit == "m") {
+    scale = 60'000;
+  } else if (unit == "h") {
+    scale = 3'600'000;
+  } else if (unit == "d") {
+    scale = 86'400'000;
+  } else {
+    return std::nullopt;
+  }
+  if (n > std::numeric_limits<int64_t>::max() / scale) return std::nullopt;  // checked before multiplying
+  return Millis(n * scale);
+}
+
+std::optional<HostPort> parse_host_port(std::string_view text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port = text.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return std::nullopt;  // five digits cannot overflow
+  uint32_t value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (value > 65535) return std::nullopt;
+
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  if (host.empty()) return std::nullopt;
+  std::string addr(host);
+  unsigned char buf[sizeof(in6_addr)];
+  if (bracketed) {
+    // A zone ("fe80::1%eth0") names an interface; it is checked when binding.
+    const std::string without_zone = addr.substr(0, addr.find('%'));
+    if (::inet_pton(AF_INET6, without_zone.c_str(), buf) != 1) return std::nullopt;
+  } else if (::inet_pton(AF_INET, addr.c_str(), buf) != 1) {
+    return std::nullopt;
+  }
+  return HostPort{std::move(addr), static_cast<uint16_t>(value)};
+}
+
+bool looks_secret(std::string_view name) {
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; });
+  for (std::string_view word : {"password", "secret", "token", "key"})
+    if (lower.find(word) != std::string::npos) return true;
+  return false;
 }
 
 std::string random_uuid() {

@@ -1,5 +1,6 @@
-// Small shared helpers: durations in config text, random ids, payload hashes,
-// UTF-8 sanitizing for error text stored in the database.
+// Small shared helpers: durations and listen addresses in config text, secret
+// key names, random ids, payload hashes, UTF-8 sanitizing for error text
+// stored in the database.
 #pragma once
 
 #include <chrono>
@@ -13,7 +14,24 @@ namespace idemsink {
 using Millis = std::chrono::milliseconds;
 
 /// Parses "250ms", "2s", "5m", "1h", "7d" (a non-negative integer and a unit).
+/// Refuses a value whose milliseconds do not fit in 64 bits.
 std::optional<Millis> parse_duration(std::string_view text);
+
+/// A listen address split into its parts.
+struct HostPort {
+  std::string host;  // an IP address, IPv6 without its brackets
+  uint16_t port = 0;
+};
+
+/// Parses "host:port": the host an IPv4 address, or an IPv6 address in
+/// brackets ("[::1]:9464"); the port decimal, 0..65535. Host names are not
+/// accepted (nothing is resolved).
+std::optional<HostPort> parse_host_port(std::string_view text);
+
+/// True for a key name that may hold a credential: it contains "password",
+/// "secret", "token" or "key", in any case. Error messages leave such a
+/// key's value out.
+bool looks_secret(std::string_view name);
 
 /// Random RFC 4122 version-4 UUID in canonical 36-character text.
 std::string random_uuid();

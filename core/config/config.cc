@@ -1,5 +1,7 @@
 #include "core/config/config.h"
 
+#include "core/config/settings.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,153 +10,14 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <toml++/toml.h>
 
 namespace idemsink::config {
 namespace {
-
-enum class Type { String, Int, Bool, Duration, DurationList, Section, SectionArray, StringMap, Options };
-
-// One declared setting. `path` uses dots; "route" is the array of routes.
-struct Setting {
-  std::string_view path;
-  Type type;
-  std::string_view default_value;  // text form; "" with required=false means "unset"
-  bool required;
-  int64_t min;  // Int: value; Duration: milliseconds
-  int64_t max;
-  std::string_view doc;
-};
-
-// The single declaration table: validation, defaults, bounds and the
-// generated reference all come from here.
-constexpr Setting kSettings[] = {
-    {"host", Type::Section, "", false, 0, 0, "This host process."},
-    {"host.id", Type::String, "", false, 0, 0,
-     "Stable identity of this host (default: the machine's hostname). Claims are owned by `<id>#<run>`: a host "
-     "restarted with the same id takes over its own leases at once instead of waiting for them to expire. Two live "
-     "hosts must never share an id."},
-    {"host.max_in_flight", Type::Int, "2000", false, 1, 100000,
-     "Handler calls in flight at once, all routes together (Little's law: rate x latency)."},
-    {"host.max_buffered_records", Type::Int, "20000", false, 1, 10000000,
-     "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."},
-    {"host.shutdown_grace", Type::Duration, "30s", false, 0, 3600000,
-     "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."},
-    {"host.log_level", Type::String, "info", false, 0, 0, "trace, debug, info, warn or error."},
-    {"host.admin_listen", Type::String, "", false, 0, 0,
-     "Address of the admin HTTP server (/metrics, /status, pause/resume), e.g. \"127.0.0.1:9464\"; empty = off."},
-
-    {"kafka", Type::Section, "", true, 0, 0, "The Kafka cluster and consumer group."},
-    {"kafka.bootstrap_servers", Type::String, "", true, 0, 0, "Comma-separated host:port list."},
-    {"kafka.group_id", Type::String, "idemsink", false, 0, 0, "Consumer group; all hosts of one deployment share it."},
-    {"kafka.max_poll_records", Type::Int, "500", false, 1, 100000, "Records taken per poll and claimed as one batch."},
-    {"kafka.poll_timeout", Type::Duration, "100ms", false, 1, 60000, "How long one poll waits for records."},
-    {"kafka.commit_interval", Type::Duration, "1s", false, 10, 600000,
-     "How often durable offsets are committed (also on revoke and shutdown)."},
-    {"kafka.stall_timeout", Type::Duration, "30s", false, 1000, 3600000,
-     "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
-     "receives no record for this long, is stalled: logged, counted and read again from where it stands."},
-    {"kafka.properties", Type::StringMap, "", false, 0, 0,
-     "librdkafka properties for both clients (security.protocol, sasl.*, ...)."},
-    {"kafka.consumer", Type::StringMap, "", false, 0, 0,
-     "librdkafka properties for the consumer only (session.timeout.ms, partition.assignment.strategy, ...). "
-     "enable.auto.commit and enable.auto.offset.store are always false, isolation.level is read_committed."},
-    {"kafka.producer", Type::StringMap, "", false, 0, 0,
-     "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."},
-
-    {"database", Type::Section, "", true, 0, 0, "The business MariaDB holding the claim table."},
-    {"database.host", Type::String, "127.0.0.1", false, 0, 0, "Server host (TCP)."},
-    {"database.port", Type::Int, "3306", false, 1, 65535, "Server port."},
-    {"database.socket", Type::String, "", false, 0, 0, "Unix socket path; when set, used instead of host/port."},
-    {"database.user", Type::String, "root", false, 0, 0, "User name."},
-    {"database.password", Type::String, "", false, 0, 0, "Password (prefer password_env). Never logged."},
-    {"database.password_env", Type::String, "", false, 0, 0,
-     "Name of an environment variable holding the password; it must be set when this is."},
-    {"database.database", Type::String, "", true, 0, 0, "Schema (database) name."},
-    {"database.pool_size", Type::Int, "4", false, 2, 64, "Connections, one worker thread each."},
-    {"database.connect_timeout", Type::Duration, "5s", false, 100, 600000, "Connect timeout per attempt."},
-    {"database.reconnect_backoff_max", Type::Duration, "5s", false, 10, 600000,
-     "Longest wait between reconnect attempts while the database is gone."},
-
-    {"claim", Type::Section, "", false, 0, 0, "The claim/dedup state machine."},
-    {"claim.lease", Type::Duration, "30s", false, 1000, 86400000,
-     "Lease on a pending claim, renewed while its record is being handled; another host may take it over only "
-     "after it expires."},
-    {"claim.wait_recheck", Type::Duration, "1s", false, 10, 600000,
-     "How often a record whose key is held by another live host is checked again."},
-    {"claim.retention_days", Type::Int, "90", false, 2, 36500,
-     "Claim rows are kept this long (monthly partitions, dropped whole)."},
-    {"claim.horizon_margin_days", Type::Int, "7", false, 1, 36500,
-     "Records older than retention minus this margin are refused (DLQ reason beyond_replay_horizon): their claim "
-     "may already be dropped."},
-    {"claim.max_future_skew", Type::Duration, "1h", false, 0, 86400000 * 30LL,
-     "Records timestamped further in the future than this are refused (DLQ reason timestamp_in_future)."},
-    {"claim.apply_schema", Type::Bool, "true", false, 0, 0,
-     "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."},
-    {"claim.max_takeovers", Type::Int, "5", false, 1, 1000,
-     "A record whose claim was taken over this many times (its host kept dying on it) is failed to the DLQ "
-     "instead of being handled again."},
-    {"claim.flush_linger", Type::Duration, "5ms", false, 0, 1000,
-     "How long completions wait to be marked done together in one statement."},
-    {"claim.stuck_after", Type::Duration, "10m", false, 1000, 86400000 * 30LL,
-     "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."},
-    {"claim.reconcile_interval", Type::Duration, "1m", false, 0, 86400000,
-     "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."},
-
-    {"route", Type::SectionArray, "", true, 0, 0, "One [[route]] per topic: which handler runs for its records."},
-    {"route.name", Type::String, "", true, 0, 0,
-     "Route name, also the claim namespace: one biz_key can have one claim per route. [A-Za-z0-9_.-], at most 64."},
-    {"route.topic", Type::String, "", true, 0, 0, "Source topic."},
-    {"route.plugin", Type::String, "", true, 0, 0, "Handler plugin (.so) path, relative to this file's folder."},
-    {"route.concurrency", Type::Int, "0", false, 0, 100000,
-     "Calls in flight for this route; 0 = only the host-wide max_in_flight."},
-    {"route.call_timeout", Type::Duration, "30s", false, 10, 3600000,
-     "Deadline for one handler call to report; past it the call counts as uncertain."},
-    {"route.payload_check", Type::Bool, "true", false, 0, 0,
-     "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."},
-    {"route.max_record_bytes", Type::Int, "1048576", false, 1, 1LL << 30,
-     "Larger records are refused (DLQ reason record_too_large)."},
-    {"route.key", Type::Section, "", false, 0, 0, "Where the biz_key comes from."},
-    {"route.key.from", Type::String, "key", false, 0, 0, "\"key\" (the Kafka key), \"header\" or \"json\"."},
-    {"route.key.header", Type::String, "", false, 0, 0, "Header name, with from = \"header\"."},
-    {"route.key.json", Type::String, "", false, 0, 0, "Dotted field path in a JSON value, with from = \"json\"."},
-    {"route.retry", Type::Section, "", false, 0, 0, "Retries of retryable (and, for idempotent kinds, uncertain) outcomes."},
-    {"route.retry.max_attempts", Type::Int, "5", false, 1, 1000, "Calls per record before it is dead-lettered."},
-    {"route.retry.backoff_initial", Type::Duration, "200ms", false, 1, 3600000,
-     "First backoff; doubles per attempt, with full jitter."},
-    {"route.retry.backoff_max", Type::Duration, "30s", false, 1, 86400000, "Backoff cap."},
-    {"route.retry.topics", Type::DurationList, "", false, 1, 86400000 * 7LL,
-     "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the record to "
-     "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
-     "last it is dead-lettered. The source partition moves on at once."},
-    {"route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."},
-    {"route.dlq.enabled", Type::Bool, "true", false, 0, 0,
-     "Publish dead records to the DLQ topic (they are always recorded in the database)."},
-    {"route.dlq.topic", Type::String, "", false, 0, 0, "DLQ topic (default: \"<topic>.dlq\")."},
-    {"route.options", Type::Options, "", false, 0, 0,
-     "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."},
-};
-
-const Setting* find_setting(std::string_view path) {
-  for (const auto& s : kSettings)
-    if (s.path == path) return &s;
-  return nullptr;
-}
-
-const char* type_name(Type t) {
-  switch (t) {
-    case Type::String: return "string";
-    case Type::Int: return "integer";
-    case Type::Bool: return "boolean";
-    case Type::Duration: return "duration";
-    case Type::DurationList: return "array of durations";
-    case Type::Section: return "table";
-    case Type::SectionArray: return "array of tables";
-    case Type::StringMap: return "table of strings";
-    case Type::Options: return "table";
-  }
-  return "?";
-}
 
 SourcePos pos_of(const std::string& file, const toml::node& n) {
   return SourcePos{file, n.source().begin.line, n.source().begin.column};
@@ -164,27 +27,55 @@ SourcePos pos_of(const std::string& file, const toml::node& n) {
   throw ConfigError(pos.where() + ": " + std::string(key) + ": " + reason);
 }
 
-// Expands ${NAME} from the environment; an unset variable is an error.
-std::string expand_env(const std::string& in, const SourcePos& pos, std::string_view key) {
+// The last part of a dotted path: "password" for "database.password".
+std::string_view leaf(std::string_view path) { return path.substr(path.rfind('.') + 1); }
+
+bool valid_env_name(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// The one expansion rule for every string in the file: ${NAME} is the
+// environment variable's value (unset is an error), $$ is a literal $, any
+// other $ stays as it is, and an unterminated ${ is an error. `secret` keeps
+// every part of the text, variable names included, out of the error (the key
+// and the position still show).
+std::string expand_env(const std::string& in, const SourcePos& pos, std::string_view key, bool secret) {
   std::string out;
   size_t i = 0;
   while (i < in.size()) {
-    if (in.compare(i, 2, "${") == 0) {
-      size_t end = in.find('}', i + 2);
-      if (end == std::string::npos) fail(pos, key, "unterminated ${ in \"" + in + "\"");
-      std::string name = in.substr(i + 2, end - i - 2);
-      const char* v = std::getenv(name.c_str());
-      if (v == nullptr) fail(pos, key, "environment variable " + name + " is not set");
-      out += v;
-      i = end + 1;
-    } else {
+    if (in[i] != '$' || i + 1 == in.size() || (in[i + 1] != '$' && in[i + 1] != '{')) {
       out.push_back(in[i++]);
+      continue;
     }
+    if (in[i + 1] == '$') {
+      out.push_back('$');
+      i += 2;
+      continue;
+    }
+    const std::string at = " at character " + std::to_string(i + 1) + " of the value";
+    const size_t end = in.find('}', i + 2);
+    if (end == std::string::npos)
+      fail(pos, key, "unterminated ${" + at + (secret ? "" : " \"" + in + "\"") + " (write $$ for a literal $)");
+    const std::string name = in.substr(i + 2, end - i - 2);
+    if (!valid_env_name(name))
+      fail(pos, key,
+           "invalid environment variable name" + (secret ? at : " \"" + name + "\"" + at) +
+               " (letters, digits and _; write $$ for a literal $)");
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr)
+      fail(pos, key,
+           secret ? "the environment variable" + at + " is not set" : "environment variable " + name + " is not set");
+    out += v;
+    i = end + 1;
   }
   return out;
 }
 
-// Rejects unknown keys and wrong types anywhere in the document.
+// Rejects unknown keys and wrong types anywhere in the document. Values are
+// parsed and bounds-checked when read, after expansion.
 void check_table(const toml::table& t, const std::string& prefix, const std::string& file) {
   for (const auto& [k, node] : t) {
     const std::string key(k.str());
@@ -221,14 +112,12 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
         if (!node.is_boolean()) fail(pos, path, "expected true or false");
         break;
       case Type::Duration:
-        if (!node.is_string() || !parse_duration(**node.as_string()))
-          fail(pos, path, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
+        if (!node.is_string()) fail(pos, path, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
         break;
       case Type::DurationList:
         if (!node.is_array()) fail(pos, path, "expected an array of durations such as [\"10s\", \"5m\"]");
         for (const auto& elem : *node.as_array())
-          if (!elem.is_string() || !parse_duration(**elem.as_string()))
-            fail(pos_of(file, elem), path, "expected a duration string such as \"10s\"");
+          if (!elem.is_string()) fail(pos_of(file, elem), path, "expected a duration string such as \"10s\"");
         break;
     }
   }
@@ -243,66 +132,119 @@ std::string scalar_text(const toml::node& n) {
   return os.str();
 }
 
-// Typed access to one validated table, applying declared defaults and bounds.
+// A duration string (expanded, parsed, within the setting's bounds).
+Millis duration_of(const Setting& s, const toml::node& n, const std::string& file, const std::string& hint) {
+  const SourcePos pos = pos_of(file, n);
+  const std::optional<Millis> v = parse_duration(expand_env(**n.as_string(), pos, s.path, looks_secret(leaf(s.path))));
+  if (!v) fail(pos, s.path, hint);
+  if (v->count() < s.min || v->count() > s.max)
+    fail(pos, s.path, "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
+  return *v;
+}
+
+Value declared_default(const Setting& s) {
+  const std::string text(s.default_value);
+  switch (s.type) {
+    case Type::String:
+      return text;
+    case Type::Int:
+      return Value(std::in_place_type<int64_t>, std::stoll(text));
+    case Type::Bool:
+      return Value(std::in_place_type<bool>, text == "true");
+    case Type::Duration:
+      if (const std::optional<Millis> d = parse_duration(text)) return *d;
+      break;
+    case Type::DurationList:
+      return std::vector<Millis>{};
+    case Type::StringMap:
+      return std::map<std::string, std::string>{};
+    case Type::Section:
+    case Type::SectionArray:
+    case Type::Options:
+      break;
+  }
+  throw std::logic_error("setting " + std::string(s.path) + " has no usable default");
+}
+
+// The value of setting `s` from node `n` (null when the file leaves it out):
+// typed, expanded and bounds-checked, or else the declared default. A missing
+// required key is reported at `table_pos`, its enclosing table.
+Value read_value(const Setting& s, const toml::node* n, const std::string& file, const SourcePos& table_pos) {
+  if (n == nullptr) {
+    if (s.required)
+      fail(table_pos, s.path, "required key is missing in [" + std::string(s.path.substr(0, s.path.rfind('.'))) + "]");
+    return declared_default(s);
+  }
+  const SourcePos pos = pos_of(file, *n);
+  switch (s.type) {
+    case Type::String:
+      return expand_env(**n->as_string(), pos, s.path, looks_secret(leaf(s.path)));
+    case Type::Int: {
+      const int64_t v = **n->as_integer();
+      if (v < s.min || v > s.max)
+        fail(pos, s.path, "must be between " + std::to_string(s.min) + " and " + std::to_string(s.max));
+      return Value(std::in_place_type<int64_t>, v);
+    }
+    case Type::Bool:
+      return Value(std::in_place_type<bool>, **n->as_boolean());
+    case Type::Duration:
+      return duration_of(s, *n, file, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
+    case Type::DurationList: {
+      std::vector<Millis> out;
+      for (const auto& elem : *n->as_array())
+        out.push_back(duration_of(s, elem, file, "expected a duration string such as \"10s\""));
+      return out;
+    }
+    case Type::StringMap: {
+      std::map<std::string, std::string> out;
+      for (const auto& [k, v] : *n->as_table()) {
+        const std::string key(k.str());
+        out[key] = v.is_string() ? expand_env(**v.as_string(), pos_of(file, v), std::string(s.path) + "." + key,
+                                              looks_secret(key))
+                                 : scalar_text(v);
+      }
+      return out;
+    }
+    case Type::Section:
+    case Type::SectionArray:
+    case Type::Options:
+      break;
+  }
+  throw std::logic_error("setting " + std::string(s.path) + " holds no value");
+}
+
+// Reads every bound setting in `scope` from table `t` into `target`: scope ""
+// is the top-level sections of the document, "route" one [[route]] table.
+void read_bound(const toml::table& t, std::string_view scope, const std::string& file, const SourcePos& t_pos,
+                const Target& target) {
+  for (const auto& s : settings()) {
+    if (s.store == nullptr) continue;
+    const bool in_route = s.path.substr(0, 6) == "route.";
+    if (in_route == scope.empty()) continue;
+    std::string_view rel = scope.empty() ? s.path : s.path.substr(scope.size() + 1);
+    // Walk down the enclosing tables; where one is missing, so is the key.
+    const toml::table* table = &t;
+    SourcePos pos = t_pos;
+    for (size_t dot = rel.find('.'); table != nullptr && dot != std::string_view::npos; dot = rel.find('.')) {
+      const toml::node* sub = table->get(rel.substr(0, dot));
+      table = sub != nullptr ? sub->as_table() : nullptr;
+      if (sub != nullptr) pos = pos_of(file, *sub);
+      rel.remove_prefix(dot + 1);
+    }
+    const toml::node* n = table != nullptr ? table->get(rel) : nullptr;
+    s.store(target, read_value(s, n, file, pos));
+  }
+}
+
+// Access to one validated table for the settings the code reads itself and
+// for the positions of errors found across fields.
 class Reader {
  public:
   Reader(const toml::table* t, std::string prefix, std::string file, SourcePos table_pos)
       : t_(t), prefix_(std::move(prefix)), file_(std::move(file)), table_pos_(std::move(table_pos)) {}
 
   std::string str(std::string_view key) const {
-    const Setting& s = decl(key);
-    if (const toml::node* n = node(key)) return expand_env(**n->as_string(), pos_of(file_, *n), s.path);
-    if (s.required) missing(s);
-    return std::string(s.default_value);
-  }
-  int64_t integer(std::string_view key) const {
-    const Setting& s = decl(key);
-    int64_t v = 0;
-    if (const toml::node* n = node(key)) {
-      v = **n->as_integer();
-      if (v < s.min || v > s.max)
-        fail(pos_of(file_, *n), s.path, "must be between " + std::to_string(s.min) + " and " + std::to_string(s.max));
-    } else {
-      if (s.required) missing(s);
-      v = std::stoll(std::string(s.default_value));
-    }
-    return v;
-  }
-  bool boolean(std::string_view key) const {
-    const Setting& s = decl(key);
-    if (const toml::node* n = node(key)) return **n->as_boolean();
-    return s.default_value == "true";
-  }
-  Millis duration(std::string_view key) const {
-    const Setting& s = decl(key);
-    if (const toml::node* n = node(key)) {
-      Millis v = *parse_duration(**n->as_string());
-      if (v.count() < s.min || v.count() > s.max)
-        fail(pos_of(file_, *n), s.path,
-             "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
-      return v;
-    }
-    return *parse_duration(s.default_value);
-  }
-  std::vector<Millis> duration_list(std::string_view key) const {
-    const Setting& s = decl(key);
-    std::vector<Millis> out;
-    if (const toml::node* n = node(key)) {
-      for (const auto& elem : *n->as_array()) {
-        Millis v = *parse_duration(**elem.as_string());
-        if (v.count() < s.min || v.count() > s.max)
-          fail(pos_of(file_, elem), s.path,
-               "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
-        out.push_back(v);
-      }
-    }
-    return out;
-  }
-  std::map<std::string, std::string> string_map(std::string_view key) const {
-    std::map<std::string, std::string> out;
-    if (const toml::node* n = node(key))
-      for (const auto& [k, v] : *n->as_table()) out[std::string(k.str())] = scalar_text(v);
-    return out;
+    return std::get<std::string>(read_value(decl(key), node(key), file_, table_pos_));
   }
   Reader sub(std::string_view key) const {
     const toml::node* n = node(key);
@@ -323,73 +265,64 @@ class Reader {
     if (s == nullptr) throw std::logic_error("undeclared setting " + path(key));
     return *s;
   }
-  [[noreturn]] void missing(const Setting& s) const {
-    fail(table_pos_, s.path, "required key is missing" + (prefix_.empty() ? "" : " in [" + prefix_ + "]"));
-  }
   const toml::table* t_;
   std::string prefix_;
   std::string file_;
   SourcePos table_pos_;
 };
 
-RouteConfig read_route(const Reader& r, const std::filesystem::path& base_dir) {
+RouteConfig read_route(const toml::table& t, const std::string& file, const std::filesystem::path& base_dir) {
+  const Reader r(&t, "route", file, pos_of(file, t));
   RouteConfig rc;
   rc.pos = r.table_pos();
-  rc.name = r.str("name");
+  read_bound(t, "route", file, rc.pos, Target{nullptr, &rc});
+
   static const std::regex kName("[A-Za-z0-9_.-]{1,64}");
   if (!std::regex_match(rc.name, kName))
     fail(r.pos_of_key("name"), "route.name", "\"" + rc.name + "\" must be 1-64 characters of [A-Za-z0-9_.-]");
-  rc.topic = r.str("topic");
   if (rc.topic.empty()) fail(r.pos_of_key("topic"), "route.topic", "must not be empty");
-  std::filesystem::path plugin = r.str("plugin");
-  rc.plugin = plugin.is_absolute() ? plugin : (base_dir / plugin).lexically_normal();
+  if (!rc.plugin.is_absolute()) rc.plugin = (base_dir / rc.plugin).lexically_normal();
   rc.plugin_pos = r.pos_of_key("plugin");
-  rc.concurrency = static_cast<int>(r.integer("concurrency"));
-  rc.call_timeout = r.duration("call_timeout");
-  rc.payload_check = r.boolean("payload_check");
-  rc.max_record_bytes = r.integer("max_record_bytes");
 
-  Reader key = r.sub("key");
+  // Only the field `from` names is kept.
+  const Reader key = r.sub("key");
   const std::string from = key.str("from");
   if (from == "key") {
     rc.key_source = KeySource::MessageKey;
+    rc.key_header.clear();
+    rc.key_json_path.clear();
   } else if (from == "header") {
     rc.key_source = KeySource::Header;
-    rc.key_header = key.str("header");
+    rc.key_json_path.clear();
     if (rc.key_header.empty()) fail(key.table_pos(), "route.key.header", "required when from = \"header\"");
   } else if (from == "json") {
     rc.key_source = KeySource::JsonField;
-    rc.key_json_path = key.str("json");
+    rc.key_header.clear();
     if (rc.key_json_path.empty()) fail(key.table_pos(), "route.key.json", "required when from = \"json\"");
   } else {
     fail(key.pos_of_key("from"), "route.key.from", "must be \"key\", \"header\" or \"json\", not \"" + from + "\"");
   }
 
-  Reader retry = r.sub("retry");
-  rc.retry.max_attempts = static_cast<int>(retry.integer("max_attempts"));
-  rc.retry.backoff_initial = retry.duration("backoff_initial");
-  rc.retry.backoff_max = retry.duration("backoff_max");
+  const Reader retry = r.sub("retry");
   if (rc.retry.backoff_max < rc.retry.backoff_initial)
     fail(retry.table_pos(), "route.retry.backoff_max", "must not be smaller than backoff_initial");
-  rc.retry.topics = retry.duration_list("topics");
 
-  Reader dlq = r.sub("dlq");
-  rc.dlq.enabled = dlq.boolean("enabled");
-  rc.dlq.topic = dlq.str("topic");
+  const Reader dlq = r.sub("dlq");
   if (rc.dlq.topic.empty()) rc.dlq.topic = rc.topic + ".dlq";
   if (rc.dlq.topic == rc.topic) fail(dlq.pos_of_key("topic"), "route.dlq.topic", "must differ from the source topic");
 
   if (const toml::node* opts = r.node("options")) {
     for (const auto& [k, v] : *opts->as_table()) {
+      const std::string name(k.str());
       OptionValue ov;
-      ov.pos = pos_of(r.table_pos().file, v);
+      ov.pos = pos_of(file, v);
       ov.toml_type = v.is_string()    ? OptionValue::TomlType::String
                      : v.is_integer() ? OptionValue::TomlType::Integer
                      : v.is_boolean() ? OptionValue::TomlType::Boolean
                                       : OptionValue::TomlType::Float;
-      ov.text = v.is_string() ? expand_env(**v.as_string(), ov.pos, "route.options." + std::string(k.str()))
+      ov.text = v.is_string() ? expand_env(**v.as_string(), ov.pos, "route.options." + name, looks_secret(name))
                               : scalar_text(v);
-      rc.options.emplace(std::string(k.str()), std::move(ov));
+      rc.options.emplace(name, std::move(ov));
     }
   }
   return rc;
@@ -404,45 +337,29 @@ std::string default_host_id() {
 Config build(const toml::table& doc, const std::string& file, const std::filesystem::path& base_dir) {
   check_table(doc, "", file);
   const SourcePos top{file, 1, 1};
-  Reader root(&doc, "", file, top);
   if (!doc.contains("kafka")) fail(top, "kafka", "required section [kafka] is missing");
   if (!doc.contains("database")) fail(top, "database", "required section [database] is missing");
   if (!doc.contains("route")) fail(top, "route", "at least one [[route]] is required");
 
   Config c;
   c.file = file;
+  read_bound(doc, "", file, top, Target{&c, nullptr});
 
-  Reader host = root.sub("host");
-  c.host.id = host.str("id");
+  // Defaults that are not constants, and checks across fields.
+  const Reader root(&doc, "", file, top);
+  const Reader host = root.sub("host");
   if (c.host.id.empty()) c.host.id = default_host_id();
   if (c.host.id.size() > 96 || c.host.id.find('#') != std::string::npos)
     fail(host.pos_of_key("id"), "host.id", "must be at most 96 characters and contain no '#'");
-  c.host.max_in_flight = static_cast<int>(host.integer("max_in_flight"));
-  c.host.max_buffered_records = static_cast<int>(host.integer("max_buffered_records"));
-  c.host.shutdown_grace = host.duration("shutdown_grace");
-  c.host.log_level = host.str("log_level");
   static const std::set<std::string> kLevels{"trace", "debug", "info", "warn", "error"};
   if (!kLevels.count(c.host.log_level))
     fail(host.pos_of_key("log_level"), "host.log_level", "must be one of trace, debug, info, warn, error");
-  c.host.admin_listen = host.str("admin_listen");
+  if (!c.host.admin_listen.empty() && !parse_host_port(c.host.admin_listen))
+    fail(host.pos_of_key("admin_listen"), "host.admin_listen",
+         "must be an IP address and a port 0..65535 such as \"127.0.0.1:9464\" or \"[::1]:9464\", not \"" +
+             c.host.admin_listen + "\"");
 
-  Reader kafka = root.sub("kafka");
-  c.kafka.bootstrap_servers = kafka.str("bootstrap_servers");
-  c.kafka.group_id = kafka.str("group_id");
-  c.kafka.max_poll_records = static_cast<int>(kafka.integer("max_poll_records"));
-  c.kafka.poll_timeout = kafka.duration("poll_timeout");
-  c.kafka.commit_interval = kafka.duration("commit_interval");
-  c.kafka.stall_timeout = kafka.duration("stall_timeout");
-  c.kafka.properties = kafka.string_map("properties");
-  c.kafka.consumer_properties = kafka.string_map("consumer");
-  c.kafka.producer_properties = kafka.string_map("producer");
-
-  Reader db = root.sub("database");
-  c.database.host = db.str("host");
-  c.database.port = static_cast<int>(db.integer("port"));
-  c.database.socket = db.str("socket");
-  c.database.user = db.str("user");
-  c.database.password = db.str("password");
+  const Reader db = root.sub("database");
   const std::string password_env = db.str("password_env");
   if (!password_env.empty()) {
     const char* v = std::getenv(password_env.c_str());
@@ -451,30 +368,14 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
            "environment variable " + password_env + " is not set");
     c.database.password = v;
   }
-  c.database.database = db.str("database");
-  c.database.pool_size = static_cast<int>(db.integer("pool_size"));
-  c.database.connect_timeout = db.duration("connect_timeout");
-  c.database.reconnect_backoff_max = db.duration("reconnect_backoff_max");
 
-  Reader claim = root.sub("claim");
-  c.claim.lease = claim.duration("lease");
-  c.claim.wait_recheck = claim.duration("wait_recheck");
-  c.claim.retention_days = static_cast<int>(claim.integer("retention_days"));
-  c.claim.horizon_margin_days = static_cast<int>(claim.integer("horizon_margin_days"));
+  const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)
     fail(claim.pos_of_key("horizon_margin_days"), "claim.horizon_margin_days", "must be smaller than retention_days");
-  c.claim.max_future_skew = claim.duration("max_future_skew");
-  c.claim.apply_schema = claim.boolean("apply_schema");
-  c.claim.max_takeovers = static_cast<int>(claim.integer("max_takeovers"));
-  c.claim.flush_linger = claim.duration("flush_linger");
-  c.claim.stuck_after = claim.duration("stuck_after");
-  c.claim.reconcile_interval = claim.duration("reconcile_interval");
 
   std::set<std::string> names, topics;
   for (const auto& elem : *doc.get("route")->as_array()) {
-    const toml::table& t = *elem.as_table();
-    Reader r(&t, "route", file, pos_of(file, t));
-    RouteConfig rc = read_route(r, base_dir);
+    RouteConfig rc = read_route(*elem.as_table(), file, base_dir);
     if (!names.insert(rc.name).second) fail(rc.pos, "route.name", "duplicate route name \"" + rc.name + "\"");
     if (!topics.insert(rc.topic).second)
       fail(rc.pos, "route.topic", "topic \"" + rc.topic + "\" already has a route (one route per topic)");
@@ -528,31 +429,6 @@ Config load_file(const std::filesystem::path& path) {
 
 Config load_string(const std::string& text, const std::string& name) {
   return parse(text, name, std::filesystem::current_path());
-}
-
-std::string reference_markdown() {
-  std::ostringstream os;
-  os << "# Configuration reference\n\n"
-        "Generated by `idemsink config-reference` from the declarations in `core/config/config.cc`; do not edit.\n\n"
-        "Unknown keys and values of the wrong type or out of bounds are errors naming the file, line and key. "
-        "String values may use `${ENV_VAR}`; an unset variable is an error. Durations are strings with a unit: "
-        "`ms`, `s`, `m`, `h`, `d`.\n";
-  for (const auto& s : kSettings) {
-    if (s.type == Type::Section || s.type == Type::SectionArray) {
-      const bool array = s.type == Type::SectionArray;
-      os << "\n## " << (array ? "[[" : "[") << s.path << (array ? "]]" : "]") << "\n\n" << s.doc;
-      if (s.required) os << " Required.";
-      os << "\n\n| key | type | default | bounds | description |\n|---|---|---|---|---|\n";
-      continue;
-    }
-    std::string_view key = s.path.substr(s.path.find('.') + 1);
-    std::string bounds;
-    if (s.type == Type::Int) bounds = std::to_string(s.min) + " .. " + std::to_string(s.max);
-    if (s.type == Type::Duration) bounds = std::to_string(s.min) + "ms .. " + std::to_string(s.max) + "ms";
-    std::string def = s.required ? "required" : (s.default_value.empty() ? "" : "`" + std::string(s.default_value) + "`");
-    os << "| `" << key << "` | " << type_name(s.type) << " | " << def << " | " << bounds << " | " << s.doc << " |\n";
-  }
-  return os.str();
 }
 
 }  // namespace idemsink::config

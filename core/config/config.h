@@ -1,8 +1,10 @@
 // Host configuration: the typed result of reading and validating a TOML file.
 //
-// Every setting is declared once in settings.cc (name, type, default, bounds,
+// Every setting is declared once in config.cc (name, field, default, bounds,
 // doc). Loading rejects unknown keys and bad values with an error naming the
 // file, line and key; conf/CONFIGURATION.md is generated from the same table.
+// The structs below carry no defaults of their own: a default-constructed one
+// is zero/empty, and only loading fills in the declared defaults.
 #pragma once
 
 #include <chrono>
@@ -35,56 +37,56 @@ struct SourcePos {
 
 struct HostConfig {
   std::string id;                 // stable identity; owner prefix of claims
-  int max_in_flight = 2000;       // handler calls in flight, all routes
-  int max_buffered_records = 20000;
-  Millis shutdown_grace{30000};
-  std::string log_level = "info";
+  int max_in_flight{};            // handler calls in flight, all routes
+  int max_buffered_records{};
+  Millis shutdown_grace{};
+  std::string log_level;
   std::string admin_listen;       // "" = no admin HTTP server
 };
 
 struct KafkaConfig {
   std::string bootstrap_servers;
   std::string group_id;
-  int max_poll_records = 500;
-  Millis poll_timeout{100};
-  Millis commit_interval{1000};
-  Millis stall_timeout{30000};
+  int max_poll_records{};
+  Millis poll_timeout{};
+  Millis commit_interval{};
+  Millis stall_timeout{};
   std::map<std::string, std::string> properties;           // both clients
   std::map<std::string, std::string> consumer_properties;  // consumer only
   std::map<std::string, std::string> producer_properties;  // DLQ producer only
 };
 
 struct DatabaseConfig {
-  std::string host = "127.0.0.1";
-  int port = 3306;
+  std::string host;
+  int port{};
   std::string socket;
-  std::string user = "root";
+  std::string user;
   std::string password;  // resolved from password or password_env; never logged
   std::string database;
-  int pool_size = 4;
-  Millis connect_timeout{5000};
-  Millis reconnect_backoff_max{5000};
+  int pool_size{};
+  Millis connect_timeout{};
+  Millis reconnect_backoff_max{};
 };
 
 struct ClaimConfig {
-  Millis lease{30000};
-  Millis wait_recheck{1000};
-  int retention_days = 90;
-  int horizon_margin_days = 7;
-  Millis max_future_skew{3600000};
-  bool apply_schema = true;
-  int max_takeovers = 5;
-  Millis flush_linger{5};
-  Millis stuck_after{600000};
-  Millis reconcile_interval{60000};
+  Millis lease{};
+  Millis wait_recheck{};
+  int retention_days{};
+  int horizon_margin_days{};
+  Millis max_future_skew{};
+  bool apply_schema{};
+  int max_takeovers{};
+  Millis flush_linger{};
+  Millis stuck_after{};
+  Millis reconcile_interval{};
 };
 
 enum class KeySource { MessageKey, Header, JsonField };
 
 struct RetryConfig {
-  int max_attempts = 5;
-  Millis backoff_initial{200};
-  Millis backoff_max{30000};
+  int max_attempts{};
+  Millis backoff_initial{};
+  Millis backoff_max{};
   /// Delayed retry topics: empty = retry in place. Otherwise a failed call
   /// forwards the record to "<topic>.retry.N" to be retried after topics[N-1].
   std::vector<Millis> topics;
@@ -94,15 +96,15 @@ struct RetryConfig {
 };
 
 struct DlqConfig {
-  bool enabled = true;
-  std::string topic;  // default "<topic>.dlq"
+  bool enabled{};
+  std::string topic;  // loading defaults it to "<topic>.dlq"
 };
 
 /// A handler option as written in [route.options]; typed against the
 /// plugin's declarations when the plugin is loaded.
 struct OptionValue {
   enum class TomlType { String, Integer, Float, Boolean } toml_type;
-  std::string text;  // the value as text (strings verbatim, numbers in decimal)
+  std::string text;  // the value as text (strings after ${} expansion, numbers in decimal)
   SourcePos pos;
 };
 
@@ -111,13 +113,13 @@ struct RouteConfig {
   std::string topic;
   std::filesystem::path plugin;
   SourcePos plugin_pos;
-  KeySource key_source = KeySource::MessageKey;
+  KeySource key_source{};     // MessageKey
   std::string key_header;
   std::string key_json_path;  // dotted path, e.g. "order.id"
-  int concurrency = 0;        // 0 = only the host-wide cap
-  Millis call_timeout{30000};
-  bool payload_check = true;
-  int64_t max_record_bytes = 1 << 20;
+  int concurrency{};          // 0 = only the host-wide cap
+  Millis call_timeout{};
+  bool payload_check{};
+  int64_t max_record_bytes{};
   RetryConfig retry;
   DlqConfig dlq;
   std::map<std::string, OptionValue> options;

@@ -1,5 +1,7 @@
 #include "core/kafka/client.h"
 
+#include "core/common/util.h"
+
 namespace idemsink::kafka {
 
 rd_kafka_conf_t* make_conf(const std::map<std::string, std::string>& props) {
@@ -8,7 +10,14 @@ rd_kafka_conf_t* make_conf(const std::map<std::string, std::string>& props) {
   for (const auto& [k, v] : props) {
     if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK) {
       rd_kafka_conf_destroy(conf);
-      throw KafkaError("kafka property " + k + "=" + v + ": " + err);
+      if (!looks_secret(k)) throw KafkaError("kafka property " + k + "=" + v + ": " + err);
+      // librdkafka may quote the rejected value in its reason.
+      static constexpr std::string_view kHidden = "(value hidden)";
+      std::string reason = err;
+      if (!v.empty())
+        for (size_t at = reason.find(v); at != std::string::npos; at = reason.find(v, at + kHidden.size()))
+          reason.replace(at, v.size(), kHidden);
+      throw KafkaError("kafka property " + k + " (value hidden): " + reason);
     }
   }
   return conf;

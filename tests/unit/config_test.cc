@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/config/config.h"
+#include "core/kafka/client.h"
 
 using namespace idemsink::config;
 
@@ -22,15 +23,27 @@ topic = "orders"
 plugin = "/opt/plugins/waybill.so"
 )";
 
-// Expects load_string to throw a ConfigError whose message contains every fragment.
-void expect_error(const std::string& text, std::initializer_list<std::string> fragments) {
+// The message of the ConfigError load_string throws for `text`.
+std::string error_of(const std::string& text) {
   try {
     load_string(text, "test.toml");
-    BOOST_FAIL("expected a config error");
   } catch (const ConfigError& e) {
-    const std::string msg = e.what();
-    for (const auto& f : fragments) BOOST_TEST(msg.find(f) != std::string::npos, "'" << f << "' not in: " << msg);
+    return e.what();
   }
+  BOOST_FAIL("expected a config error");
+  return "";
+}
+
+// Expects load_string to throw a ConfigError whose message contains every fragment.
+void expect_error(const std::string& text, std::initializer_list<std::string> fragments) {
+  const std::string msg = error_of(text);
+  for (const auto& f : fragments) BOOST_TEST(msg.find(f) != std::string::npos, "'" << f << "' not in: " << msg);
+}
+
+// A config whose [kafka] section ends with `kafka_tail` (lines from 3 on).
+std::string with_kafka(const std::string& kafka_tail) {
+  return "[kafka]\nbootstrap_servers = \"b:9092\"\n" + kafka_tail +
+         "\n[database]\ndatabase = \"shop\"\n[[route]]\nname = \"a\"\ntopic = \"t\"\nplugin = \"/p.so\"\n";
 }
 
 }  // namespace
@@ -147,4 +160,162 @@ BOOST_AUTO_TEST_CASE(shipped_configs_load) {
   BOOST_TEST(prod.database.password == std::string(std::getenv("IDEMSINK_DB_PASSWORD")));
   Config demo = load_file(dir + "demo.toml");
   BOOST_TEST(demo.routes.size() == 4u);
+}
+
+BOOST_AUTO_TEST_CASE(defaults_come_from_the_declarations) {
+  // The structs carry no defaults of their own: every value below is the table's.
+  Config c = load_string(kMinimal, "test.toml");
+  BOOST_TEST(c.host.max_buffered_records == 20000);
+  BOOST_TEST(c.host.shutdown_grace.count() == 30000);
+  BOOST_TEST(c.host.log_level == "info");
+  BOOST_TEST(c.host.admin_listen.empty());
+  BOOST_TEST(c.kafka.poll_timeout.count() == 100);
+  BOOST_TEST(c.kafka.commit_interval.count() == 1000);
+  BOOST_TEST(c.kafka.stall_timeout.count() == 30000);
+  BOOST_TEST(c.database.host == "127.0.0.1");
+  BOOST_TEST(c.database.port == 3306);
+  BOOST_TEST(c.database.user == "root");
+  BOOST_TEST(c.database.pool_size == 4);
+  BOOST_TEST(c.database.connect_timeout.count() == 5000);
+  BOOST_TEST(c.database.reconnect_backoff_max.count() == 5000);
+  BOOST_TEST(c.claim.wait_recheck.count() == 1000);
+  BOOST_TEST(c.claim.horizon_margin_days == 7);
+  BOOST_TEST(c.claim.max_future_skew.count() == 3600000);
+  BOOST_TEST(c.claim.apply_schema);
+  BOOST_TEST(c.claim.max_takeovers == 5);
+  BOOST_TEST(c.claim.flush_linger.count() == 5);
+  BOOST_TEST(c.claim.stuck_after.count() == 600000);
+  BOOST_TEST(c.claim.reconcile_interval.count() == 60000);
+  const RouteConfig& r = c.routes.at(0);
+  BOOST_TEST(r.concurrency == 0);
+  BOOST_TEST(r.call_timeout.count() == 30000);
+  BOOST_TEST(r.payload_check);
+  BOOST_TEST(r.max_record_bytes == 1048576);
+  BOOST_TEST(r.retry.backoff_initial.count() == 200);
+  BOOST_TEST(r.retry.backoff_max.count() == 30000);
+  BOOST_TEST(r.retry.topics.empty());
+  BOOST_TEST(r.dlq.enabled);
+}
+
+BOOST_AUTO_TEST_CASE(set_values_reach_their_fields) {
+  Config c = load_string(kMinimal +
+                             "concurrency = 7\ncall_timeout = \"2s\"\npayload_check = false\nmax_record_bytes = 4096\n"
+                             "key = { from = \"header\", header = \"order-no\", json = \"unused\" }\n"
+                             "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"1s\"\nbackoff_max = \"1m\"\n"
+                             "topics = [\"10s\", \"5m\"]\n[route.dlq]\nenabled = false\ntopic = \"dead\"\n"
+                             "[claim]\nretention_days = 30\nhorizon_margin_days = 3\napply_schema = false\n"
+                             "[host]\nmax_in_flight = 10\nadmin_listen = \"127.0.0.1:0\"\n",
+                         "test.toml");
+  BOOST_TEST(c.host.max_in_flight == 10);
+  BOOST_TEST(c.host.admin_listen == "127.0.0.1:0");
+  BOOST_TEST(c.claim.retention_days == 30);
+  BOOST_TEST(c.claim.horizon_margin_days == 3);
+  BOOST_TEST(!c.claim.apply_schema);
+  const RouteConfig& r = c.routes.at(0);
+  BOOST_TEST(r.concurrency == 7);
+  BOOST_TEST(r.call_timeout.count() == 2000);
+  BOOST_TEST(!r.payload_check);
+  BOOST_TEST(r.max_record_bytes == 4096);
+  BOOST_TEST((r.key_source == KeySource::Header));
+  BOOST_TEST(r.key_header == "order-no");
+  BOOST_TEST(r.key_json_path.empty());  // only the source `from` names is kept
+  BOOST_TEST(r.retry.max_attempts == 3);
+  BOOST_TEST(r.retry.backoff_initial.count() == 1000);
+  BOOST_TEST(r.retry.backoff_max.count() == 60000);
+  BOOST_REQUIRE(r.retry.topics.size() == 2u);
+  BOOST_TEST(r.retry.topics[1].count() == 300000);
+  BOOST_TEST(!r.dlq.enabled);
+  BOOST_TEST(r.dlq.topic == "dead");
+}
+
+BOOST_AUTO_TEST_CASE(shipped_kafka_password_comes_from_the_environment) {
+  // The value is taken as it is: no second expansion of what the variable holds.
+  const std::string password = "pa$$w0rd-${NOT_EXPANDED}";
+  ::setenv("KAFKA_PASSWORD", password.c_str(), 1);
+  for (const char* var : {"HOSTNAME", "IDEMSINK_DB_PASSWORD"}) ::setenv(var, "x", 0);
+  Config prod = load_file(std::string(IDEMSINK_SOURCE_DIR) + "/conf/idemsink.toml");
+  BOOST_TEST(prod.kafka.properties.at("sasl.password") == password);
+  BOOST_TEST(prod.kafka.properties.at("sasl.username") == "idemsink");
+}
+
+BOOST_AUTO_TEST_CASE(every_kafka_map_expands_the_environment) {
+  ::setenv("IDEMSINK_TEST_CLIENT", "sink-7", 1);
+  Config c = load_string(with_kafka("[kafka.properties]\n\"client.id\" = \"${IDEMSINK_TEST_CLIENT}\"\n"
+                                    "[kafka.consumer]\n\"group.instance.id\" = \"${IDEMSINK_TEST_CLIENT}-c\"\n"
+                                    "[kafka.producer]\n\"linger.ms\" = 5\n"
+                                    "\"client.id\" = \"p-${IDEMSINK_TEST_CLIENT}\"\n"),
+                         "test.toml");
+  BOOST_TEST(c.kafka.properties.at("client.id") == "sink-7");
+  BOOST_TEST(c.kafka.consumer_properties.at("group.instance.id") == "sink-7-c");
+  BOOST_TEST(c.kafka.producer_properties.at("client.id") == "p-sink-7");
+  BOOST_TEST(c.kafka.producer_properties.at("linger.ms") == "5");
+  expect_error(with_kafka("[kafka.consumer]\n\"client.id\" = \"${IDEMSINK_TEST_UNSET_VAR}\"\n"),
+               {"test.toml:4:", "kafka.consumer.client.id", "IDEMSINK_TEST_UNSET_VAR is not set"});
+}
+
+BOOST_AUTO_TEST_CASE(double_dollar_is_a_literal_dollar) {
+  Config c = load_string(with_kafka("[kafka.properties]\n\"sasl.password\" = \"a$$b$${HOME}c$d$\"\n"), "test.toml");
+  BOOST_TEST(c.kafka.properties.at("sasl.password") == "a$b${HOME}c$d$");
+  Config o = load_string(kMinimal + "[route.options]\nprice = \"$$5\"\n", "test.toml");
+  BOOST_TEST(o.routes[0].options.at("price").text == "$5");
+}
+
+BOOST_AUTO_TEST_CASE(expansion_errors_never_show_a_secret) {
+  const std::string kafka = error_of(with_kafka("[kafka.properties]\n\"sasl.password\" = \"hunter2${oops\"\n"));
+  BOOST_TEST(kafka.find("test.toml:4:") != std::string::npos, kafka);
+  BOOST_TEST(kafka.find("kafka.properties.sasl.password") != std::string::npos, kafka);
+  BOOST_TEST(kafka.find("unterminated") != std::string::npos, kafka);
+  BOOST_TEST(kafka.find("hunter2") == std::string::npos, kafka);
+  BOOST_TEST(kafka.find("oops") == std::string::npos, kafka);
+
+  std::string text = kMinimal;
+  text.replace(text.find("database = \"shop\""), 17, "database = \"shop\"\npassword = \"s3cr3t${x y}\"");
+  const std::string db = error_of(text);
+  BOOST_TEST(db.find("database.password") != std::string::npos, db);
+  BOOST_TEST(db.find("s3cr3t") == std::string::npos, db);
+
+  const std::string opt = error_of(kMinimal + "[route.options]\napi_token = \"tok-123${IDEMSINK_TEST_UNSET_VAR}\"\n");
+  BOOST_TEST(opt.find("route.options.api_token") != std::string::npos, opt);
+  BOOST_TEST(opt.find("tok-123") == std::string::npos, opt);
+  BOOST_TEST(opt.find("IDEMSINK_TEST_UNSET_VAR") == std::string::npos, opt);
+
+  // A key that is not secret-looking keeps its text in the message.
+  expect_error(with_kafka("[kafka.properties]\n\"client.id\" = \"abc${oops\"\n"), {"unterminated", "abc${oops"});
+}
+
+BOOST_AUTO_TEST_CASE(rejected_kafka_properties_never_show_a_secret) {
+  try {
+    rd_kafka_conf_destroy(idemsink::kafka::make_conf({{"sasl.no.such.token", "hunter2-value"}}));
+    BOOST_FAIL("expected librdkafka to reject the property");
+  } catch (const idemsink::kafka::KafkaError& e) {
+    const std::string msg = e.what();
+    BOOST_TEST(msg.find("sasl.no.such.token") != std::string::npos, msg);
+    BOOST_TEST(msg.find("hunter2") == std::string::npos, msg);
+  }
+  try {
+    rd_kafka_conf_destroy(idemsink::kafka::make_conf({{"enable.auto.commit", "maybe"}}));
+    BOOST_FAIL("expected librdkafka to reject the property");
+  } catch (const idemsink::kafka::KafkaError& e) {
+    const std::string msg = e.what();
+    BOOST_TEST(msg.find("enable.auto.commit") != std::string::npos, msg);
+    BOOST_TEST(msg.find("maybe") != std::string::npos, msg);  // not a secret: shown
+  }
+}
+
+BOOST_AUTO_TEST_CASE(durations_that_overflow_are_errors) {
+  // 213503982335d is 2^64 ms and a little more: it must not wrap into bounds.
+  const std::string claim = kMinimal + "\n[claim]\nstuck_after = ";
+  expect_error(claim + "\"213503982335d\"\n", {"test.toml:13:", "claim.stuck_after", "duration"});
+  expect_error(claim + "\"9223372036854775808ms\"\n", {"test.toml:13:", "claim.stuck_after", "duration"});
+  expect_error(claim + "\"106751991167d\"\n", {"test.toml:13:", "claim.stuck_after", "between"});  // fits, too long
+}
+
+BOOST_AUTO_TEST_CASE(admin_listen_must_be_an_address_and_a_port) {
+  for (const char* ok : {"127.0.0.1:9464", "0.0.0.0:0", "127.0.0.1:65535", "[::1]:9464", "[::]:80"}) {
+    Config c = load_string(kMinimal + "\n[host]\nadmin_listen = \"" + ok + "\"\n", "test.toml");
+    BOOST_TEST(c.host.admin_listen == ok);
+  }
+  for (const char* bad : {"127.0.0.1:70000", "127.0.0.1:65536", "127.0.0.1", "127.0.0.1:", ":9464", "127.0.0.1:94x4",
+                          "localhost:9464", "::1:9464", "[::1]", "127.0.0.1:-1"})
+    expect_error(kMinimal + "\n[host]\nadmin_listen = \"" + bad + "\"\n", {"test.toml:13:", "host.admin_listen", bad});
 }

@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE util
 #include <boost/test/unit_test.hpp>
+#include <cstdint>
 #include <set>
 
 #include "core/claim/claim_store.h"
@@ -17,6 +18,42 @@ BOOST_AUTO_TEST_CASE(durations_need_a_unit) {
   BOOST_TEST(!parse_duration("-1s").has_value());
   BOOST_TEST(!parse_duration("1 s").has_value());
   BOOST_TEST(!parse_duration("s").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(durations_whose_milliseconds_overflow_are_refused) {
+  BOOST_TEST(parse_duration("9223372036854775807ms")->count() == INT64_MAX);
+  BOOST_TEST(!parse_duration("9223372036854775808ms").has_value());
+  BOOST_TEST(parse_duration("9223372036854775s")->count() == 9223372036854775000LL);
+  BOOST_TEST(!parse_duration("9223372036854776s").has_value());
+  BOOST_TEST(parse_duration("106751991167d")->count() == 106751991167LL * 86400000);
+  BOOST_TEST(!parse_duration("106751991168d").has_value());
+  BOOST_TEST(!parse_duration("213503982335d").has_value());  // 2^64 ms and a little: used to wrap to 9.5 h
+  BOOST_TEST(!parse_duration("153722867280913m").has_value());
+  BOOST_TEST(!parse_duration("2562047788016h").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(listen_addresses_are_ip_and_port) {
+  auto v4 = parse_host_port("127.0.0.1:9464");
+  BOOST_REQUIRE(v4.has_value());
+  BOOST_TEST(v4->host == "127.0.0.1");
+  BOOST_TEST(v4->port == 9464);
+  auto v6 = parse_host_port("[::1]:65535");
+  BOOST_REQUIRE(v6.has_value());
+  BOOST_TEST(v6->host == "::1");
+  BOOST_TEST(v6->port == 65535);
+  BOOST_TEST(parse_host_port("0.0.0.0:0")->port == 0);
+  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:70000", "127.0.0.1:999999", "127.0.0.1:", "127.0.0.1",
+                          ":9464", "[]:9464", "localhost:9464", "::1:9464", "[::1]", "[127.0.0.1]:80",
+                          "127.0.0.1:+80", "127.0.0.1:-1", "127.0.0.1: 80", "1.2.3:80"})
+    BOOST_TEST(!parse_host_port(bad).has_value(), bad);
+}
+
+BOOST_AUTO_TEST_CASE(secret_looking_names) {
+  for (const char* name : {"sasl.password", "ssl.key.location", "ssl.keystore.password",
+                           "sasl.oauthbearer.client.secret", "API_TOKEN", "Password", "password_env"})
+    BOOST_TEST(looks_secret(name), name);
+  for (const char* name : {"bootstrap.servers", "session.timeout.ms", "client.id", "endpoint", ""})
+    BOOST_TEST(!looks_secret(name), name);
 }
 
 BOOST_AUTO_TEST_CASE(uuids_are_v4_and_distinct) {
