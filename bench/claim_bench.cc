@@ -9,7 +9,7 @@
 #include "core/claim/claim_store.h"
 #include "core/claim/schema.h"
 #include "core/common/util.h"
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 
 using namespace idemsink;
 using Clock = std::chrono::steady_clock;

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "examples/devkit/mariadb_server.h"
-#include "examples/devkit/services.h"
+#include "devkit/mariadb_server.h"
+#include "devkit/services.h"
 
 using namespace idemsink;
 using namespace idemsink::devkit;

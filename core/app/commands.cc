@@ -5,20 +5,21 @@
 #include <iostream>
 #include <map>
 
+#include "core/claim/claim_store.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
 #include "core/pipeline/audit.h"
-#include "core/pipeline/host.h"
+#include "core/app/host.h"
 #include "core/pipeline/reconciler.h"
 
 namespace idemsink::app {
 
-int run(const config::Config& cfg) { return pipeline::run_host(cfg); }
+int run(const config::Config& cfg) { return run_host(cfg); }
 
 int check_config(const config::Config& cfg) {
-  auto libs = pipeline::load_route_plugins(cfg);
+  auto libs = load_route_plugins(cfg);
   std::cout << cfg.file.string() << ": ok\n";
   for (size_t i = 0; i < cfg.routes.size(); ++i) {
     const auto& r = cfg.routes[i];
@@ -30,13 +31,13 @@ int check_config(const config::Config& cfg) {
 }
 
 int schema(const config::Config& cfg, bool apply) {
-  auto libs = pipeline::load_route_plugins(cfg);
+  auto libs = load_route_plugins(cfg);
   if (apply) {
-    pipeline::apply_schema(cfg, libs);
+    apply_schema(cfg, libs);
     std::cout << "schema applied to " << cfg.database.database << "\n";
     return 0;
   }
-  for (const auto& stmt : pipeline::schema_statements(cfg, libs)) std::cout << stmt << ";\n\n";
+  for (const auto& stmt : schema_statements(cfg, libs)) std::cout << stmt << ";\n\n";
   return 0;
 }
 
@@ -58,22 +59,20 @@ namespace idemsink::app {
 
 int reconcile_list(const config::Config& cfg) {
   db::Connection c(cfg.database);
-  const std::string stuck_after = std::to_string(cfg.claim.stuck_after.count() * 1000);
-  auto rows = c.query(
-      "SELECT namespace, biz_key, status, idem_token, attempt, calls, IFNULL(last_error, ''), updated_at, src_topic, "
-      "src_partition, src_offset FROM idemsink_claim WHERE status = 4 OR (status = 1 AND (owner IS NULL OR "
-      "lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " + stuck_after + " MICROSECOND) ORDER BY updated_at");
+  const claim::ClaimStore store(cfg.host.id, cfg.host.id + "#cli", cfg.claim.lease);
+  const auto rows = store.unsettled(c, {}, cfg.claim.stuck_after, 100000, true);
   std::cout << rows.size() << " claim(s) need reconciliation\n";
-  for (const auto& r : rows)
-    std::cout << "  " << *r[0] << " key=" << printable(*r[1]) << " "
-              << (*r[2] == "4" ? "unknown" : "stuck-pending") << " token=" << *r[3] << " attempt=" << *r[4]
-              << " calls=" << *r[5] << " updated=" << *r[7] << " source=" << *r[8] << "[" << *r[9] << "]@" << *r[10]
-              << (r[6]->empty() ? "" : " error=\"" + *r[6] + "\"") << "\n";
+  for (const auto& u : rows)
+    std::cout << "  " << u.row.ns << " key=" << printable(u.row.biz_key) << " "
+              << (u.status == claim::Status::Unknown ? "unknown" : "stuck-pending") << " token=" << u.idem_token
+              << " attempt=" << u.attempt << " calls=" << u.calls << " updated=" << u.updated_at
+              << " source=" << u.src_topic << "[" << u.src_partition << "]@" << u.src_offset
+              << (u.last_error.empty() ? "" : " error=\"" + u.last_error + "\"") << "\n";
   return 0;
 }
 
 int reconcile_check(const config::Config& cfg) {
-  auto libs = pipeline::load_route_plugins(cfg);
+  auto libs = load_route_plugins(cfg);
   db::Connection c(cfg.database);
   size_t problems = 0, checks = 0;
   std::map<std::string, bool> seen;
@@ -98,7 +97,7 @@ int reconcile_check(const config::Config& cfg) {
 }
 
 int reconcile_ask(const config::Config& cfg) {
-  auto libs = pipeline::load_route_plugins(cfg);
+  auto libs = load_route_plugins(cfg);
   std::vector<std::unique_ptr<plugin::Instance>> instances;
   std::map<std::string, plugin::Instance*> handlers;
   for (size_t i = 0; i < cfg.routes.size(); ++i) {
@@ -126,13 +125,9 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
                       const std::string& note) {
   if (as != "done" && as != "failed") throw std::invalid_argument("--as must be done or failed");
   db::Connection c(cfg.database);
-  // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
-  const uint64_t n = c.execute(
-      "UPDATE idemsink_claim SET status = " + std::string(as == "done" ? "2" : "3") +
-      ", last_error = " + c.quote(sanitize_utf8("resolved by operator: " + note, 1024)) +
-      ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(token) +
-      " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
-  if (n == 0) {
+  const claim::ClaimStore store(cfg.host.id, cfg.host.id + "#cli", cfg.claim.lease);
+  const bool n = store.resolve_by_operator(c, token, as == "done" ? claim::Status::Done : claim::Status::Failed, note);
+  if (!n) {
     std::cerr << "no unknown or stuck claim has token " << token
               << " (it may be done, failed, or still held by a live host)\n";
     return 1;

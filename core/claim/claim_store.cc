@@ -351,6 +351,105 @@ void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const
             "owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")");
 }
 
+namespace {
+
+// "namespace = .. AND biz_key = .. AND bucket = ..": one exact row.
+std::string where_row(const RowKey& k) {
+  return "namespace = " + Connection::hex(k.ns) + " AND biz_key = " + Connection::hex(k.biz_key) +
+         " AND bucket = " + date_literal(k.bucket);
+}
+
+// Rows the pipeline let go of: unknown with no re-drive holding it, or
+// pending with nobody's lease (stuck, once old enough).
+constexpr std::string_view kLetGo =
+    "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR "
+    "(status = 1 AND (owner IS NULL OR lease_until < NOW(3))))";
+
+}  // namespace
+
+std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::span<const std::string> namespaces,
+                                                         std::chrono::milliseconds stuck_after, size_t limit,
+                                                         bool include_leased) const {
+  std::string where = include_leased ? "(status = 4" : "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3)))";
+  where += " OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
+           std::to_string(stuck_after.count() * 1000) + " MICROSECOND))";
+  if (!namespaces.empty()) {
+    std::string list;
+    for (const auto& ns : namespaces) list += (list.empty() ? "" : ", ") + Connection::hex(ns);
+    where = "namespace IN (" + list + ") AND " + where;
+  }
+  std::vector<Unsettled> out;
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, calls, idem_token, src_topic, "
+                         "src_partition, src_offset, IFNULL(last_error, ''), updated_at FROM idemsink_claim WHERE " +
+                         where + " ORDER BY updated_at LIMIT " + std::to_string(limit))) {
+    Unsettled u;
+    u.row = RowKey{*r[0], *r[1], *r[2]};
+    u.status = static_cast<Status>(std::stoi(*r[3]));
+    u.attempt = static_cast<uint32_t>(std::stoul(*r[4]));
+    u.calls = static_cast<uint32_t>(std::stoul(*r[5]));
+    u.idem_token = *r[6];
+    u.src_topic = *r[7];
+    u.src_partition = std::stoi(*r[8]);
+    u.src_offset = std::stoll(*r[9]);
+    u.last_error = *r[10];
+    u.updated_at = *r[11];
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+bool ClaimStore::resolve_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const {
+  return c.execute("UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(receipt) +
+                   ", last_error = 'reconciled: the effect happened', lease_until = NULL, updated_at = NOW(3) WHERE " +
+                   where_row(row) + " AND attempt = " + std::to_string(attempt) + " AND " + std::string(kLetGo)) == 1;
+}
+
+bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t attempt,
+                                  std::chrono::milliseconds hold) const {
+  return c.execute("UPDATE idemsink_claim SET attempt = attempt + 1, owner = " + c.quote(owner_) +
+                   ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
+                   " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " +
+                   std::to_string(attempt) + " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
+}
+
+bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,
+                                RedriveResult result, std::string_view detail) const {
+  std::string set;
+  switch (result) {
+    case RedriveResult::Applied:
+      set = "status = 2, receipt = " + Connection::hex(detail) + ", last_error = " +
+            c.quote("reconciled: not applied, re-driven once");
+      break;
+    case RedriveResult::Rejected:
+      set = "status = 3, last_error = " + c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), 1024));
+      break;
+    case RedriveResult::Undecided:
+      set = "last_error = " +
+            c.quote(sanitize_utf8("re-driven after reconcile, uncertain again: " + std::string(detail), 1024));
+      break;
+  }
+  return c.execute("UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(calls) +
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND status = 4 AND owner = " +
+                   c.quote(owner_) + " AND attempt = " + std::to_string(taken_attempt)) == 1;
+}
+
+bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token, Status as,
+                                     std::string_view note) const {
+  if (as != Status::Done && as != Status::Failed) throw std::invalid_argument("resolve_by_operator takes done or failed");
+  // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
+  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(static_cast<int>(as)) +
+                   ", last_error = " + c.quote(sanitize_utf8("resolved by operator: " + std::string(note), 1024)) +
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) +
+                   " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))") > 0;
+}
+
+uint64_t ClaimStore::count_stuck(Connection& c, std::chrono::milliseconds stuck_after) const {
+  auto rows = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = " + std::to_string(int(Status::Pending)) +
+                      " AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
+                      std::to_string(stuck_after.count() * 1000) + " MICROSECOND");
+  return rows.empty() ? 0 : std::stoull(*rows[0][0]);
+}
+
 uint64_t ClaimStore::renew(Connection& c) const {
   return c.execute("UPDATE idemsink_claim SET lease_until = " + lease_expr() + " WHERE owner = " + c.quote(owner_) +
                    " AND status = 1");

@@ -5,9 +5,17 @@
 //
 //   (none) ──insert──▶ pending ──mark_done──▶ done      (terminal)
 //                        │  ▲  ──mark_failed─▶ failed    (terminal)
-//                        │  │  ──mark_unknown▶ unknown   (terminal)
+//                        │  │  ──mark_unknown▶ unknown   (terminal in the pipeline)
 //                        └──┘ takeover: lease expired, released, or our own
 //                             host restarted; attempt+1 fences the old owner
+//
+// Reconciliation, the only exits from unknown and from a stuck pending row
+// (pending, nobody's lease, untouched for claim.stuck_after):
+//
+//   unknown / stuck ──resolve_applied──▶ done     the remote says it happened
+//   unknown ──take_for_redrive──▶ unknown, leased to us, attempt+1
+//           ──record_redrive───▶ done | failed | unknown (lease cleared)
+//   unknown / stuck ──resolve_by_operator──▶ done | failed
 //
 // Rules (seed 000): every transition is one conditional statement, never
 // SELECT-then-write; terminal rows never change; done/failed/unknown require
@@ -33,6 +41,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/db/connection.h"
@@ -126,8 +135,50 @@ class ClaimStore {
   /// Extends the lease of every pending row we own. Returns rows touched.
   uint64_t renew(db::Connection& c) const;
 
+  /// Pending rows nobody holds (no owner, or the lease ran out) untouched for
+  /// `stuck_after`, all hosts: records that will not come back on their own.
+  uint64_t count_stuck(db::Connection& c, std::chrono::milliseconds stuck_after) const;
+
   /// Re-reads the current state of rows (tests, reconcile).
   std::vector<ClaimResult> read(db::Connection& c, std::span<const RowKey> keys) const;
+
+  // ---- reconciliation
+
+  /// A claim the pipeline cannot finish by itself.
+  struct Unsettled {
+    RowKey row;
+    Status status = Status::Unknown;  // Unknown, or Pending when stuck
+    uint32_t attempt = 0;
+    uint32_t calls = 0;
+    std::string idem_token;
+    std::string src_topic;
+    int32_t src_partition = 0;
+    int64_t src_offset = 0;
+    std::string last_error;
+    std::string updated_at;
+  };
+  /// Unknown claims (only those no re-drive holds, unless `include_leased`)
+  /// and stuck pending ones, of `namespaces` (all when empty), oldest first.
+  std::vector<Unsettled> unsettled(db::Connection& c, std::span<const std::string> namespaces,
+                                   std::chrono::milliseconds stuck_after, size_t limit, bool include_leased) const;
+  /// The effect happened: an unknown or stuck row at `attempt` becomes done
+  /// with the receipt. False if the row moved on meanwhile.
+  bool resolve_applied(db::Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const;
+  /// Takes an unknown row at `attempt` that nobody holds for one re-drive:
+  /// attempt+1, owned by us, leased for `hold`; it stays unknown meanwhile.
+  bool take_for_redrive(db::Connection& c, const RowKey& row, uint32_t attempt, std::chrono::milliseconds hold) const;
+  enum class RedriveResult {
+    Applied,    ///< done with the receipt
+    Rejected,   ///< failed for good
+    Undecided,  ///< stays unknown, for the next round
+  };
+  /// Records a re-drive under the epoch take_for_redrive gave us. False if
+  /// our lease ran out and another host took the row (its result counts).
+  bool record_redrive(db::Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,
+                      RedriveResult result, std::string_view detail) const;
+  /// An operator's decision (done or failed) for the unknown or stuck row
+  /// with this token. False if no such row.
+  bool resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as, std::string_view note) const;
 
  private:
   struct Existing;

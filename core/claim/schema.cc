@@ -3,7 +3,6 @@
 #include <ctime>
 #include <set>
 
-#include "core/claim/dlq_outbox.h"
 
 namespace idemsink::claim {
 namespace {
@@ -76,7 +75,7 @@ std::string month_start(std::chrono::system_clock::time_point t, int months) {
   return year_month(t).plus(months).start();
 }
 
-std::vector<std::string> core_schema(std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
+std::string claim_table(std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
   std::string claim = kClaimTable;
   const YearMonth first = oldest_kept(now, opt.retention_days), last = year_month(now).plus(opt.months_ahead);
   for (YearMonth ym = first; !(last < ym); ym = ym.plus(1)) {
@@ -84,11 +83,11 @@ std::vector<std::string> core_schema(std::chrono::system_clock::time_point now, 
     claim += "\n  " + partition_def(ym);
   }
   claim += "\n)";
-  return {claim, DlqOutbox::schema()};
+  return claim;
 }
 
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
-  for (const auto& stmt : core_schema(now, opt)) c.execute(stmt);
+  c.execute(claim_table(now, opt));
 
   PartitionReport report;
   std::set<std::string> existing;

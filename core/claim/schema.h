@@ -1,4 +1,4 @@
-// DDL of the core tables and monthly partition maintenance.
+// DDL of the claim table and its monthly partition maintenance.
 //
 // Retention is DROP PARTITION, never DELETE (seed 000: seconds instead of
 // hours on a 700-million-row table, no undo). Partitions are created ahead of
@@ -20,9 +20,9 @@ struct SchemaOptions {
   int months_ahead = 3;
 };
 
-/// CREATE TABLE statements of the core tables, with partitions for the
-/// months from (now - retention) to (now + months_ahead).
-std::vector<std::string> core_schema(std::chrono::system_clock::time_point now, const SchemaOptions& opt);
+/// CREATE TABLE of the claim table, with partitions for the months from
+/// (now - retention) to (now + months_ahead).
+std::string claim_table(std::chrono::system_clock::time_point now, const SchemaOptions& opt);
 
 /// What maintain_partitions did.
 struct PartitionReport {
@@ -30,8 +30,9 @@ struct PartitionReport {
   std::vector<std::string> dropped;
 };
 
-/// Creates missing tables, adds partitions up to now + months_ahead and drops
-/// partitions whose month ended more than retention_days ago.
+/// Creates the claim table if missing, adds partitions up to now +
+/// months_ahead and drops partitions whose month ended more than
+/// retention_days ago.
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt);
 
 /// First day of the month `months` away from the month of `t`, "YYYY-MM-01".

@@ -27,7 +27,7 @@ KeyExtractor::KeyExtractor(KeyExtractor&&) noexcept = default;
 std::variant<std::string, KeyProblem> KeyExtractor::extract(const rd_kafka_message_t* msg) {
   switch (source_) {
     case config::KeySource::MessageKey:
-      if (msg->key == nullptr || msg->key_len == 0) return KeyProblem{"missing_key", "record has no key"};
+      if (msg->key == nullptr || msg->key_len == 0) return KeyProblem{dlq::Reason::MissingKey, "record has no key"};
       return std::string(static_cast<const char*>(msg->key), msg->key_len);
     case config::KeySource::Header: {
       rd_kafka_headers_t* hdrs = nullptr;
@@ -36,29 +36,29 @@ std::variant<std::string, KeyProblem> KeyExtractor::extract(const rd_kafka_messa
       if (rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
           rd_kafka_header_get_last(hdrs, header_.c_str(), &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR || v == nullptr ||
           n == 0)
-        return KeyProblem{"missing_key", "header " + header_ + " is missing or empty"};
+        return KeyProblem{dlq::Reason::MissingKey, "header " + header_ + " is missing or empty"};
       return std::string(static_cast<const char*>(v), n);
     }
     case config::KeySource::JsonField: {
-      if (msg->payload == nullptr || msg->len == 0) return KeyProblem{"undecodable_value", "empty value, expected JSON"};
+      if (msg->payload == nullptr || msg->len == 0) return KeyProblem{dlq::Reason::UndecodableValue, "empty value, expected JSON"};
       // The DOM parser validates the whole value: a record the handler could
       // not decode either is refused here, not halfway through its side effect.
       simdjson::dom::element doc;
       if (auto err = json_->parser.parse(static_cast<const char*>(msg->payload), msg->len).get(doc))
-        return KeyProblem{"undecodable_value", std::string("value is not JSON: ") + simdjson::error_message(err)};
+        return KeyProblem{dlq::Reason::UndecodableValue, std::string("value is not JSON: ") + simdjson::error_message(err)};
       simdjson::dom::element v;
-      if (doc.at_pointer(pointer_).get(v)) return KeyProblem{"missing_key", "JSON field " + pointer_ + " not found"};
+      if (doc.at_pointer(pointer_).get(v)) return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " not found"};
       if (v.is_string()) {
         std::string_view s = v.get_string().value_unsafe();
-        if (s.empty()) return KeyProblem{"missing_key", "JSON field " + pointer_ + " is empty"};
+        if (s.empty()) return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " is empty"};
         return std::string(s);
       }
       if (v.is_int64()) return std::to_string(v.get_int64().value_unsafe());
       if (v.is_uint64()) return std::to_string(v.get_uint64().value_unsafe());
-      return KeyProblem{"missing_key", "JSON field " + pointer_ + " is not a string or integer"};
+      return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " is not a string or integer"};
     }
   }
-  return KeyProblem{"missing_key", "no key source"};
+  return KeyProblem{dlq::Reason::MissingKey, "no key source"};
 }
 
 }  // namespace idemsink::pipeline

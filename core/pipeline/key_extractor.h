@@ -9,12 +9,13 @@
 #include <variant>
 
 #include "core/config/config.h"
+#include "core/dlq/reason.h"
 
 namespace idemsink::pipeline {
 
 /// Why a record has no usable biz_key; becomes the DLQ reason.
 struct KeyProblem {
-  std::string reason;  // missing_key, undecodable_value
+  dlq::Reason reason;  // MissingKey or UndecodableValue
   std::string detail;
 };
 

@@ -89,25 +89,19 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
   }
   running_ = true;
   pool_.submit("reconcile scan", [this, done, limit](Connection& c) {
-    std::string routes;
-    for (const auto& [name, h] : handlers_) routes += (routes.empty() ? "" : ", ") + Connection::hex(name);
-    const std::string stuck_after = std::to_string(cfg_.claim.stuck_after.count() * 1000);
+    std::vector<std::string> routes;
+    for (const auto& [name, h] : handlers_) routes.push_back(name);
     auto cands = std::make_shared<std::vector<Candidate>>();
-    for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, calls, idem_token, src_topic, "
-                           "src_partition, src_offset FROM idemsink_claim WHERE namespace IN (" + routes +
-                           ") AND ((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR (status = 1 AND "
-                           "(owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " + stuck_after +
-                           " MICROSECOND)) ORDER BY updated_at LIMIT " +
-                           std::to_string(limit))) {
+    for (auto& u : store_.unsettled(c, routes, cfg_.claim.stuck_after, limit, false)) {
       Candidate cand;
-      cand.row = claim::RowKey{*r[0], *r[1], *r[2]};
-      cand.status = static_cast<claim::Status>(std::stoi(*r[3]));
-      cand.attempt = static_cast<uint32_t>(std::stoul(*r[4]));
-      cand.calls = static_cast<uint32_t>(std::stoul(*r[5]));
-      cand.token = *r[6];
-      cand.src_topic = *r[7];
-      cand.src_partition = std::stoi(*r[8]);
-      cand.src_offset = std::stoll(*r[9]);
+      cand.row = std::move(u.row);
+      cand.status = u.status;
+      cand.attempt = u.attempt;
+      cand.calls = u.calls;
+      cand.token = std::move(u.idem_token);
+      cand.src_topic = std::move(u.src_topic);
+      cand.src_partition = u.src_partition;
+      cand.src_offset = u.src_offset;
       cands->push_back(std::move(cand));
     }
     if (!cands->empty()) {
@@ -167,15 +161,7 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
     pool_.submit("reconcile resolve", [this, cands, resolve, redrive, summary, finish](Connection& c) {
       for (size_t i : resolve) {
         const Candidate& cand = (*cands)[i];
-        const uint64_t n = c.execute(
-            "UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(cand.detail) +
-            ", last_error = " + c.quote(sanitize_utf8("reconciled: the effect happened", 1024)) +
-            ", lease_until = NULL, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
-            " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
-            "' AND attempt = " + std::to_string(cand.attempt) +
-            " AND ((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR "
-            "(status = 1 AND (owner IS NULL OR lease_until < NOW(3))))");
-        summary->applied += n;
+        if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) ++summary->applied;
       }
       // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
       //    no other host re-drives it meanwhile) and run it once more. The row
@@ -185,15 +171,8 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
       const auto lease = std::max<std::chrono::milliseconds>(cfg_.claim.lease, std::chrono::seconds(10));
       for (size_t i : redrive) {
         const Candidate& cand = (*cands)[i];
-        const auto hold = lease + cfg_.route_by_name(cand.row.ns)->call_timeout;
-        const uint64_t n = c.execute(
-            "UPDATE idemsink_claim SET attempt = attempt + 1, owner = " + c.quote(store_.owner()) +
-            ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
-            " MICROSECOND, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
-            " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
-            "' AND attempt = " + std::to_string(cand.attempt) +
-            " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))");
-        if (n == 1) owned.push_back(i);
+        if (store_.take_for_redrive(c, cand.row, cand.attempt, lease + cfg_.route_by_name(cand.row.ns)->call_timeout))
+          owned.push_back(i);
       }
       asio::post(io_, [this, cands, owned, summary, finish] {
         if (owned.empty()) {
@@ -222,26 +201,15 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
               pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
                 for (const auto& [idx, res] : *outcomes) {
                   const Candidate& cand = (*cands)[idx];
-                  std::string set;
-                  if (res.first == IDEMSINK_OUTCOME_OK) {
-                    set = "status = 2, receipt = " + Connection::hex(res.second) + ", last_error = " +
-                          c.quote("reconciled: not applied, re-driven once");
-                  } else if (res.first == IDEMSINK_OUTCOME_PERMANENT) {
-                    set = "status = 3, last_error = " +
-                          c.quote(sanitize_utf8("re-driven after reconcile: " + res.second, 1024));
-                  } else {
-                    set = "last_error = " +
-                          c.quote(sanitize_utf8("re-driven after reconcile, uncertain again: " + res.second, 1024));
-                  }
-                  const uint64_t n = c.execute(
-                      "UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(cand.calls + 1) +
-                      ", lease_until = NULL, updated_at = NOW(3) WHERE namespace = " + Connection::hex(cand.row.ns) +
-                      " AND biz_key = " + Connection::hex(cand.row.biz_key) + " AND bucket = DATE'" + cand.row.bucket +
-                      "' AND status = 4 AND owner = " + c.quote(store_.owner()) +
-                      " AND attempt = " + std::to_string(cand.attempt + 1));
-                  if (n == 0) continue;  // our lease ran out and another host took it: its result counts
-                  if (res.first == IDEMSINK_OUTCOME_OK) ++summary->redriven_done;
-                  else if (res.first == IDEMSINK_OUTCOME_PERMANENT) ++summary->failed;
+                  using Result = claim::ClaimStore::RedriveResult;
+                  const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
+                                        : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
+                                                                                  : Result::Undecided;
+                  // False: our lease ran out and another host took it; its result counts.
+                  if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
+                    continue;
+                  if (result == Result::Applied) ++summary->redriven_done;
+                  else if (result == Result::Rejected) ++summary->failed;
                   else ++summary->undecided;
                 }
                 asio::post(io_, [summary, finish] { finish(*summary); });

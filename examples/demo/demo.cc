@@ -25,8 +25,8 @@
 #include <thread>
 
 #include "core/db/connection.h"
-#include "examples/devkit/mariadb_server.h"
-#include "examples/devkit/services.h"
+#include "devkit/mariadb_server.h"
+#include "devkit/services.h"
 
 namespace po = boost::program_options;
 using namespace idemsink;

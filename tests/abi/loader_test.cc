@@ -7,7 +7,7 @@
 #include "core/plugin/calls.h"
 #include "core/plugin/plugin.h"
 #include "tests/support/mock_kafka.h"
-#include "examples/devkit/process.h"
+#include "devkit/process.h"
 
 using namespace idemsink;
 using idemsink::test::test_plugin_dir;

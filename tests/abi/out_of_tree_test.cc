@@ -1,6 +1,7 @@
 // The plugin author's path end to end: install idemsink, build the template
-// plugin out of tree with find_package(idemsink) + idemsink_add_plugin, look
-// at it with `idemsink plugin-info`, and run it in the installed host.
+// plugin and its unit test out of tree with find_package(idemsink) +
+// idemsink_add_plugin, run the unit test, look at the plugin with `idemsink
+// plugin-info`, and run it in the installed host.
 #define BOOST_TEST_MODULE out_of_tree
 #include <boost/test/unit_test.hpp>
 #include <signal.h>
@@ -8,7 +9,7 @@
 #include <set>
 
 #include "tests/support/host_fixture.h"
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
 
 using namespace idemsink;
@@ -41,6 +42,8 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
   run(dir, "build", {CMAKE_COMMAND, "--build", build});
   const std::string so = build + "/hello_handler.so";
   BOOST_REQUIRE(std::filesystem::exists(so));
+  // Its unit test, built with the plugin from the installed <idemsink/testing.h>.
+  run(dir, "unit-test", {build + "/hello_handler_test"});
 
   const std::string installed = prefix + "/bin/idemsink";
   const std::string info = run(dir, "plugin-info", {installed, "plugin-info", so});

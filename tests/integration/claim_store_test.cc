@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "core/claim/claim_store.h"
-#include "core/claim/dlq_outbox.h"
+#include "core/dlq/outbox.h"
 #include "core/claim/schema.h"
 #include "core/db/pool.h"
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 
 using namespace idemsink;
 using claim::ClaimRequest;
@@ -30,6 +30,7 @@ struct Db {
   explicit Db(const std::string& name) : cfg(devkit::MariaDbServer::shared().fresh_database(name)) {
     conn = std::make_unique<db::Connection>(cfg);
     claim::apply_schema(*conn, std::chrono::system_clock::now(), {});
+    conn->execute(dlq::Outbox::schema());
   }
   int64_t scalar(const std::string& sql) { return std::stoll(*conn->query(sql).at(0).at(0)); }
 };
@@ -293,10 +294,10 @@ BOOST_AUTO_TEST_CASE(partitions_are_created_ahead_and_dropped_past_retention) {
 
 BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_once) {
   Db db("claim_outbox");
-  claim::DlqOutbox mine("host-a#1", 60s), theirs("host-b#1", 60s);
-  claim::DeadLetter d;
+  dlq::Outbox mine("host-a#1", 60s), theirs("host-b#1", 60s);
+  dlq::Letter d;
   d.route = "waybill";
-  d.dlq_topic = "orders.dlq";
+  d.topic = "orders.dlq";
   d.reason = "permanent";
   d.error = "rejected: 地址无效";
   d.src_topic = "orders";

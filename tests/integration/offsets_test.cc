@@ -10,7 +10,7 @@
 #include <set>
 
 #include "core/common/util.h"
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 #include "tests/support/host_fixture.h"
 #include "tests/support/mock_kafka.h"
 

@@ -7,7 +7,7 @@
 
 #include "core/common/util.h"
 #include "tests/support/host_fixture.h"
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
 
 using namespace idemsink;

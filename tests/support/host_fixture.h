@@ -8,7 +8,7 @@
 
 #include "core/config/config.h"
 #include "tests/support/mock_kafka.h"
-#include "examples/devkit/process.h"
+#include "devkit/process.h"
 
 namespace idemsink::test {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/devkit/services.h"
+#include "devkit/services.h"
 
 namespace idemsink::test {
 

@@ -8,7 +8,7 @@
 
 #include "core/config/config.h"
 #include "core/db/connection.h"
-#include "examples/devkit/process.h"
+#include "devkit/process.h"
 
 namespace idemsink::devkit {
 

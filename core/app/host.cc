@@ -1,4 +1,4 @@
-#include "core/pipeline/host.h"
+#include "core/app/host.h"
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
@@ -11,14 +11,20 @@
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
+#include "core/dlq/outbox.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
 #include "core/pipeline/reconciler.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::app {
 
 namespace asio = boost::asio;
+using pipeline::Engine;
+using pipeline::KeyExtractor;
+using pipeline::Metrics;
+using pipeline::Reconciler;
+using pipeline::Route;
 
 std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::Config& cfg) {
   std::map<std::string, std::shared_ptr<plugin::Library>> by_path;
@@ -40,7 +46,8 @@ std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::C
 
 std::vector<std::string> schema_statements(const config::Config& cfg,
                                            const std::vector<std::shared_ptr<plugin::Library>>& libs) {
-  auto stmts = claim::core_schema(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
+  std::vector<std::string> stmts{claim::claim_table(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3}),
+                                 dlq::Outbox::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -53,6 +60,7 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
 void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   db::Pool::run_once(cfg.database, [&](db::Connection& c) {
     auto report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
+    c.execute(dlq::Outbox::schema());
     for (const auto& p : report.added) spdlog::info("schema: added claim partition {}", p);
     for (const auto& p : report.dropped) spdlog::info("schema: dropped claim partition {} (past retention)", p);
     std::map<std::string, bool> seen;
@@ -80,8 +88,8 @@ int run_host(const config::Config& cfg) {
   std::vector<std::string> topics;
   for (size_t i = 0; i < cfg.routes.size(); ++i) {
     const auto& rc = cfg.routes[i];
-    auto route = std::make_unique<Route>(Route{rc, std::make_unique<plugin::Instance>(libs[i], rc), KeyExtractor(rc),
-                                               &metrics.route(rc.name), 0, {}, {}, 0, false});
+    auto route = std::make_unique<Route>(
+        Route{rc, std::make_unique<plugin::Instance>(libs[i], rc), KeyExtractor(rc), &metrics.route(rc.name)});
     spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}", rc.name, rc.topic, libs[i]->name(),
                  libs[i]->descriptor().version, plugin::kind_name(libs[i]->kind()),
                  rc.dlq.enabled ? rc.dlq.topic : "disabled");
@@ -94,9 +102,9 @@ int run_host(const config::Config& cfg) {
   auto work = asio::make_work_guard(io);
   db::Pool pool(cfg.database, cfg.database.pool_size);
   Engine engine(io, pool, cfg, std::move(routes), metrics, owner);
-  engine.set_producer_factory([&cfg, &engine] {
+  engine.relay().set_producer_factory([&cfg, &engine] {
     return std::make_unique<kafka::Producer>(
-        cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.on_dlq_delivery(id, err); });
+        cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
   });
   kafka::Consumer consumer(cfg.kafka, topics, engine);
 
@@ -137,4 +145,4 @@ int run_host(const config::Config& cfg) {
   return 0;
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::app

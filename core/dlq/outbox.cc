@@ -1,10 +1,11 @@
-#include "core/claim/dlq_outbox.h"
+#include "core/dlq/outbox.h"
 
 #include <cstring>
 
 #include "core/common/util.h"
+#include "core/dlq/reason.h"
 
-namespace idemsink::claim {
+namespace idemsink::dlq {
 namespace {
 
 using db::Connection;
@@ -66,7 +67,7 @@ std::vector<StoredHeader> decode_headers(std::string_view in) {
   return out;
 }
 
-const char* DlqOutbox::schema() {
+const char* Outbox::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
   id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   route           VARBINARY(64)   NOT NULL,
@@ -96,7 +97,7 @@ const char* DlqOutbox::schema() {
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
 }
 
-void DlqOutbox::insert(Connection& c, std::span<const DeadLetter> letters) const {
+void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   if (letters.empty()) return;
   std::string sql =
       "INSERT IGNORE INTO idemsink_dlq_outbox (route, dlq_topic, biz_key, reason, error, src_topic, src_partition, "
@@ -108,7 +109,7 @@ void DlqOutbox::insert(Connection& c, std::span<const DeadLetter> letters) const
   for (const auto& d : letters) {
     sql += first ? "(" : ", (";
     first = false;
-    sql += Connection::hex(d.route) + ", " + c.quote(d.dlq_topic) + ", " + opt_hex(d.biz_key) + ", " +
+    sql += Connection::hex(d.route) + ", " + c.quote(d.topic) + ", " + opt_hex(d.biz_key) + ", " +
            c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " + c.quote(d.src_topic) + ", " +
            std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " + opt_hex(d.key) + ", " +
            opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
@@ -120,7 +121,7 @@ void DlqOutbox::insert(Connection& c, std::span<const DeadLetter> letters) const
   c.execute(sql);
 }
 
-std::vector<DeadLetter> DlqOutbox::take(Connection& c, size_t limit) const {
+std::vector<Letter> Outbox::take(Connection& c, size_t limit) const {
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
   std::vector<uint64_t> candidates;
@@ -132,19 +133,20 @@ std::vector<DeadLetter> DlqOutbox::take(Connection& c, size_t limit) const {
   c.execute("UPDATE idemsink_dlq_outbox SET owner = " + owner + ", lease_until = " + lease +
             " WHERE published_at IS NULL AND (owner = " + owner + " OR owner IS NULL OR lease_until < NOW(3)) AND id IN (" +
             id_list(candidates) + ")");
-  std::vector<DeadLetter> out;
+  std::vector<Letter> out;
   for (auto& r : c.query(
            "SELECT id, route, dlq_topic, biz_key, reason, error, src_topic, src_partition, src_offset, msg_key, "
            "msg_value, msg_headers, msg_timestamp, idem_token, calls, "
            "CAST(UNIX_TIMESTAMP(first_failure) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(last_failure) * 1000 AS SIGNED), "
            "host FROM idemsink_dlq_outbox WHERE published_at IS NULL AND owner = " +
            owner + " AND id IN (" + id_list(candidates) + ") ORDER BY id")) {
-    DeadLetter d;
+    Letter d;
     d.id = std::stoull(*r[0]);
     d.route = *r[1];
-    d.dlq_topic = *r[2];
+    d.topic = *r[2];
     d.biz_key = r[3];
     d.reason = *r[4];
+    d.purpose = d.reason == to_string(Reason::Retry) ? Purpose::Forward : Purpose::DeadLetter;
     d.error = r[5].value_or("");
     d.src_topic = *r[6];
     d.src_partition = std::stoi(*r[7]);
@@ -163,21 +165,21 @@ std::vector<DeadLetter> DlqOutbox::take(Connection& c, size_t limit) const {
   return out;
 }
 
-uint64_t DlqOutbox::renew(Connection& c) const {
+uint64_t Outbox::renew(Connection& c) const {
   return c.execute("UPDATE idemsink_dlq_outbox SET lease_until = NOW(3) + INTERVAL " +
                    std::to_string(lease_.count() * 1000) + " MICROSECOND WHERE owner = " + c.quote(owner_) +
                    " AND published_at IS NULL");
 }
 
-void DlqOutbox::mark_published(Connection& c, std::span<const uint64_t> ids) const {
+void Outbox::mark_published(Connection& c, std::span<const uint64_t> ids) const {
   if (ids.empty()) return;
   c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), owner = NULL, lease_until = NULL WHERE id IN (" +
             id_list(ids) + ") AND published_at IS NULL");
 }
 
-uint64_t DlqOutbox::pending(Connection& c) const {
+uint64_t Outbox::pending(Connection& c) const {
   auto rows = c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL");
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
 }
 
-}  // namespace idemsink::claim
+}  // namespace idemsink::dlq

@@ -1,4 +1,4 @@
-#include "examples/devkit/mariadb_server.h"
+#include "devkit/mariadb_server.h"
 
 #include <signal.h>
 

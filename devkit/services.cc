@@ -1,4 +1,4 @@
-#include "examples/devkit/services.h"
+#include "devkit/services.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

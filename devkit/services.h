@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/devkit/process.h"
+#include "devkit/process.h"
 
 namespace idemsink::devkit {
 

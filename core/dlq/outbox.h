@@ -1,13 +1,17 @@
-// The DLQ outbox: dead records made durable in the business database before
-// the source offset may move past them.
+// The outbox: records on their way to another topic, made durable in the
+// business database before the source offset may move past them.
 //
-// A record that ends `failed` or `unknown` gets its outbox row in the same
-// transaction as the claim transition; a record that cannot even be claimed
-// (poison input, payload conflict, beyond the replay horizon) gets only the
-// outbox row. The DLQ relay publishes unpublished rows to Kafka and stamps
-// them; if Kafka refuses, the rows wait and the source partition keeps
-// flowing. One row per source record (unique source position), so re-running
-// a job or redelivering the record never adds a second DLQ entry.
+//   dead letter  a record that ends `failed` or `unknown` gets its row in the
+//                same transaction as the claim transition; a record that
+//                cannot even be claimed (poison input, payload conflict,
+//                beyond the replay horizon) gets only the row
+//   forward      a record moving on to its next retry topic gets its row in
+//                the transaction that releases its claim
+//
+// The relay (relay.h) publishes unpublished rows to Kafka and stamps them; if
+// Kafka refuses, the rows wait and the source partition keeps flowing. One
+// row per source record (unique source position), so re-running a job or
+// redelivering the record never adds a second entry.
 #pragma once
 
 #include <chrono>
@@ -19,7 +23,7 @@
 
 #include "core/db/connection.h"
 
-namespace idemsink::claim {
+namespace idemsink::dlq {
 
 /// A Kafka header as stored in the outbox.
 struct StoredHeader {
@@ -27,12 +31,21 @@ struct StoredHeader {
   std::optional<std::string> value;
 };
 
-struct DeadLetter {
+enum class Purpose {
+  DeadLetter,  ///< to the route's DLQ topic
+  Forward,     ///< to the route's next retry topic
+};
+
+/// One outbox row.
+struct Letter {
   uint64_t id = 0;  // set when read back
+  Purpose purpose = Purpose::DeadLetter;
   std::string route;
-  std::string dlq_topic;
+  /// Where the relay publishes it: the DLQ topic or the next retry topic;
+  /// empty when the route does not publish its dead letters (the row is the record).
+  std::string topic;
   std::optional<std::string> biz_key;
-  std::string reason;  // machine-readable class, see docs/failure-policy.md
+  std::string reason;  // to_string(Reason), see reason.h
   std::string error;   // human-readable message
   std::string src_topic;
   int32_t src_partition = 0;
@@ -51,19 +64,19 @@ struct DeadLetter {
 std::string encode_headers(const std::vector<StoredHeader>& headers);
 std::vector<StoredHeader> decode_headers(std::string_view blob);
 
-class DlqOutbox {
+class Outbox {
  public:
-  DlqOutbox(std::string owner, std::chrono::milliseconds lease) : owner_(std::move(owner)), lease_(lease) {}
+  Outbox(std::string owner, std::chrono::milliseconds lease) : owner_(std::move(owner)), lease_(lease) {}
 
   static const char* schema();
 
   /// Inserts rows (INSERT IGNORE on the source position), owned by us so no
   /// other host's relay publishes them while ours is about to.
-  void insert(db::Connection& c, std::span<const DeadLetter> letters) const;
+  void insert(db::Connection& c, std::span<const Letter> letters) const;
 
   /// Takes up to `limit` unpublished rows that are ours, released, or whose
   /// owner's lease ran out, and returns them with their payloads.
-  std::vector<DeadLetter> take(db::Connection& c, size_t limit) const;
+  std::vector<Letter> take(db::Connection& c, size_t limit) const;
 
   /// Extends the lease of the unpublished rows we hold (a relay cycle still
   /// waiting for the broker). Returns rows touched.
@@ -80,4 +93,4 @@ class DlqOutbox {
   std::chrono::milliseconds lease_;
 };
 
-}  // namespace idemsink::claim
+}  // namespace idemsink::dlq

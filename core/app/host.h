@@ -10,7 +10,7 @@
 #include "core/config/config.h"
 #include "core/plugin/plugin.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::app {
 
 /// Loads every route's plugin (each file once) and checks its options.
 /// Throws plugin::LoadError or config::ConfigError.
@@ -26,4 +26,4 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
 /// Runs the host; returns the process exit code.
 int run_host(const config::Config& cfg);
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::app

@@ -1,4 +1,4 @@
-#include "examples/devkit/process.h"
+#include "devkit/process.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>

@@ -67,4 +67,4 @@ void write_file(const std::filesystem::path& p, const std::string& text);
 
 }  // namespace idemsink::devkit
 
-#include "examples/devkit/wait_impl.h"
+#include "devkit/wait_impl.h"

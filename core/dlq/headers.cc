@@ -1,0 +1,25 @@
+#include "core/dlq/headers.h"
+
+#include <charconv>
+
+namespace idemsink::dlq::headers {
+
+bool replaced_on_republish(std::string_view name) {
+  return name.starts_with("idemsink.") && !name.starts_with("idemsink.origin.");
+}
+
+std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name) {
+  rd_kafka_headers_t* hdrs = nullptr;
+  const void* v = nullptr;
+  size_t n = 0;
+  if (rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+      rd_kafka_header_get_last(hdrs, name, &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR || v == nullptr)
+    return std::nullopt;
+  int64_t out = 0;
+  const char* text = static_cast<const char*>(v);
+  auto [p, ec] = std::from_chars(text, text + n, out);
+  if (ec != std::errc() || p != text + n) return std::nullopt;
+  return out;
+}
+
+}  // namespace idemsink::dlq::headers

@@ -1,0 +1,46 @@
+// The Kafka headers idemsink writes on the records it publishes (DLQ
+// entries and retry-topic forwards), and reads back from retry topics.
+// docs/dlq.md describes each.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace idemsink::dlq::headers {
+
+// Where the record was consumed when it was dead-lettered or forwarded.
+inline constexpr const char* kSourceTopic = "idemsink.source.topic";
+inline constexpr const char* kSourcePartition = "idemsink.source.partition";
+inline constexpr const char* kSourceOffset = "idemsink.source.offset";
+// Where it was first consumed (kept across retry tiers).
+inline constexpr const char* kOriginTopic = "idemsink.origin.topic";
+inline constexpr const char* kOriginPartition = "idemsink.origin.partition";
+inline constexpr const char* kOriginOffset = "idemsink.origin.offset";
+inline constexpr const char* kRoute = "idemsink.route";
+inline constexpr const char* kReason = "idemsink.reason";
+inline constexpr const char* kError = "idemsink.error";
+/// Handler calls made so far; a retry tier continues counting from it.
+inline constexpr const char* kAttempt = "idemsink.attempt";
+inline constexpr const char* kIdemToken = "idemsink.idem_token";
+inline constexpr const char* kBizKey = "idemsink.biz_key";
+inline constexpr const char* kFirstFailureMs = "idemsink.first_failure_ms";
+inline constexpr const char* kLastFailureMs = "idemsink.last_failure_ms";
+inline constexpr const char* kHost = "idemsink.host";
+/// The outbox row's id: a consumer that must drop a rare repeat keys on it.
+inline constexpr const char* kOutboxId = "idemsink.outbox_id";
+// Retry-topic forwards only.
+inline constexpr const char* kRetryDueMs = "idemsink.retry.due_ms";
+inline constexpr const char* kRetryTier = "idemsink.retry.tier";
+
+/// Headers of an earlier pass (a record replayed from a DLQ, or back from a
+/// retry topic) that a new pass replaces rather than piles up; the origin
+/// headers survive, so a retried record keeps its first position.
+bool replaced_on_republish(std::string_view name);
+
+/// The decimal integer value of a record's last header `name`.
+std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name);
+
+}  // namespace idemsink::dlq::headers

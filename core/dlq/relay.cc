@@ -1,0 +1,135 @@
+#include "core/dlq/relay.h"
+
+#include <algorithm>
+
+#include "core/common/log.h"
+#include "core/dlq/headers.h"
+
+namespace idemsink::dlq {
+
+namespace asio = boost::asio;
+
+Relay::Relay(asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count)
+    : io_(io), pool_(pool), outbox_(outbox), count_(std::move(count)) {}
+
+void Relay::set_producer_factory(ProducerFactory f) {
+  producer_factory_ = std::move(f);
+  producer_ = producer_factory_();
+}
+
+void Relay::kick() {
+  if (producer_ == nullptr) return;
+  if (running_) {
+    again_ = true;
+    return;
+  }
+  if (std::chrono::steady_clock::now() < not_before_) return;
+  running_ = true;
+  again_ = false;
+  pool_.submit("dlq relay take", [this](db::Connection& c) {
+    auto letters = outbox_.take(c, kBatch);
+    asio::post(io_, [this, letters = std::move(letters)]() mutable { on_taken(std::move(letters)); });
+  });
+}
+
+kafka::OutRecord Relay::record_of(const Letter& d) const {
+  kafka::OutRecord rec;
+  rec.topic = d.topic;
+  rec.key = d.key;
+  rec.value = d.value;
+  rec.timestamp_ms = d.timestamp_ms;
+  rec.id = d.id;
+  for (const auto& h : d.headers) rec.headers.push_back({h.name, h.value});
+  auto add = [&](const char* name, const std::string& v) { rec.headers.push_back({name, v}); };
+  add(headers::kSourceTopic, d.src_topic);
+  add(headers::kSourcePartition, std::to_string(d.src_partition));
+  add(headers::kSourceOffset, std::to_string(d.src_offset));
+  add(headers::kRoute, d.route);
+  add(headers::kReason, d.reason);
+  add(headers::kError, d.error);
+  add(headers::kAttempt, std::to_string(d.calls));
+  if (!d.idem_token.empty()) add(headers::kIdemToken, d.idem_token);
+  if (d.biz_key) add(headers::kBizKey, *d.biz_key);
+  add(headers::kFirstFailureMs, std::to_string(d.first_failure_ms));
+  add(headers::kLastFailureMs, std::to_string(d.last_failure_ms));
+  add(headers::kHost, d.host);
+  add(headers::kOutboxId, std::to_string(d.id));
+  return rec;
+}
+
+void Relay::on_taken(std::vector<Letter> letters) {
+  taken_ = letters.size();
+  if (producer_->fatal()) {
+    spdlog::warn("recreating the DLQ producer after its fatal error");
+    producer_ = producer_factory_();
+  }
+  if (letters.empty()) {
+    running_ = false;
+    if (again_) kick();
+    return;
+  }
+  outstanding_.clear();
+  std::vector<uint64_t> unpublished_by_design;  // the route does not publish its dead letters: the row is the record
+  for (const auto& d : letters) {
+    if (d.topic.empty()) {
+      unpublished_by_design.push_back(d.id);
+    } else {
+      outstanding_[d.id] = Delivery::Pending;
+    }
+  }
+  pending_ = outstanding_.size();
+  for (const auto& d : letters)
+    if (!d.topic.empty()) producer_->produce(record_of(d));
+  if (outstanding_.empty()) {
+    finish_cycle(std::move(unpublished_by_design), true);
+  } else if (!unpublished_by_design.empty()) {
+    pool_.submit("dlq relay mark", [this, ids = std::move(unpublished_by_design)](db::Connection& c) {
+      outbox_.mark_published(c, ids);
+    });
+  }
+}
+
+void Relay::on_delivery(uint64_t outbox_id, rd_kafka_resp_err_t err) {
+  asio::post(io_, [this, outbox_id, err] { on_delivered(outbox_id, err); });
+}
+
+void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
+  auto it = outstanding_.find(outbox_id);
+  if (it == outstanding_.end() || it->second != Delivery::Pending) return;
+  if (err) {
+    if (first_error_.empty()) first_error_ = rd_kafka_err2str(err);
+    it->second = Delivery::Failed;
+  } else {
+    it->second = Delivery::Ok;
+  }
+  if (--pending_ > 0) return;
+  // Every record of this cycle has its report: stamp the delivered ones.
+  std::vector<uint64_t> published;
+  for (const auto& [id, state] : outstanding_)
+    if (state == Delivery::Ok) published.push_back(id);
+  const size_t failed = outstanding_.size() - published.size();
+  count_(published.size(), failed);
+  failures_in_a_row_ = failed > 0 ? failures_in_a_row_ + 1 : 0;
+  if (failed > 0) {
+    const auto wait =
+        std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(failures_in_a_row_, 6)));
+    not_before_ = std::chrono::steady_clock::now() + wait;
+    spdlog::warn("DLQ publish failed for {} of {} outbox rows ({}); they stay in the outbox, next attempt in {}ms",
+                 failed, outstanding_.size(), first_error_, wait.count());
+  }
+  first_error_.clear();
+  outstanding_.clear();
+  finish_cycle(std::move(published), taken_ == kBatch);
+}
+
+void Relay::finish_cycle(std::vector<uint64_t> published, bool more_waiting) {
+  pool_.submit("dlq relay mark", [this, published = std::move(published), more_waiting](db::Connection& c) {
+    outbox_.mark_published(c, published);
+    asio::post(io_, [this, more_waiting] {
+      running_ = false;
+      if (more_waiting || again_) kick();
+    });
+  });
+}
+
+}  // namespace idemsink::dlq

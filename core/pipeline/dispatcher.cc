@@ -1,0 +1,127 @@
+#include "core/pipeline/dispatcher.h"
+
+#include "core/common/log.h"
+#include "core/common/util.h"
+#include "core/plugin/calls.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+
+Dispatcher::Dispatcher(asio::io_context& io, int max_in_flight, FindFn find, ResultFn on_result,
+                       LocalTxRunner& local_tx)
+    : io_(io), max_in_flight_(max_in_flight), find_(std::move(find)), on_result_(std::move(on_result)),
+      local_tx_(local_tx) {}
+
+void Dispatcher::make_ready(Record& r) {
+  r.stage = Stage::Ready;
+  lanes_[r.route].ready.push_back(r.id);
+}
+
+void Dispatcher::pump() {
+  bool progressed = true;
+  while (progressed && in_flight_ < max_in_flight_) {
+    progressed = false;
+    for (auto& [route, lane] : lanes_) {  // one per route per round: fair between routes
+      const int cap = route->cfg.concurrency;
+      while (!lane.ready.empty() && in_flight_ < max_in_flight_ && (cap == 0 || lane.in_flight < cap)) {
+        const uint64_t id = lane.ready.front();
+        lane.ready.pop_front();
+        Record* r = find_(id);
+        if (r == nullptr || r->stage != Stage::Ready) continue;
+        dispatch(*r);
+        progressed = true;
+        break;
+      }
+    }
+  }
+}
+
+void Dispatcher::end_call(Record& r, bool observe_latency) {
+  --lanes_[r.route].in_flight;
+  --in_flight_;
+  r.route->metrics->in_flight.fetch_sub(1, std::memory_order_relaxed);
+  if (observe_latency)
+    r.route->metrics->handler_latency.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r.call_started).count());
+  r.call_id = 0;
+}
+
+idemsink_record Dispatcher::abi_record(const Record& r, std::vector<idemsink_header>& headers) {
+  headers.clear();
+  rd_kafka_headers_t* hdrs = nullptr;
+  if (rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    const char* name;
+    const void* value;
+    size_t size;
+    for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
+      headers.push_back({name, {static_cast<const char*>(value), value ? size : 0}});
+  }
+  idemsink_record rec{};
+  rec.struct_size = sizeof rec;
+  rec.route = r.route->cfg.name.c_str();
+  rec.topic = r.part->tp.topic.c_str();
+  rec.partition = r.part->tp.partition;
+  rec.offset = r.offset;
+  rec.timestamp_ms = r.timestamp_ms;
+  rec.key = {static_cast<const char*>(r.msg->key), r.msg->key_len};
+  rec.value = {static_cast<const char*>(r.msg->payload), r.msg->len};
+  rec.biz_key = {r.biz_key.data(), r.biz_key.size()};
+  rec.headers = headers.data();
+  rec.header_count = headers.size();
+  rec.idem_token = r.token.c_str();
+  rec.attempt = r.calls;
+  return rec;
+}
+
+void Dispatcher::dispatch(Record& r) {
+  Route& route = *r.route;
+  r.stage = Stage::Calling;
+  ++r.calls;
+  ++lanes_[&route].in_flight;
+  ++in_flight_;
+  route.metrics->in_flight.fetch_add(1, std::memory_order_relaxed);
+  r.call_started = std::chrono::steady_clock::now();
+  if (route.handler->kind() == IDEMSINK_KIND_LOCAL_TX) {
+    local_tx_.add(r);
+    return;
+  }
+  const uint64_t id = r.id;
+  // The completion may arrive on any thread, before invoke returns, twice, or
+  // never: the registry hands it over at most once, and only here.
+  auto call_id_box = std::make_shared<std::atomic<uint64_t>>(0);
+  const uint64_t call_id = plugin::CallRegistry::instance().add(
+      [this, id, call_id_box](idemsink_outcome outcome, std::string detail) {
+        asio::post(io_, [this, id, cid = call_id_box->load(), outcome, detail = std::move(detail)]() mutable {
+          on_call_done(id, cid, outcome, std::move(detail));
+        });
+      },
+      "route " + route.cfg.name + " offset " + std::to_string(r.offset));
+  call_id_box->store(call_id);  // before invoke: only invoke hands the plugin its call_ctx
+  r.call_id = call_id;
+  r.timer = std::make_unique<asio::steady_timer>(io_, route.cfg.call_timeout);
+  r.timer->async_wait([this, id, call_id](boost::system::error_code ec) {
+    if (ec) return;
+    if (!plugin::CallRegistry::instance().cancel(call_id)) return;  // completion already on its way
+    Record* rec = find_(id);
+    if (rec == nullptr || rec->call_id != call_id) return;
+    spdlog::warn("route {}: handler did not report within call_timeout for key {}; treating the call as uncertain",
+                 rec->route->cfg.name, printable(rec->biz_key));
+    end_call(*rec);
+    on_result_(*rec, IDEMSINK_OUTCOME_UNCERTAIN,
+               "no result within call_timeout " + std::to_string(rec->route->cfg.call_timeout.count()) + "ms");
+  });
+  std::vector<idemsink_header> headers;
+  idemsink_record rec = abi_record(r, headers);
+  route.handler->invoke(rec, call_id);
+}
+
+void Dispatcher::on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail) {
+  Record* r = find_(id);
+  if (r == nullptr || r->stage != Stage::Calling || r->call_id != call_id || call_id == 0) return;
+  if (r->timer) r->timer->cancel();
+  end_call(*r);
+  on_result_(*r, outcome, std::move(detail));
+}
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,28 @@
+// Per-key arrival order: records of one biz_key (per route) run one at a
+// time, in the order they were consumed; different keys run in parallel.
+// Pure bookkeeping of record ids; the engine decides what "run" means.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace idemsink::pipeline {
+
+class KeyQueue {
+ public:
+  /// Appends a record to its key's line; true if it is first in line.
+  bool push(const std::string& key, uint64_t id);
+  /// Removes a record from its key's line (done, or dropped on revoke);
+  /// returns the record that has just become first in line, if any.
+  std::optional<uint64_t> remove(const std::string& key, uint64_t id);
+  /// Keys with at least one record in line.
+  size_t keys() const { return lines_.size(); }
+
+ private:
+  std::unordered_map<std::string, std::deque<uint64_t>> lines_;
+};
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,118 @@
+#include "core/pipeline/local_tx.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "core/common/fault.h"
+#include "core/pipeline/dispatcher.h"
+#include "core/plugin/calls.h"
+#include "core/plugin/tx.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+
+namespace {
+constexpr size_t kBatch = 100;
+}
+
+LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs,
+                             FindFn find, ResultsFn on_results)
+    : io_(io), pool_(pool), store_(store), max_jobs_(std::max(1, max_jobs)), find_(std::move(find)),
+      on_results_(std::move(on_results)) {}
+
+void LocalTxRunner::add(Record& r) {
+  Route& route = *r.route;
+  Lane& lane = lanes_[&route];
+  lane.waiting.push_back(r.id);
+  if (lane.scheduled) return;
+  lane.scheduled = true;
+  asio::post(io_, [this, &route] {
+    lanes_[&route].scheduled = false;
+    flush(route);
+  });
+}
+
+void LocalTxRunner::flush(Route& route) {
+  Lane& lane = lanes_[&route];
+  while (!lane.waiting.empty() && lane.jobs < max_jobs_) {
+    const size_t n = std::min(lane.waiting.size(), kBatch);
+    std::vector<uint64_t> ids(lane.waiting.begin(), lane.waiting.begin() + static_cast<long>(n));
+    lane.waiting.erase(lane.waiting.begin(), lane.waiting.begin() + static_cast<long>(n));
+    // The job reads the records' immutable message data from the database
+    // thread. Records in stage Calling are never dropped or retired until the
+    // job's result is back on this thread, so the pointers stay valid.
+    std::vector<const Record*> recs;
+    std::vector<claim::Outcome> outcomes;
+    for (uint64_t id : ids) {
+      const Record* r = find_(id);
+      recs.push_back(r);
+      outcomes.push_back(r->outcome());
+    }
+    ++lane.jobs;
+    pool_.submit("local_tx apply", [this, &route, ids, recs, outcomes](db::Connection& c) {
+      auto results = apply(c, route, ids, recs, outcomes);
+      asio::post(io_, [this, &route, results = std::move(results)]() mutable {
+        --lanes_[&route].jobs;
+        on_results_(std::move(results));
+        flush(route);
+      });
+    });
+  }
+}
+
+std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route& route,
+                                                        const std::vector<uint64_t>& ids,
+                                                        const std::vector<const Record*>& recs,
+                                                        const std::vector<claim::Outcome>& outcomes) {
+  std::vector<Result> results(ids.size());
+  c.begin();
+  const std::vector<bool> owned = store_.lock_owned(c, outcomes);
+  std::vector<claim::Outcome> ok;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Result& res = results[i];
+    res.id = ids[i];
+    if (!owned[i]) {
+      res.fenced = true;
+      continue;
+    }
+    c.execute("SAVEPOINT idemsink_record");
+    idemsink_tx tx{&c};
+    auto slot = std::make_shared<Result>();
+    auto reported = std::make_shared<bool>(false);
+    const uint64_t call_id = plugin::CallRegistry::instance().add(
+        [slot, reported](idemsink_outcome o, std::string d) {
+          slot->outcome = o;
+          slot->detail = std::move(d);
+          *reported = true;
+        },
+        "route " + route.cfg.name + " apply");
+    std::vector<idemsink_header> headers;
+    idemsink_record rec = Dispatcher::abi_record(*recs[i], headers);
+    route.handler->apply(rec, &tx, call_id);
+    if (!*reported) {
+      plugin::CallRegistry::instance().cancel(call_id);
+      slot->outcome = IDEMSINK_OUTCOME_RETRYABLE;
+      slot->detail = "apply returned without reporting a result";
+    }
+    if (tx.broken_code != 0) throw db::DbError(tx.broken_code, "local_tx apply: " + tx.broken_message);
+    if (slot->outcome == IDEMSINK_OUTCOME_OK) {
+      claim::Outcome o = outcomes[i];
+      o.receipt = slot->detail;
+      ok.push_back(std::move(o));
+    } else {
+      c.execute("ROLLBACK TO SAVEPOINT idemsink_record");
+    }
+    res.outcome = slot->outcome;
+    res.detail = std::move(slot->detail);
+  }
+  const std::vector<bool> marked = store_.mark_done(c, ok);
+  if (std::find(marked.begin(), marked.end(), false) != marked.end())
+    throw db::DbError(0, "claim rows locked by this transaction could not be marked done");
+  fault::hit("in_local_tx");
+  c.commit();
+  fault::hit("after_mark_done");
+  return results;
+}
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,64 @@
+// local_tx: the plugin's business write and the claim's `done` commit in one
+// database transaction, so the effect happens exactly once by construction.
+//
+// Records are applied in batches of up to 100 per route, one transaction per
+// batch: lock the claims still ours (SELECT ... FOR UPDATE), then per record
+// a savepoint, the plugin's statements, and a rollback to the savepoint if
+// it did not report ok; then one done-UPDATE and COMMIT. A deadlock or a lost
+// connection inside a plugin statement breaks the transaction and the whole
+// job is re-run.
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/claim/claim_store.h"
+#include "core/db/pool.h"
+#include "core/pipeline/record.h"
+
+namespace idemsink::pipeline {
+
+class LocalTxRunner {
+ public:
+  struct Result {
+    uint64_t id = 0;
+    idemsink_outcome outcome = IDEMSINK_OUTCOME_RETRYABLE;  // OK: committed and marked done
+    std::string detail;
+    /// The claim was no longer ours (taken over, or an earlier run of this
+    /// job whose reply was lost committed it): nothing was applied here.
+    bool fenced = false;
+  };
+  using FindFn = std::function<Record*(uint64_t id)>;
+  /// The results of one apply job, on the engine thread.
+  using ResultsFn = std::function<void(std::vector<Result>)>;
+
+  LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs,
+                FindFn find, ResultsFn on_results);
+
+  /// Queues a record (stage Calling) for its route's next apply job.
+  void add(Record& r);
+
+ private:
+  struct Lane {
+    std::vector<uint64_t> waiting;
+    int jobs = 0;
+    bool scheduled = false;
+  };
+  void flush(Route& route);
+  std::vector<Result> apply(db::Connection& c, Route& route, const std::vector<uint64_t>& ids,
+                            const std::vector<const Record*>& recs, const std::vector<claim::Outcome>& outcomes);
+
+  boost::asio::io_context& io_;
+  db::Pool& pool_;
+  const claim::ClaimStore& store_;
+  const int max_jobs_;
+  FindFn find_;
+  ResultsFn on_results_;
+  std::map<Route*, Lane> lanes_;
+};
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,241 @@
+#include "core/pipeline/outcome_writer.h"
+
+#include "core/common/fault.h"
+#include "core/dlq/headers.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+using claim::Status;
+
+namespace {
+constexpr int kMaxJobs = 2;  // per kind of write
+}
+
+OutcomeWriter::OutcomeWriter(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
+                             const claim::ClaimStore& store, const dlq::Outbox& outbox, FindFn find,
+                             WrittenFn on_written)
+    : io_(io),
+      pool_(pool),
+      cfg_(cfg),
+      store_(store),
+      outbox_(outbox),
+      find_(std::move(find)),
+      on_written_(std::move(on_written)),
+      done_(kMaxJobs),
+      terminal_(kMaxJobs),
+      dead_letters_(kMaxJobs),
+      forwards_(kMaxJobs),
+      linger_timer_(io) {}
+
+bool OutcomeWriter::idle() const {
+  return done_.idle() && terminal_.idle() && dead_letters_.idle() && forwards_.idle();
+}
+
+void OutcomeWriter::flush() {
+  flush_done();
+  flush_terminal();
+  flush_dead_letters();
+  flush_forwards();
+}
+
+void OutcomeWriter::done(Record& r) {
+  r.stage = Stage::Finishing;
+  done_.push(r.id);
+  // Completions wait a little to be marked done together, unless a poll's
+  // worth is already waiting.
+  if (done_.size() >= static_cast<size_t>(cfg_.kafka.max_poll_records) || cfg_.claim.flush_linger.count() == 0) {
+    if (done_.schedule())
+      asio::post(io_, [this] {
+        done_.flushing();
+        flush_done();
+      });
+  } else if (done_.size() == 1) {
+    linger_timer_.expires_after(cfg_.claim.flush_linger);
+    linger_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) flush_done();
+    });
+  }
+}
+
+void OutcomeWriter::end(Record& r, Status status, dlq::Reason reason) {
+  r.stage = Stage::Finishing;
+  terminal_.push(Terminal{r.id, status, reason});
+  if (terminal_.schedule())
+    asio::post(io_, [this] {
+      terminal_.flushing();
+      flush_terminal();
+    });
+}
+
+void OutcomeWriter::dead_letter(Record& r) {
+  r.stage = Stage::DeadLettering;
+  dead_letters_.push(r.id);
+  if (dead_letters_.schedule())
+    asio::post(io_, [this] {
+      dead_letters_.flushing();
+      flush_dead_letters();
+    });
+}
+
+void OutcomeWriter::forward(Record& r) {
+  r.stage = Stage::Finishing;
+  forwards_.push(r.id);
+  if (forwards_.schedule())
+    asio::post(io_, [this] {
+      forwards_.flushing();
+      flush_forwards();
+    });
+}
+
+void OutcomeWriter::flush_done() {
+  const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
+  for (auto ids = done_.take(batch_max); !ids.empty(); ids = done_.take(batch_max)) {
+    std::vector<claim::Outcome> outcomes;
+    for (uint64_t id : ids) outcomes.push_back(find_(id)->outcome());
+    pool_.submit("mark done", [this, ids = std::move(ids), outcomes = std::move(outcomes)](db::Connection& c) {
+      auto ok = store_.mark_done(c, outcomes);
+      fault::hit("after_mark_done");
+      asio::post(io_, [this, ids, ok = std::move(ok)] {
+        done_.job_done();
+        std::vector<Written> written;
+        for (size_t i = 0; i < ids.size(); ++i) written.push_back({Kind::Done, ids[i], ok[i], Status::Done});
+        on_written_(written);
+        flush_done();
+      });
+    });
+  }
+}
+
+void OutcomeWriter::flush_terminal() {
+  const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
+  for (auto terms = terminal_.take(batch_max); !terms.empty(); terms = terminal_.take(batch_max)) {
+    std::vector<claim::Outcome> failed, unknown;
+    std::vector<dlq::Letter> letters;
+    for (const auto& t : terms) {
+      const Record& r = *find_(t.id);
+      (t.status == Status::Failed ? failed : unknown).push_back(r.outcome());
+      letters.push_back(letter_of(r, t.reason));
+    }
+    pool_.submit("mark failed/unknown", [this, terms = std::move(terms), failed = std::move(failed),
+                                         unknown = std::move(unknown),
+                                         letters = std::move(letters)](db::Connection& c) {
+      // The terminal state and the outbox row commit together: once the
+      // offset moves past the record, its DLQ entry cannot be lost.
+      c.begin();
+      auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
+      auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
+      std::vector<Written> written;
+      std::vector<dlq::Letter> keep;
+      size_t fi = 0, ui = 0;
+      for (size_t i = 0; i < terms.size(); ++i) {
+        const bool ok = terms[i].status == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
+        written.push_back({Kind::Ended, terms[i].id, ok, terms[i].status});
+        if (ok) keep.push_back(letters[i]);
+      }
+      outbox_.insert(c, keep);
+      c.commit();
+      asio::post(io_, [this, written = std::move(written)]() mutable {
+        terminal_.job_done();
+        on_written_(written);
+        flush_terminal();
+      });
+    });
+  }
+}
+
+void OutcomeWriter::flush_dead_letters() {
+  const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
+  for (auto ids = dead_letters_.take(batch_max); !ids.empty(); ids = dead_letters_.take(batch_max)) {
+    std::vector<dlq::Letter> letters;
+    for (uint64_t id : ids) {
+      const Record& r = *find_(id);
+      letters.push_back(letter_of(r, r.refuse_reason));
+    }
+    pool_.submit("dead-letter refused records",
+                 [this, ids = std::move(ids), letters = std::move(letters)](db::Connection& c) {
+                   outbox_.insert(c, letters);
+                   asio::post(io_, [this, ids] {
+                     dead_letters_.job_done();
+                     std::vector<Written> written;
+                     for (uint64_t id : ids) written.push_back({Kind::DeadLettered, id, true, Status::Failed});
+                     on_written_(written);
+                     flush_dead_letters();
+                   });
+                 });
+  }
+}
+
+void OutcomeWriter::flush_forwards() {
+  const int64_t now = wall_clock_ms();
+  for (auto ids = forwards_.take(forwards_.size()); !ids.empty(); ids = forwards_.take(forwards_.size())) {
+    std::vector<claim::Outcome> releases;
+    std::vector<dlq::Letter> letters;
+    for (uint64_t id : ids) {
+      const Record& r = *find_(id);
+      const config::RouteConfig& rc = r.route->cfg;
+      releases.push_back(r.outcome());
+      dlq::Letter d = letter_of(r, dlq::Reason::Retry);
+      d.purpose = dlq::Purpose::Forward;
+      d.topic = rc.retry.topic_name(rc.topic, r.tier + 1);
+      d.headers.push_back({dlq::headers::kRetryDueMs, std::to_string(now + rc.retry.topics[r.tier].count())});
+      d.headers.push_back({dlq::headers::kRetryTier, std::to_string(r.tier + 1)});
+      if (r.tier == 0) {
+        d.headers.push_back({dlq::headers::kOriginTopic, r.part->tp.topic});
+        d.headers.push_back({dlq::headers::kOriginPartition, std::to_string(r.part->tp.partition)});
+        d.headers.push_back({dlq::headers::kOriginOffset, std::to_string(r.offset)});
+      }
+      letters.push_back(std::move(d));
+    }
+    pool_.submit("forward to retry topics", [this, ids = std::move(ids), releases = std::move(releases),
+                                             letters = std::move(letters)](db::Connection& c) {
+      c.begin();
+      store_.release(c, releases);
+      outbox_.insert(c, letters);
+      c.commit();
+      asio::post(io_, [this, ids] {
+        forwards_.job_done();
+        std::vector<Written> written;
+        for (uint64_t id : ids) written.push_back({Kind::Forwarded, id, true, Status::Pending});
+        on_written_(written);
+        flush_forwards();
+      });
+    });
+  }
+}
+
+dlq::Letter OutcomeWriter::letter_of(const Record& r, dlq::Reason reason) const {
+  dlq::Letter d;
+  d.route = r.route->cfg.name;
+  d.topic = r.route->cfg.dlq.enabled ? r.route->cfg.dlq.topic : "";
+  if (!r.biz_key.empty()) d.biz_key = r.biz_key;
+  d.reason = dlq::to_string(reason);
+  d.error = r.last_error;
+  d.src_topic = r.part->tp.topic;
+  d.src_partition = r.part->tp.partition;
+  d.src_offset = r.offset;
+  if (r.msg->key) d.key = std::string(static_cast<const char*>(r.msg->key), r.msg->key_len);
+  if (r.msg->payload) d.value = std::string(static_cast<const char*>(r.msg->payload), r.msg->len);
+  rd_kafka_headers_t* hdrs = nullptr;
+  if (rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    const char* name;
+    const void* value;
+    size_t size;
+    for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
+      if (dlq::headers::replaced_on_republish(name)) continue;
+      dlq::StoredHeader h{name, std::nullopt};
+      if (value) h.value = std::string(static_cast<const char*>(value), size);
+      d.headers.push_back(std::move(h));
+    }
+  }
+  const int64_t now = wall_clock_ms();
+  d.timestamp_ms = r.timestamp_ms < 0 ? now : r.timestamp_ms;
+  d.idem_token = r.token;
+  d.calls = r.calls;
+  d.first_failure_ms = r.first_failure_ms ? r.first_failure_ms : now;
+  d.last_failure_ms = r.last_failure_ms ? r.last_failure_ms : d.first_failure_ms;
+  d.host = cfg_.host.id;
+  return d;
+}
+
+}  // namespace idemsink::pipeline

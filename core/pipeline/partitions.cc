@@ -1,0 +1,241 @@
+#include "core/pipeline/partitions.h"
+
+#include <algorithm>
+
+#include "core/common/log.h"
+#include "core/dlq/headers.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, FetchGate& gate)
+    : io_(io), cfg_(cfg), metrics_(metrics), gate_(gate) {}
+
+std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) const {
+  auto it = parts_.find(tp);
+  if (it == parts_.end() || it->second->revoked) return nullptr;
+  return it->second;
+}
+
+void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
+  rebalance_reached();
+  std::vector<kafka::TopicPartition> tps;
+  for (const auto& [tp, offset] : starts) {
+    auto p = std::make_shared<Partition>();
+    p->tp = tp;
+    p->metrics = &metrics_.partition(tp.topic, tp.partition);
+    p->metrics->assigned.store(true);
+    p->metrics->committed.store(offset);
+    p->metrics->stalled.store(0);
+    if (offset >= 0) {
+      // Records must start here (the group's committed offset, or where
+      // auto.offset.reset starts); until one arrives this is also the
+      // partition's commit point, and its lag is measured from it.
+      p->tracker.start_at(offset);
+      p->last_sent = offset;
+    }
+    parts_[tp] = p;
+    tps.push_back(tp);
+  }
+  gate_.assigned(tps);
+  update_gauges();
+  metrics_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
+}
+
+std::vector<std::shared_ptr<Partition>> Partitions::begin_revoke(const std::vector<kafka::TopicPartition>& tps) {
+  rebalance_reached();
+  std::vector<std::shared_ptr<Partition>> out;
+  for (const auto& tp : tps) {
+    auto it = parts_.find(tp);
+    if (it == parts_.end()) continue;
+    it->second->revoked = true;
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+void Partitions::await_drained(std::vector<kafka::TopicPartition> tps, std::vector<std::shared_ptr<Partition>> parts,
+                               bool lost, std::promise<std::vector<kafka::TopicPartitionOffset>> done) {
+  auto d = std::make_unique<Drain>();
+  d->tps = std::move(tps);
+  d->parts = std::move(parts);
+  d->lost = lost;
+  d->done = std::move(done);
+  d->deadline = std::chrono::steady_clock::now() + cfg_.host.shutdown_grace;
+  d->timer = std::make_unique<asio::steady_timer>(io_, cfg_.host.shutdown_grace);
+  d->timer->async_wait([this](boost::system::error_code ec) {
+    if (!ec) check_drains();
+  });
+  drains_.push_back(std::move(d));
+  check_drains();
+}
+
+void Partitions::record_ended(Partition& part) {
+  --part.in_pipeline;
+  if (part.revoked && part.in_pipeline == 0) check_drains();
+}
+
+void Partitions::check_drains() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = drains_.begin(); it != drains_.end();) {
+    Drain& d = **it;
+    // Records of an earlier assignment of the same partition (past their
+    // grace then) do not hold this revocation up.
+    size_t active = 0;
+    for (const auto& p : d.parts) active += p->in_pipeline;
+    if (active > 0 && now < d.deadline) {
+      ++it;
+      continue;
+    }
+    if (active > 0)
+      spdlog::warn("kafka: {} record(s) of {} still in flight after shutdown_grace; letting the partitions go (their "
+                   "claims fence any late completion)",
+                   active, kafka::describe(d.tps));
+    std::vector<kafka::TopicPartitionOffset> offsets;
+    for (const auto& p : d.parts) {
+      auto cp = p->tracker.commit_point();
+      if (!d.lost && cp && *cp > p->last_sent) offsets.push_back({p->tp, *cp});
+      auto pit = parts_.find(p->tp);
+      if (pit == parts_.end() || pit->second != p) continue;  // assigned again meanwhile
+      p->metrics->assigned.store(false);
+      parts_.erase(pit);
+      gate_.revoked({p->tp});
+    }
+    metrics_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
+    if (d.timer) d.timer->cancel();
+    d.done.set_value(std::move(offsets));
+    it = drains_.erase(it);
+  }
+}
+
+bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
+                      bool retry_topic) {
+  if (seek_generation < part->seek_ticket) return false;  // polled before our last seek of the partition
+  switch (part->tracker.check(msg.offset)) {
+    case OffsetTracker::Admit::Next:
+      break;
+    case OffsetTracker::Admit::Refetch:
+      return false;
+    case OffsetTracker::Admit::Gap:
+      // The consumer delivers gap-free or reports the hole first; this must
+      // never happen. Never commit over it: read the partition again.
+      spdlog::error("kafka: {}[{}] jumped from offset {} to {} without a verified hole; re-reading it", part->tp.topic,
+                    part->tp.partition, *part->tracker.next_expected(), msg.offset);
+      rewind(*part, *part->tracker.next_expected());
+      return false;
+  }
+  if (retry_topic) {
+    const auto due = dlq::headers::integer(&msg, dlq::headers::kRetryDueMs);
+    if (due && *due > wall_clock_ms()) {
+      hold(part, msg.offset, *due);
+      return false;
+    }
+  }
+  part->tracker.add(msg.offset);
+  ++part->in_pipeline;
+  if (part->stalled) {
+    part->stalled = false;
+    part->metrics->stalled.store(0);
+    spdlog::info("kafka: {}[{}] is flowing again from offset {}", part->tp.topic, part->tp.partition, msg.offset);
+  }
+  return true;
+}
+
+void Partitions::hole(const kafka::Consumer::Gap& gap) {
+  auto part = active(gap.tp);
+  if (!part) return;
+  if (!gap.absent) {
+    part->metrics->skips_recovered.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Only a hole that starts where this partition stands may be passed; one
+  // found before our own seek of the partition (a retry hold) is stale.
+  if (part->tracker.next_expected() != gap.from) return;
+  part->tracker.skip_to(gap.to);
+  part->metrics->gaps.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers, "
+               "compaction, or records deleted by retention); the commit passes them",
+               gap.tp.topic, gap.tp.partition, gap.from, gap.to - 1);
+}
+
+void Partitions::stalled(const kafka::TopicPartition& tp) {
+  auto part = active(tp);
+  if (!part || part->stalled) return;
+  part->stalled = true;
+  part->metrics->stalled.store(1);
+  part->metrics->stalls.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Partitions::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }
+
+void Partitions::hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms) {
+  gate_.hold(part->tp);
+  rewind(*part, offset);
+  const auto wait = std::chrono::milliseconds(std::max<int64_t>(0, due_ms - wall_clock_ms()));
+  spdlog::debug("retry topic {}[{}]: record {} is due in {}ms; partition held", part->tp.topic, part->tp.partition,
+                offset, wait.count());
+  part->hold_timer = std::make_unique<asio::steady_timer>(io_, wait);
+  part->hold_timer->async_wait([this, weak = std::weak_ptr<Partition>(part)](boost::system::error_code ec) {
+    auto p = weak.lock();
+    if (ec || !p || p->revoked) return;
+    gate_.release(p->tp);
+  });
+}
+
+void Partitions::commit() {
+  // librdkafka < 2.10 declares the whole assignment lost when a commit meets
+  // ILLEGAL_GENERATION mid-rebalance (docs/librdkafka.md). Once a commit says
+  // a rebalance is in progress, wait for the rebalance callback (where
+  // revoked partitions are committed anyway), but never longer than 10s.
+  if (std::chrono::steady_clock::now() < commits_held_until_ || consumer_ == nullptr) return;
+  std::vector<kafka::TopicPartitionOffset> offsets;
+  for (auto& [tp, part] : parts_) {
+    if (part->revoked) continue;
+    auto cp = part->tracker.commit_point();
+    if (cp && *cp > part->last_sent) {
+      offsets.push_back({tp, *cp});
+      part->last_sent = *cp;
+    }
+  }
+  if (offsets.empty()) return;
+  metrics_.commits.fetch_add(1, std::memory_order_relaxed);
+  consumer_->commit_async(offsets);
+}
+
+void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
+  if (!err) {
+    for (const auto& o : offsets) metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
+    return;
+  }
+  if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+  metrics_.commit_failures.fetch_add(1, std::memory_order_relaxed);
+  const bool rebalancing = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
+  if (rebalancing)
+    spdlog::info("kafka: offset commit deferred: the group is rebalancing");
+  else
+    spdlog::warn("kafka: offset commit failed: {}; it will be sent again", rd_kafka_err2str(err));
+  if (rebalancing) commits_held_until_ = std::chrono::steady_clock::now() + 10s;
+  for (const auto& o : offsets) {
+    auto it = parts_.find(o.tp);
+    if (it != parts_.end() && it->second->last_sent == o.offset) it->second->last_sent = -1;
+  }
+}
+
+void Partitions::update_gauges() {
+  int64_t total = 0;
+  for (const auto& [tp, part] : parts_) {
+    const auto w = consumer_ ? consumer_->watermarks(tp) : std::nullopt;
+    if (!w) continue;
+    // Before a record arrives the commit point is the group's committed
+    // offset; with neither, everything Kafka still has is behind.
+    const int64_t lag = std::max<int64_t>(0, w->high - part->tracker.commit_point().value_or(w->low));
+    part->metrics->high_watermark.store(w->high);
+    part->metrics->lag.store(lag);
+    total += lag;
+  }
+  metrics_.lag.store(total);
+}
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,94 @@
+// The partitions assigned to this host: their offset trackers and commits,
+// holds and re-reads, verified holes and stalls, lag, and revocation.
+//
+// Commits: every kafka.commit_interval, each partition whose commit point
+// moved is committed (asynchronously). On revocation the partition stops
+// taking new records at once; its records already in a job or a call get
+// host.shutdown_grace to finish, then its commit point is returned to the
+// rebalance callback, which commits it before letting the partition go.
+//
+// Engine thread only (the rebalance callbacks block the poll thread, not
+// this one).
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/kafka/consumer.h"
+#include "core/pipeline/fetch_gate.h"
+#include "core/pipeline/metrics.h"
+#include "core/pipeline/record.h"
+
+namespace idemsink::pipeline {
+
+class Partitions {
+ public:
+  Partitions(boost::asio::io_context& io, const config::Config& cfg, Metrics& metrics, FetchGate& gate);
+
+  void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
+
+  /// The partition's state if it is assigned and not being revoked.
+  std::shared_ptr<Partition> active(const kafka::TopicPartition& tp) const;
+
+  void assigned(const std::vector<kafka::TopicPartitionOffset>& starts);
+  /// Stops the partitions taking new records; returns their state.
+  std::vector<std::shared_ptr<Partition>> begin_revoke(const std::vector<kafka::TopicPartition>& tps);
+  /// Answers `done` with the offsets to commit once no record of `parts` is
+  /// left, or host.shutdown_grace has passed (nothing when `lost`).
+  void await_drained(std::vector<kafka::TopicPartition> tps, std::vector<std::shared_ptr<Partition>> parts, bool lost,
+                     std::promise<std::vector<kafka::TopicPartitionOffset>> done);
+  /// A record of `part` reached its outcome or was dropped.
+  void record_ended(Partition& part);
+
+  /// Whether a polled record of `part` enters the pipeline: the next offset
+  /// of the partition, not polled before our last seek of it, and (on a
+  /// retry topic) due. Otherwise it is skipped: a refetch, a stale record,
+  /// or a record not due yet (the partition is held until it is).
+  bool take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
+            bool retry_topic);
+
+  /// A hole a re-read confirmed: the commit may pass it.
+  void hole(const kafka::Consumer::Gap& gap);
+  void stalled(const kafka::TopicPartition& tp);
+  /// Reads the partition again from `offset`; records polled before are stale.
+  void rewind(Partition& part, int64_t offset);
+  /// A retry-topic partition whose record at `offset` is due at `due_ms`:
+  /// paused and rewound to it until then.
+  void hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms);
+
+  /// Commits every partition whose commit point moved.
+  void commit();
+  void commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets);
+  /// The group's rebalance reached us: commits carry the new generation.
+  void rebalance_reached() { commits_held_until_ = {}; }
+
+  void update_gauges();
+
+ private:
+  struct Drain {
+    std::vector<kafka::TopicPartition> tps;
+    std::vector<std::shared_ptr<Partition>> parts;  // this assignment's state of those partitions
+    bool lost = false;
+    std::promise<std::vector<kafka::TopicPartitionOffset>> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+  void check_drains();
+
+  boost::asio::io_context& io_;
+  const config::Config& cfg_;
+  Metrics& metrics_;
+  FetchGate& gate_;
+  kafka::Consumer* consumer_ = nullptr;
+  std::map<kafka::TopicPartition, std::shared_ptr<Partition>> parts_;
+  std::vector<std::unique_ptr<Drain>> drains_;
+  std::chrono::steady_clock::time_point commits_held_until_{};
+};
+
+}  // namespace idemsink::pipeline

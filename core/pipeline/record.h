@@ -1,0 +1,100 @@
+// What the pipeline holds in memory: routes, assigned partitions and the
+// records between consumption and their durable outcome. All of it lives on
+// the engine thread.
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/claim/claim_store.h"
+#include "core/config/config.h"
+#include "core/dlq/reason.h"
+#include "core/kafka/client.h"
+#include "core/pipeline/key_extractor.h"
+#include "core/pipeline/metrics.h"
+#include "core/pipeline/offset_tracker.h"
+#include "core/plugin/plugin.h"
+
+namespace idemsink::pipeline {
+
+inline int64_t wall_clock_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A route with its loaded handler.
+struct Route {
+  config::RouteConfig cfg;
+  std::unique_ptr<plugin::Instance> handler;
+  KeyExtractor extractor;
+  RouteMetrics* metrics = nullptr;
+};
+
+/// One assigned partition, for one assignment (a re-assignment gets a new one).
+struct Partition {
+  kafka::TopicPartition tp;
+  PartitionMetrics* metrics = nullptr;
+  OffsetTracker tracker;
+  bool revoked = false;
+  int64_t last_sent = -1;  // commit point last sent to Kafka
+  // Records polled before our last seek of this partition are stale.
+  uint64_t seek_ticket = 0;
+  // A retry-topic partition whose next record is not due yet is paused and
+  // rewound to that record until this timer fires.
+  std::unique_ptr<boost::asio::steady_timer> hold_timer;
+  bool stalled = false;  // the consumer reported a stall; cleared by the next record
+  size_t in_pipeline = 0;  // records of this assignment not yet ended (a revocation waits for them)
+};
+
+/// Where a record is in its life; exactly one owner acts on it per stage.
+enum class Stage {
+  Waiting,        // behind an earlier record of the same key
+  Claim,          // queued for the next claim batch
+  Claiming,       // in a claim job
+  Busy,           // key held by another live host; re-checked periodically
+  Ready,          // claim held; waiting for a call slot
+  Calling,        // handler call (or local_tx apply job) in progress
+  Backoff,        // retry scheduled
+  Finishing,      // done / failed / unknown / forward being written
+  DeadLettering,  // refused before any claim; outbox row being written
+};
+
+struct Record {
+  uint64_t id = 0;
+  kafka::MessagePtr msg;
+  Route* route = nullptr;
+  size_t tier = 0;  // 0: consumed from the route's topic; N: from its retry topic N
+  std::shared_ptr<Partition> part;
+  int64_t offset = 0;
+  int64_t timestamp_ms = 0;
+  Stage stage = Stage::Claim;
+  std::string biz_key;
+  std::string key_id;  // empty: not in a key queue (refused before a key existed)
+  std::string payload_hash;
+  // The claim we hold (valid from Ready on).
+  claim::RowKey row;
+  uint32_t attempt = 0;
+  std::string token;
+  uint32_t calls = 0;
+  std::string receipt;
+  dlq::Reason refuse_reason = dlq::Reason::Permanent;  // DeadLettering only
+  std::string last_error;
+  int64_t first_failure_ms = 0;
+  int64_t last_failure_ms = 0;
+  uint64_t call_id = 0;
+  std::chrono::steady_clock::time_point call_started;
+  std::unique_ptr<boost::asio::steady_timer> timer;
+
+  void note_failure(std::string error) {
+    last_error = std::move(error);
+    last_failure_ms = wall_clock_ms();
+    if (first_failure_ms == 0) first_failure_ms = last_failure_ms;
+  }
+  claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, receipt, last_error}; }
+};
+
+}  // namespace idemsink::pipeline

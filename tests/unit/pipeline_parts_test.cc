@@ -1,0 +1,111 @@
+// The pure parts of the pipeline: admission, the key queue, the batch queue.
+#define BOOST_TEST_MODULE pipeline_parts
+#include <boost/test/unit_test.hpp>
+
+#include "core/config/config.h"
+#include "core/pipeline/admission.h"
+#include "core/pipeline/batch_queue.h"
+#include "core/pipeline/key_queue.h"
+
+using namespace idemsink;
+using namespace idemsink::pipeline;
+using dlq::Reason;
+
+namespace {
+
+constexpr int64_t kNow = 1'800'000'000'000;  // 2027-01-15
+constexpr int64_t kDay = 86'400'000;
+
+struct Message {
+  std::string key, value;
+  rd_kafka_message_t raw{};
+  Message(std::string k, std::string v) : key(std::move(k)), value(std::move(v)) {
+    raw.key = key.empty() ? nullptr : key.data();
+    raw.key_len = key.size();
+    raw.payload = value.data();
+    raw.len = value.size();
+  }
+};
+
+config::Config cfg() {
+  return config::load_string(R"(
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+[database]
+database = "x"
+[[route]]
+name = "waybill"
+topic = "orders"
+plugin = "/dev/null"
+max_record_bytes = 100
+)",
+                             "test.toml");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(admission_refuses_in_order_and_admits_the_rest) {
+  const auto c = cfg();
+  const auto& route = c.routes.at(0);
+  KeyExtractor ex(route);
+  auto refusal = [&](const Message& m, int64_t ts) {
+    auto r = admit(route, c.claim, ex, &m.raw, ts, kNow);
+    return std::holds_alternative<Refusal>(r) ? std::get<Refusal>(r).reason : Reason::Retry;
+  };
+  BOOST_TEST((refusal(Message("k", std::string(100, 'v')), kNow) == Reason::RecordTooLarge));
+  BOOST_TEST((refusal(Message("", "v"), kNow) == Reason::MissingKey));
+  BOOST_TEST((refusal(Message("k", "v"), -1) == Reason::MissingTimestamp));
+  const int64_t horizon = (c.claim.retention_days - c.claim.horizon_margin_days) * kDay;
+  BOOST_TEST((refusal(Message("k", "v"), kNow - horizon - 1) == Reason::BeyondReplayHorizon));
+  BOOST_TEST((refusal(Message("k", "v"), kNow + c.claim.max_future_skew.count() + 1) == Reason::TimestampInFuture));
+  Message ok("order-7", "v");
+  auto admitted = admit(route, c.claim, ex, &ok.raw, kNow - horizon + kDay, kNow);
+  BOOST_REQUIRE(std::holds_alternative<std::string>(admitted));
+  BOOST_TEST(std::get<std::string>(admitted) == "order-7");
+}
+
+BOOST_AUTO_TEST_CASE(admission_refuses_keys_longer_than_the_claim_column) {
+  auto c = cfg();
+  c.routes[0].max_record_bytes = 10'000;
+  KeyExtractor ex(c.routes[0]);
+  Message long_key(std::string(256, 'k'), "v");
+  auto r = admit(c.routes[0], c.claim, ex, &long_key.raw, kNow, kNow);
+  BOOST_REQUIRE(std::holds_alternative<Refusal>(r));
+  BOOST_TEST((std::get<Refusal>(r).reason == Reason::BizKeyTooLong));
+}
+
+BOOST_AUTO_TEST_CASE(key_queue_runs_one_record_per_key_in_arrival_order) {
+  KeyQueue q;
+  BOOST_TEST(q.push("a", 1));
+  BOOST_TEST(!q.push("a", 2));
+  BOOST_TEST(!q.push("a", 3));
+  BOOST_TEST(q.push("b", 4));  // other keys run in parallel
+  BOOST_TEST(q.keys() == 2u);
+  // A record behind the first leaves without promoting anyone (dropped on revoke).
+  BOOST_TEST(!q.remove("a", 2).has_value());
+  BOOST_TEST(*q.remove("a", 1) == 3u);  // the first finishes: the next in line goes
+  BOOST_TEST(!q.remove("a", 3).has_value());
+  BOOST_TEST(!q.remove("b", 4).has_value());
+  BOOST_TEST(q.keys() == 0u);
+  BOOST_TEST(!q.remove("gone", 9).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(batch_queue_bounds_jobs_and_batches) {
+  BatchQueue<int> q(2);
+  BOOST_TEST(q.take(10).empty());
+  for (int i = 0; i < 5; ++i) q.push(i);
+  BOOST_TEST(q.schedule());
+  BOOST_TEST(!q.schedule());  // one flush scheduled at a time
+  q.flushing();
+  auto a = q.take(2);
+  auto b = q.take(2);
+  BOOST_TEST(a == std::vector<int>({0, 1}));
+  BOOST_TEST(b == std::vector<int>({2, 3}));
+  BOOST_TEST(q.take(2).empty());  // both job slots taken
+  BOOST_TEST(q.jobs() == 2);
+  q.job_done();
+  BOOST_TEST(q.take(2) == std::vector<int>({4}));
+  q.job_done();
+  q.job_done();
+  BOOST_TEST(q.idle());
+}
