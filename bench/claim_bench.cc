@@ -22,8 +22,9 @@ int main(int argc, char** argv) {
   claim::apply_schema(c, std::chrono::system_clock::now(), {});
   c.execute("CREATE TABLE naive_dedup (msg_id VARCHAR(64) PRIMARY KEY, status TINYINT NOT NULL) ENGINE=InnoDB");
   claim::ClaimStore store("bench", "bench#1", std::chrono::seconds(30));
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
 
   struct Result {
     uint64_t statements = 0;

@@ -68,11 +68,12 @@ double run(const std::string& name, int in_flight, const std::string& topic, int
                     "\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n[kafka]\nbootstrap_servers = \"" +
                     kafka.bootstrap() + "\"\ngroup_id = \"bench-" + name +
                     "\"\nmax_poll_records = 200\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-                    "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" + mariadb.socket() +
-                    "\"\ndatabase = \"bench_" + name + "\"\n[[route]]\nname = \"waybill\"\ntopic = \"" + topic +
-                    "\"\nplugin = \"" + IDEMSINK_PLUGIN_DIR + "/libidemsink_waybill.so\"\n"
-                    "key = { from = \"json\", json = \"order_id\" }\n[route.options]\nendpoint = \"" + services.url() +
-                    "\"\nmax_connections = " + std::to_string(std::min(in_flight, 1000)) + "\n";
+                    "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
+                    mariadb.socket() + "\"\ndatabase = \"bench_" + name +
+                    "\"\n[[route]]\nname = \"waybill\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_PLUGIN_DIR +
+                    "/libidemsink_waybill.so\"\n"
+                    "key = { from = \"json\", json = \"order_id\" }\n[route.options]\nendpoint = \"" +
+                    services.url() + "\"\nmax_connections = " + std::to_string(std::min(in_flight, 1000)) + "\n";
   write_file(dir / (name + ".toml"), cfg);
   Process host({IDEMSINK_BINARY, "run", "--config", (dir / (name + ".toml")).string()}, dir / (name + ".out"),
                dir / (name + ".log"));
@@ -113,8 +114,8 @@ int main(int argc, char** argv) {
             << " records, 16 partitions, waybill RPC mean 60 ms / P99 350 ms\n"
             << std::left << std::setw(46) << "16 in flight (one per partition, seed's loop)" << std::right
             << std::setw(10) << std::fixed << std::setprecision(0) << narrow << " rec/s\n"
-            << std::left << std::setw(46) << "2000 in flight (key-ordered, async)" << std::right << std::setw(10) << wide
-            << " rec/s\n"
+            << std::left << std::setw(46) << "2000 in flight (key-ordered, async)" << std::right << std::setw(10)
+            << wide << " rec/s\n"
             << std::left << std::setw(46) << "speed-up" << std::right << std::setw(10) << std::setprecision(1)
             << wide / narrow << "x\n";
   return 0;

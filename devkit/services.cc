@@ -63,15 +63,17 @@ FakeServices::FakeServices(const std::string& binary, std::vector<std::string> f
   port_ = std::stoi(line.substr(colon + 1));
 }
 
-nlohmann::json FakeServices::stats() { return nlohmann::json::parse(http_request(port_, "GET", "/stats?detail=1").second); }
+nlohmann::json FakeServices::stats() {
+  return nlohmann::json::parse(http_request(port_, "GET", "/stats?detail=1").second);
+}
 
 std::pair<int, std::string> http_request(int port, const std::string& method, const std::string& target,
                                          const std::string& body) {
   boost::asio::io_context io;
   beast::tcp_stream stream(io);
   stream.expires_after(std::chrono::seconds(30));
-  stream.connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                                static_cast<unsigned short>(port)));
+  stream.connect(
+      boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   req.set(http::field::host, "127.0.0.1");
   req.body() = body;

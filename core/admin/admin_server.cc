@@ -78,8 +78,10 @@ class Session : public std::enable_shared_from_this<Session> {
 tcp::endpoint parse_listen(const std::string& listen) {
   const std::optional<HostPort> hp = parse_host_port(listen);
   if (!hp)
-    throw std::invalid_argument("host.admin_listen must be an IP address and a port 0..65535 (\"127.0.0.1:9464\", "
-                                "\"[::1]:9464\"), got \"" + listen + "\"");
+    throw std::invalid_argument(
+        "host.admin_listen must be an IP address and a port 0..65535 (\"127.0.0.1:9464\", "
+        "\"[::1]:9464\"), got \"" +
+        listen + "\"");
   return tcp::endpoint(boost::asio::ip::make_address(hp->host), hp->port);
 }
 

@@ -47,7 +47,8 @@ int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_p
   opt.control_port = control_port;
   for (const auto& t : topics) {
     const auto colon = t.rfind(':');
-    if (colon == std::string::npos || colon == 0) throw std::invalid_argument("--topic wants NAME:PARTITIONS, got " + t);
+    if (colon == std::string::npos || colon == 0)
+      throw std::invalid_argument("--topic wants NAME:PARTITIONS, got " + t);
     opt.topics.emplace_back(t.substr(0, colon), std::stoi(t.substr(colon + 1)));
   }
   return kafka::run_dev_cluster(opt);
@@ -107,7 +108,8 @@ int reconcile_ask(const config::Config& cfg) {
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
   db::Pool pool(cfg.database, 2);
-  pipeline::Reconciler reconciler(io, pool, cfg, handlers, nullptr, cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
+  pipeline::Reconciler reconciler(io, pool, cfg, handlers, nullptr,
+                                  cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
   pipeline::ReconcileSummary summary;
   reconciler.run_once([&](pipeline::ReconcileSummary s) {
     summary = s;

@@ -227,8 +227,8 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     for (const auto& t : candidates) epochs.push_back(Outcome{t.e->row, t.e->attempt, 0, {}, {}});
     const std::string sql =
         "UPDATE idemsink_claim SET attempt = attempt + 1, takeovers = takeovers + (owner IS NOT NULL), owner = " +
-        c.quote(owner_) + ", lease_until = " +
-        lease_expr() + ", updated_at = NOW(3) WHERE status = 1 AND (owner IS NULL OR lease_until < NOW(3) OR " +
+        c.quote(owner_) + ", lease_until = " + lease_expr() +
+        ", updated_at = NOW(3) WHERE status = 1 AND (owner IS NULL OR lease_until < NOW(3) OR " +
         "SUBSTRING_INDEX(owner, '#', 1) = " + c.quote(host_id_) + ") AND (" + where_epochs(epochs) + ")";
     c.execute(sql);
     std::vector<RowKey> keys;
@@ -259,9 +259,10 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
 std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey> keys) const {
   std::vector<ClaimResult> out;
   if (keys.empty()) return out;
-  const std::string sql = "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers "
-                          "FROM idemsink_claim WHERE " +
-                          where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }) + " ORDER BY bucket";
+  const std::string sql =
+      "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers "
+      "FROM idemsink_claim WHERE " +
+      where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }) + " ORDER BY bucket";
   for (auto& r : c.query(sql)) {
     ClaimResult res;
     res.row = RowKey{*r[0], *r[1], *r[2]};
@@ -299,7 +300,8 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
                           std::to_string(static_cast<int>(status)) + ", " +
                           (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
                           ", c.calls = v.calls, c.lease_until = NULL, c.updated_at = NOW(3) "
-                          "WHERE c.status = 1 AND c.owner = " + c.quote(owner_) + " AND c.attempt = v.att";
+                          "WHERE c.status = 1 AND c.owner = " +
+                          c.quote(owner_) + " AND c.attempt = v.att";
   const uint64_t affected = c.execute(sql);
   if (affected == outcomes.size()) {
     ok.assign(outcomes.size(), true);
@@ -312,8 +314,9 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
   std::map<std::string, std::pair<Status, uint32_t>> now;
   for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, owner FROM idemsink_claim WHERE " +
                          where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }))) {
-    if (r[5] && *r[5] == owner_) now[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = {static_cast<Status>(std::stoi(*r[3])),
-                                                                             static_cast<uint32_t>(std::stoul(*r[4]))};
+    if (r[5] && *r[5] == owner_)
+      now[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = {static_cast<Status>(std::stoi(*r[3])),
+                                                  static_cast<uint32_t>(std::stoul(*r[4]))};
   }
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const Outcome& o = outcomes[i];
@@ -347,8 +350,10 @@ std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome>
 
 void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const {
   if (outcomes.empty()) return;
-  c.execute("UPDATE idemsink_claim SET owner = NULL, lease_until = NULL, updated_at = NOW(3) WHERE status = 1 AND "
-            "owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")");
+  c.execute(
+      "UPDATE idemsink_claim SET owner = NULL, lease_until = NULL, updated_at = NOW(3) WHERE status = 1 AND "
+      "owner = " +
+      c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")");
 }
 
 namespace {
@@ -370,7 +375,8 @@ constexpr std::string_view kLetGo =
 std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::span<const std::string> namespaces,
                                                          std::chrono::milliseconds stuck_after, size_t limit,
                                                          bool include_leased) const {
-  std::string where = include_leased ? "(status = 4" : "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3)))";
+  std::string where =
+      include_leased ? "(status = 4" : "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3)))";
   where += " OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
            std::to_string(stuck_after.count() * 1000) + " MICROSECOND))";
   if (!namespaces.empty()) {
@@ -417,11 +423,12 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
   std::string set;
   switch (result) {
     case RedriveResult::Applied:
-      set = "status = 2, receipt = " + Connection::hex(detail) + ", last_error = " +
-            c.quote("reconciled: not applied, re-driven once");
+      set = "status = 2, receipt = " + Connection::hex(detail) +
+            ", last_error = " + c.quote("reconciled: not applied, re-driven once");
       break;
     case RedriveResult::Rejected:
-      set = "status = 3, last_error = " + c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), 1024));
+      set = "status = 3, last_error = " +
+            c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), 1024));
       break;
     case RedriveResult::Undecided:
       set = "last_error = " +
@@ -429,13 +436,15 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
       break;
   }
   return c.execute("UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(calls) +
-                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND status = 4 AND owner = " +
-                   c.quote(owner_) + " AND attempt = " + std::to_string(taken_attempt)) == 1;
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) +
+                   " AND status = 4 AND owner = " + c.quote(owner_) +
+                   " AND attempt = " + std::to_string(taken_attempt)) == 1;
 }
 
 bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token, Status as,
                                      std::string_view note) const {
-  if (as != Status::Done && as != Status::Failed) throw std::invalid_argument("resolve_by_operator takes done or failed");
+  if (as != Status::Done && as != Status::Failed)
+    throw std::invalid_argument("resolve_by_operator takes done or failed");
   // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
   return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(static_cast<int>(as)) +
                    ", last_error = " + c.quote(sanitize_utf8("resolved by operator: " + std::string(note), 1024)) +

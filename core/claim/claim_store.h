@@ -82,13 +82,13 @@ const char* to_string(Verdict v);
 
 struct ClaimResult {
   Verdict verdict = Verdict::Busy;
-  RowKey row;              // the governing row (its bucket may differ from the request's)
+  RowKey row;  // the governing row (its bucket may differ from the request's)
   Status status = Status::Pending;
-  uint32_t attempt = 0;    // claim epoch after this claim
+  uint32_t attempt = 0;  // claim epoch after this claim
   std::string idem_token;
-  std::string receipt;     // for Done
-  bool taken_over = false; // Owned by taking over an existing pending row
-  uint32_t takeovers = 0;  // times the row was taken from an owner that had not released it
+  std::string receipt;      // for Done
+  bool taken_over = false;  // Owned by taking over an existing pending row
+  uint32_t takeovers = 0;   // times the row was taken from an owner that had not released it
   /// The previous owner did not release the row (crashed, or its lease ran
   /// out): a call may have been made under it.
   bool previous_owner_vanished = false;
@@ -98,9 +98,9 @@ struct ClaimResult {
 struct Outcome {
   RowKey row;
   uint32_t attempt = 0;
-  uint32_t calls = 0;        // handler calls made for this record
-  std::string receipt;       // done
-  std::string error;         // failed / unknown
+  uint32_t calls = 0;   // handler calls made for this record
+  std::string receipt;  // done
+  std::string error;    // failed / unknown
 };
 
 class ClaimStore {

@@ -3,7 +3,6 @@
 #include <ctime>
 #include <set>
 
-
 namespace idemsink::claim {
 namespace {
 

@@ -145,23 +145,17 @@ Millis duration_of(const Setting& s, const toml::node& n, const std::string& fil
 Value declared_default(const Setting& s) {
   const std::string text(s.default_value);
   switch (s.type) {
-    case Type::String:
-      return text;
-    case Type::Int:
-      return Value(std::in_place_type<int64_t>, std::stoll(text));
-    case Type::Bool:
-      return Value(std::in_place_type<bool>, text == "true");
+    case Type::String: return text;
+    case Type::Int: return Value(std::in_place_type<int64_t>, std::stoll(text));
+    case Type::Bool: return Value(std::in_place_type<bool>, text == "true");
     case Type::Duration:
       if (const std::optional<Millis> d = parse_duration(text)) return *d;
       break;
-    case Type::DurationList:
-      return std::vector<Millis>{};
-    case Type::StringMap:
-      return std::map<std::string, std::string>{};
+    case Type::DurationList: return std::vector<Millis>{};
+    case Type::StringMap: return std::map<std::string, std::string>{};
     case Type::Section:
     case Type::SectionArray:
-    case Type::Options:
-      break;
+    case Type::Options: break;
   }
   throw std::logic_error("setting " + std::string(s.path) + " has no usable default");
 }
@@ -177,16 +171,14 @@ Value read_value(const Setting& s, const toml::node* n, const std::string& file,
   }
   const SourcePos pos = pos_of(file, *n);
   switch (s.type) {
-    case Type::String:
-      return expand_env(**n->as_string(), pos, s.path, looks_secret(leaf(s.path)));
+    case Type::String: return expand_env(**n->as_string(), pos, s.path, looks_secret(leaf(s.path)));
     case Type::Int: {
       const int64_t v = **n->as_integer();
       if (v < s.min || v > s.max)
         fail(pos, s.path, "must be between " + std::to_string(s.min) + " and " + std::to_string(s.max));
       return Value(std::in_place_type<int64_t>, v);
     }
-    case Type::Bool:
-      return Value(std::in_place_type<bool>, **n->as_boolean());
+    case Type::Bool: return Value(std::in_place_type<bool>, **n->as_boolean());
     case Type::Duration:
       return duration_of(s, *n, file, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
     case Type::DurationList: {
@@ -207,8 +199,7 @@ Value read_value(const Setting& s, const toml::node* n, const std::string& file,
     }
     case Type::Section:
     case Type::SectionArray:
-    case Type::Options:
-      break;
+    case Type::Options: break;
   }
   throw std::logic_error("setting " + std::string(s.path) + " holds no value");
 }
@@ -257,7 +248,9 @@ class Reader {
     return n ? pos_of(file_, *n) : table_pos_;
   }
   const SourcePos& table_pos() const { return table_pos_; }
-  std::string path(std::string_view key) const { return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key); }
+  std::string path(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key);
+  }
 
  private:
   const Setting& decl(std::string_view key) const {

@@ -36,12 +36,12 @@ struct SourcePos {
 };
 
 struct HostConfig {
-  std::string id;                 // stable identity; owner prefix of claims
-  int max_in_flight{};            // handler calls in flight, all routes
+  std::string id;       // stable identity; owner prefix of claims
+  int max_in_flight{};  // handler calls in flight, all routes
   int max_buffered_records{};
   Millis shutdown_grace{};
   std::string log_level;
-  std::string admin_listen;       // "" = no admin HTTP server
+  std::string admin_listen;  // "" = no admin HTTP server
 };
 
 struct KafkaConfig {
@@ -113,7 +113,7 @@ struct RouteConfig {
   std::string topic;
   std::filesystem::path plugin;
   SourcePos plugin_pos;
-  KeySource key_source{};     // MessageKey
+  KeySource key_source{};  // MessageKey
   std::string key_header;
   std::string key_json_path;  // dotted path, e.g. "order.id"
   int concurrency{};          // 0 = only the host-wide cap

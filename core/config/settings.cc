@@ -88,16 +88,16 @@ void store(const Target& t, Value&& v) {
 
 // A setting stored into `Member`; its type follows from the field's.
 template <auto Member>
-constexpr Setting field(std::string_view path, std::string_view default_value, bool required, int64_t min,
-                        int64_t max, std::string_view doc) {
+constexpr Setting field(std::string_view path, std::string_view default_value, bool required, int64_t min, int64_t max,
+                        std::string_view doc) {
   using M = MemberOf<decltype(Member)>;
-  return Setting{path, type_of<typename M::Field>(), default_value, required, min, max, doc, &store<Member>,
-                 Section<typename M::Struct>::path};
+  return Setting{path,           type_of<typename M::Field>(),     default_value, required, min, max, doc,
+                 &store<Member>, Section<typename M::Struct>::path};
 }
 
 // A section, or a setting the loading code reads itself.
-constexpr Setting declare(std::string_view path, Type type, std::string_view default_value, bool required,
-                          int64_t min, int64_t max, std::string_view doc) {
+constexpr Setting declare(std::string_view path, Type type, std::string_view default_value, bool required, int64_t min,
+                          int64_t max, std::string_view doc) {
   return Setting{path, type, default_value, required, min, max, doc, nullptr, {}};
 }
 
@@ -105,122 +105,142 @@ constexpr Setting declare(std::string_view path, Type type, std::string_view def
 // values land in and the generated reference all come from here.
 constexpr Setting kSettings[] = {
     declare("host", Type::Section, "", false, 0, 0, "This host process."),
-    field<&HostConfig::id>("host.id", "", false, 0, 0,
-     "Stable identity of this host (default: the machine's hostname). Claims are owned by `<id>#<run>`: a host "
-     "restarted with the same id takes over its own leases at once instead of waiting for them to expire. Two live "
-     "hosts must never share an id."),
-    field<&HostConfig::max_in_flight>("host.max_in_flight", "2000", false, 1, 100000,
-     "Handler calls in flight at once, all routes together (Little's law: rate x latency)."),
-    field<&HostConfig::max_buffered_records>("host.max_buffered_records", "20000", false, 1, 10000000,
-     "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."),
-    field<&HostConfig::shutdown_grace>("host.shutdown_grace", "30s", false, 0, 3600000,
-     "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."),
+    field<&HostConfig::id>(
+        "host.id", "", false, 0, 0,
+        "Stable identity of this host (default: the machine's hostname). Claims are owned by `<id>#<run>`: a host "
+        "restarted with the same id takes over its own leases at once instead of waiting for them to expire. Two live "
+        "hosts must never share an id."),
+    field<&HostConfig::max_in_flight>(
+        "host.max_in_flight", "2000", false, 1, 100000,
+        "Handler calls in flight at once, all routes together (Little's law: rate x latency)."),
+    field<&HostConfig::max_buffered_records>(
+        "host.max_buffered_records", "20000", false, 1, 10000000,
+        "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."),
+    field<&HostConfig::shutdown_grace>(
+        "host.shutdown_grace", "30s", false, 0, 3600000,
+        "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."),
     field<&HostConfig::log_level>("host.log_level", "info", false, 0, 0, "trace, debug, info, warn or error."),
-    field<&HostConfig::admin_listen>("host.admin_listen", "", false, 0, 0,
-     "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
-     "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."),
+    field<&HostConfig::admin_listen>(
+        "host.admin_listen", "", false, 0, 0,
+        "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
+        "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."),
 
     declare("kafka", Type::Section, "", true, 0, 0, "The Kafka cluster and consumer group."),
     field<&KafkaConfig::bootstrap_servers>("kafka.bootstrap_servers", "", true, 0, 0,
-     "Comma-separated host:port list."),
+                                           "Comma-separated host:port list."),
     field<&KafkaConfig::group_id>("kafka.group_id", "idemsink", false, 0, 0,
-     "Consumer group; all hosts of one deployment share it."),
+                                  "Consumer group; all hosts of one deployment share it."),
     field<&KafkaConfig::max_poll_records>("kafka.max_poll_records", "500", false, 1, 100000,
-     "Records taken per poll and claimed as one batch."),
+                                          "Records taken per poll and claimed as one batch."),
     field<&KafkaConfig::poll_timeout>("kafka.poll_timeout", "100ms", false, 1, 60000,
-     "How long one poll waits for records."),
+                                      "How long one poll waits for records."),
     field<&KafkaConfig::commit_interval>("kafka.commit_interval", "1s", false, 10, 600000,
-     "How often durable offsets are committed (also on revoke and shutdown)."),
-    field<&KafkaConfig::stall_timeout>("kafka.stall_timeout", "30s", false, 1000, 3600000,
-     "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
-     "receives no record for this long, is stalled: logged, counted and read again from where it stands."),
+                                         "How often durable offsets are committed (also on revoke and shutdown)."),
+    field<&KafkaConfig::stall_timeout>(
+        "kafka.stall_timeout", "30s", false, 1000, 3600000,
+        "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
+        "receives no record for this long, is stalled: logged, counted and read again from where it stands."),
     field<&KafkaConfig::properties>("kafka.properties", "", false, 0, 0,
-     "librdkafka properties for both clients (security.protocol, sasl.*, ...)."),
-    field<&KafkaConfig::consumer_properties>("kafka.consumer", "", false, 0, 0,
-     "librdkafka properties for the consumer only (session.timeout.ms, partition.assignment.strategy, ...). "
-     "enable.auto.commit and enable.auto.offset.store are always false, isolation.level is read_committed."),
-    field<&KafkaConfig::producer_properties>("kafka.producer", "", false, 0, 0,
-     "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."),
+                                    "librdkafka properties for both clients (security.protocol, sasl.*, ...)."),
+    field<&KafkaConfig::consumer_properties>(
+        "kafka.consumer", "", false, 0, 0,
+        "librdkafka properties for the consumer only (session.timeout.ms, partition.assignment.strategy, ...). "
+        "enable.auto.commit and enable.auto.offset.store are always false, isolation.level is read_committed."),
+    field<&KafkaConfig::producer_properties>(
+        "kafka.producer", "", false, 0, 0,
+        "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."),
 
     declare("database", Type::Section, "", true, 0, 0, "The business MariaDB holding the claim table."),
     field<&DatabaseConfig::host>("database.host", "127.0.0.1", false, 0, 0, "Server host (TCP)."),
     field<&DatabaseConfig::port>("database.port", "3306", false, 1, 65535, "Server port."),
     field<&DatabaseConfig::socket>("database.socket", "", false, 0, 0,
-     "Unix socket path; when set, used instead of host/port."),
+                                   "Unix socket path; when set, used instead of host/port."),
     field<&DatabaseConfig::user>("database.user", "root", false, 0, 0, "User name."),
     field<&DatabaseConfig::password>("database.password", "", false, 0, 0,
-     "Password (prefer password_env). Never logged."),
+                                     "Password (prefer password_env). Never logged."),
     declare("database.password_env", Type::String, "", false, 0, 0,
-     "Name of an environment variable holding the password; it must be set when this is."),
+            "Name of an environment variable holding the password; it must be set when this is."),
     field<&DatabaseConfig::database>("database.database", "", true, 0, 0, "Schema (database) name."),
     field<&DatabaseConfig::pool_size>("database.pool_size", "4", false, 2, 64, "Connections, one worker thread each."),
     field<&DatabaseConfig::connect_timeout>("database.connect_timeout", "5s", false, 100, 600000,
-     "Connect timeout per attempt."),
-    field<&DatabaseConfig::reconnect_backoff_max>("database.reconnect_backoff_max", "5s", false, 10, 600000,
-     "Longest wait between reconnect attempts while the database is gone."),
+                                            "Connect timeout per attempt."),
+    field<&DatabaseConfig::reconnect_backoff_max>(
+        "database.reconnect_backoff_max", "5s", false, 10, 600000,
+        "Longest wait between reconnect attempts while the database is gone."),
 
     declare("claim", Type::Section, "", false, 0, 0, "The claim/dedup state machine."),
-    field<&ClaimConfig::lease>("claim.lease", "30s", false, 1000, 86400000,
-     "Lease on a pending claim, renewed while its record is being handled; another host may take it over only "
-     "after it expires."),
+    field<&ClaimConfig::lease>(
+        "claim.lease", "30s", false, 1000, 86400000,
+        "Lease on a pending claim, renewed while its record is being handled; another host may take it over only "
+        "after it expires."),
     field<&ClaimConfig::wait_recheck>("claim.wait_recheck", "1s", false, 10, 600000,
-     "How often a record whose key is held by another live host is checked again."),
+                                      "How often a record whose key is held by another live host is checked again."),
     field<&ClaimConfig::retention_days>("claim.retention_days", "90", false, 2, 36500,
-     "Claim rows are kept this long (monthly partitions, dropped whole)."),
-    field<&ClaimConfig::horizon_margin_days>("claim.horizon_margin_days", "7", false, 1, 36500,
-     "Records older than retention minus this margin are refused (DLQ reason beyond_replay_horizon): their claim "
-     "may already be dropped."),
-    field<&ClaimConfig::max_future_skew>("claim.max_future_skew", "1h", false, 0, 86400000 * 30LL,
-     "Records timestamped further in the future than this are refused (DLQ reason timestamp_in_future)."),
-    field<&ClaimConfig::apply_schema>("claim.apply_schema", "true", false, 0, 0,
-     "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."),
-    field<&ClaimConfig::max_takeovers>("claim.max_takeovers", "5", false, 1, 1000,
-     "A record whose claim was taken over this many times (its host kept dying on it) is failed to the DLQ "
-     "instead of being handled again."),
+                                        "Claim rows are kept this long (monthly partitions, dropped whole)."),
+    field<&ClaimConfig::horizon_margin_days>(
+        "claim.horizon_margin_days", "7", false, 1, 36500,
+        "Records older than retention minus this margin are refused (DLQ reason beyond_replay_horizon): their claim "
+        "may already be dropped."),
+    field<&ClaimConfig::max_future_skew>(
+        "claim.max_future_skew", "1h", false, 0, 86400000 * 30LL,
+        "Records timestamped further in the future than this are refused (DLQ reason timestamp_in_future)."),
+    field<&ClaimConfig::apply_schema>(
+        "claim.apply_schema", "true", false, 0, 0,
+        "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."),
+    field<&ClaimConfig::max_takeovers>(
+        "claim.max_takeovers", "5", false, 1, 1000,
+        "A record whose claim was taken over this many times (its host kept dying on it) is failed to the DLQ "
+        "instead of being handled again."),
     field<&ClaimConfig::flush_linger>("claim.flush_linger", "5ms", false, 0, 1000,
-     "How long completions wait to be marked done together in one statement."),
-    field<&ClaimConfig::stuck_after>("claim.stuck_after", "10m", false, 1000, 86400000 * 30LL,
-     "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."),
-    field<&ClaimConfig::reconcile_interval>("claim.reconcile_interval", "1m", false, 0, 86400000,
-     "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."),
+                                      "How long completions wait to be marked done together in one statement."),
+    field<&ClaimConfig::stuck_after>(
+        "claim.stuck_after", "10m", false, 1000, 86400000 * 30LL,
+        "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."),
+    field<&ClaimConfig::reconcile_interval>(
+        "claim.reconcile_interval", "1m", false, 0, 86400000,
+        "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."),
 
     declare("route", Type::SectionArray, "", true, 0, 0,
-     "One [[route]] per topic: which handler runs for its records."),
-    field<&RouteConfig::name>("route.name", "", true, 0, 0,
-     "Route name, also the claim namespace: one biz_key can have one claim per route. [A-Za-z0-9_.-], at most 64."),
+            "One [[route]] per topic: which handler runs for its records."),
+    field<&RouteConfig::name>(
+        "route.name", "", true, 0, 0,
+        "Route name, also the claim namespace: one biz_key can have one claim per route. [A-Za-z0-9_.-], at most 64."),
     field<&RouteConfig::topic>("route.topic", "", true, 0, 0, "Source topic."),
     field<&RouteConfig::plugin>("route.plugin", "", true, 0, 0,
-     "Handler plugin (.so) path, relative to this file's folder."),
+                                "Handler plugin (.so) path, relative to this file's folder."),
     field<&RouteConfig::concurrency>("route.concurrency", "0", false, 0, 100000,
-     "Calls in flight for this route; 0 = only the host-wide max_in_flight."),
+                                     "Calls in flight for this route; 0 = only the host-wide max_in_flight."),
     field<&RouteConfig::call_timeout>("route.call_timeout", "30s", false, 10, 3600000,
-     "Deadline for one handler call to report; past it the call counts as uncertain."),
-    field<&RouteConfig::payload_check>("route.payload_check", "true", false, 0, 0,
-     "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
+                                      "Deadline for one handler call to report; past it the call counts as uncertain."),
+    field<&RouteConfig::payload_check>(
+        "route.payload_check", "true", false, 0, 0,
+        "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
     field<&RouteConfig::max_record_bytes>("route.max_record_bytes", "1048576", false, 1, 1LL << 30,
-     "Larger records are refused (DLQ reason record_too_large)."),
+                                          "Larger records are refused (DLQ reason record_too_large)."),
     declare("route.key", Type::Section, "", false, 0, 0, "Where the biz_key comes from."),
     declare("route.key.from", Type::String, "key", false, 0, 0, "\"key\" (the Kafka key), \"header\" or \"json\"."),
     field<&RouteConfig::key_header>("route.key.header", "", false, 0, 0, "Header name, with from = \"header\"."),
     field<&RouteConfig::key_json_path>("route.key.json", "", false, 0, 0,
-     "Dotted field path in a JSON value, with from = \"json\"."),
+                                       "Dotted field path in a JSON value, with from = \"json\"."),
     declare("route.retry", Type::Section, "", false, 0, 0,
-     "Retries of retryable (and, for idempotent kinds, uncertain) outcomes."),
+            "Retries of retryable (and, for idempotent kinds, uncertain) outcomes."),
     field<&RetryConfig::max_attempts>("route.retry.max_attempts", "5", false, 1, 1000,
-     "Calls per record before it is dead-lettered."),
+                                      "Calls per record before it is dead-lettered."),
     field<&RetryConfig::backoff_initial>("route.retry.backoff_initial", "200ms", false, 1, 3600000,
-     "First backoff; doubles per attempt, with full jitter."),
+                                         "First backoff; doubles per attempt, with full jitter."),
     field<&RetryConfig::backoff_max>("route.retry.backoff_max", "30s", false, 1, 86400000, "Backoff cap."),
-    field<&RetryConfig::topics>("route.retry.topics", "", false, 1, 86400000 * 7LL,
-     "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the record to "
-     "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
-     "last it is dead-lettered. The source partition moves on at once."),
+    field<&RetryConfig::topics>(
+        "route.retry.topics", "", false, 1, 86400000 * 7LL,
+        "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the record "
+        "to "
+        "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
+        "last it is dead-lettered. The source partition moves on at once."),
     declare("route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."),
     field<&DlqConfig::enabled>("route.dlq.enabled", "true", false, 0, 0,
-     "Publish dead records to the DLQ topic (they are always recorded in the database)."),
+                               "Publish dead records to the DLQ topic (they are always recorded in the database)."),
     field<&DlqConfig::topic>("route.dlq.topic", "", false, 0, 0, "DLQ topic (default: \"<topic>.dlq\")."),
     declare("route.options", Type::Options, "", false, 0, 0,
-     "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."),
+            "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."),
 };
 
 // Every bound setting lives under the section its field's struct stands for.
@@ -279,7 +299,8 @@ std::string reference_markdown() {
     std::string bounds;
     if (s.type == Type::Int) bounds = std::to_string(s.min) + " .. " + std::to_string(s.max);
     if (s.type == Type::Duration) bounds = std::to_string(s.min) + "ms .. " + std::to_string(s.max) + "ms";
-    std::string def = s.required ? "required" : (s.default_value.empty() ? "" : "`" + std::string(s.default_value) + "`");
+    std::string def =
+        s.required ? "required" : (s.default_value.empty() ? "" : "`" + std::string(s.default_value) + "`");
     os << "| `" << key << "` | " << type_name(s.type) << " | " << def << " | " << bounds << " | " << s.doc << " |\n";
   }
   return os.str();

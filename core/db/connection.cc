@@ -19,8 +19,7 @@ ErrorClass classify(unsigned code) {
     case ER_CONNECTION_KILLED:
     case ER_QUERY_INTERRUPTED:
     case ER_CON_COUNT_ERROR:
-    case ER_TOO_MANY_USER_CONNECTIONS:
-      return ErrorClass::ConnectionLost;
+    case ER_TOO_MANY_USER_CONNECTIONS: return ErrorClass::ConnectionLost;
     case ER_LOCK_DEADLOCK:
     case ER_LOCK_WAIT_TIMEOUT:
     case ER_OPTION_PREVENTS_STATEMENT:  // read-only during a failover
@@ -74,8 +73,10 @@ void Connection::throw_error() { throw DbError(mysql_errno(mysql_), mysql_error(
 uint64_t Connection::execute(std::string_view sql) {
   ++statements_;
   if (mysql_real_query(mysql_, sql.data(), sql.size()) != 0) throw_error();
-  if (MYSQL_RES* res = mysql_store_result(mysql_)) mysql_free_result(res);
-  else if (mysql_field_count(mysql_) != 0) throw_error();
+  if (MYSQL_RES* res = mysql_store_result(mysql_))
+    mysql_free_result(res);
+  else if (mysql_field_count(mysql_) != 0)
+    throw_error();
   return mysql_affected_rows(mysql_);
 }
 

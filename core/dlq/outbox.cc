@@ -109,8 +109,8 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   for (const auto& d : letters) {
     sql += first ? "(" : ", (";
     first = false;
-    sql += Connection::hex(d.route) + ", " + c.quote(d.topic) + ", " + opt_hex(d.biz_key) + ", " +
-           c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " + c.quote(d.src_topic) + ", " +
+    sql += Connection::hex(d.route) + ", " + c.quote(d.topic) + ", " + opt_hex(d.biz_key) + ", " + c.quote(d.reason) +
+           ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " + c.quote(d.src_topic) + ", " +
            std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " + opt_hex(d.key) + ", " +
            opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
            std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
@@ -131,8 +131,8 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit) const {
   if (candidates.empty()) return {};
   // CAS: only rows still free (or ours) become ours.
   c.execute("UPDATE idemsink_dlq_outbox SET owner = " + owner + ", lease_until = " + lease +
-            " WHERE published_at IS NULL AND (owner = " + owner + " OR owner IS NULL OR lease_until < NOW(3)) AND id IN (" +
-            id_list(candidates) + ")");
+            " WHERE published_at IS NULL AND (owner = " + owner +
+            " OR owner IS NULL OR lease_until < NOW(3)) AND id IN (" + id_list(candidates) + ")");
   std::vector<Letter> out;
   for (auto& r : c.query(
            "SELECT id, route, dlq_topic, biz_key, reason, error, src_topic, src_partition, src_offset, msg_key, "

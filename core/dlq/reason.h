@@ -19,11 +19,11 @@ enum class Reason {
   TimestampInFuture,    ///< more than claim.max_future_skew ahead
   PayloadConflict,      ///< the key was claimed with a different payload
   // Ended by the failure policy
-  Permanent,            ///< the handler rejected it for good
-  RetriesExhausted,     ///< retryable failures until the attempts ran out
-  Uncertain,            ///< at-most-once call that may or may not have happened (unknown)
-  OwnerVanished,        ///< at-most-once claim taken over from a dead owner (unknown)
-  CrashLoop,            ///< taken over claim.max_takeovers times: it may be killing its host
+  Permanent,         ///< the handler rejected it for good
+  RetriesExhausted,  ///< retryable failures until the attempts ran out
+  Uncertain,         ///< at-most-once call that may or may not have happened (unknown)
+  OwnerVanished,     ///< at-most-once claim taken over from a dead owner (unknown)
+  CrashLoop,         ///< taken over claim.max_takeovers times: it may be killing its host
   // Not a dead letter: the record moves on to its next retry topic
   Retry,
 };

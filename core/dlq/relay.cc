@@ -83,9 +83,8 @@ void Relay::on_taken(std::vector<Letter> letters) {
   if (outstanding_.empty()) {
     finish_cycle(std::move(unpublished_by_design), true);
   } else if (!unpublished_by_design.empty()) {
-    pool_.submit("dlq relay mark", [this, ids = std::move(unpublished_by_design)](db::Connection& c) {
-      outbox_.mark_published(c, ids);
-    });
+    pool_.submit("dlq relay mark",
+                 [this, ids = std::move(unpublished_by_design)](db::Connection& c) { outbox_.mark_published(c, ids); });
   }
 }
 
@@ -111,8 +110,7 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   count_(published.size(), failed);
   failures_in_a_row_ = failed > 0 ? failures_in_a_row_ + 1 : 0;
   if (failed > 0) {
-    const auto wait =
-        std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(failures_in_a_row_, 6)));
+    const auto wait = std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(failures_in_a_row_, 6)));
     not_before_ = std::chrono::steady_clock::now() + wait;
     spdlog::warn("DLQ publish failed for {} of {} outbox rows ({}); they stay in the outbox, next attempt in {}ms",
                  failed, outstanding_.size(), first_error_, wait.count());

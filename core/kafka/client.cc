@@ -31,7 +31,8 @@ PartitionListPtr to_list(const std::vector<TopicPartition>& tps) {
 
 PartitionListPtr to_list(const std::vector<TopicPartitionOffset>& tpos) {
   PartitionListPtr l(rd_kafka_topic_partition_list_new(static_cast<int>(tpos.size())));
-  for (const auto& t : tpos) rd_kafka_topic_partition_list_add(l.get(), t.tp.topic.c_str(), t.tp.partition)->offset = t.offset;
+  for (const auto& t : tpos)
+    rd_kafka_topic_partition_list_add(l.get(), t.tp.topic.c_str(), t.tp.partition)->offset = t.offset;
   return l;
 }
 

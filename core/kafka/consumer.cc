@@ -41,9 +41,9 @@ namespace {
 
 // librdkafka versions that fixed a fault this consumer works around
 // (docs/librdkafka.md has the table, with the test of each).
-constexpr int kBatchConsumeFixed = 0x020100ff;  // batch consume skipped offsets with pause/resume
-constexpr int kSeekTimeoutFixed = 0x020100ff;   // seek_partitions() read its timeout as microseconds
-constexpr int kStickyCloseFixed = 0x020300ff;   // cooperative-sticky close before the first assignment aborted
+constexpr int kBatchConsumeFixed = 0x020100ff;       // batch consume skipped offsets with pause/resume
+constexpr int kSeekTimeoutFixed = 0x020100ff;        // seek_partitions() read its timeout as microseconds
+constexpr int kStickyCloseFixed = 0x020300ff;        // cooperative-sticky close before the first assignment aborted
 constexpr int kIllegalGenerationFixed = 0x020a00ff;  // ILLEGAL_GENERATION on commit lost the assignment
 
 constexpr auto kStreamCheckEvery = std::chrono::milliseconds(200);
@@ -156,17 +156,17 @@ void Consumer::poll_loop() {
     // leave the handle to the process exit. This host holds no partitions,
     // so there is nothing to drain or commit; the group drops the member
     // after session.timeout.ms.
-    spdlog::warn("kafka: no partitions were assigned before the shutdown deadline; leaving the group by session "
-                 "timeout instead of closing (librdkafka {} aborts when a cooperative-sticky consumer closes before "
-                 "its first assignment)",
-                 rd_kafka_version_str());
+    spdlog::warn(
+        "kafka: no partitions were assigned before the shutdown deadline; leaving the group by session "
+        "timeout instead of closing (librdkafka {} aborts when a cooperative-sticky consumer closes before "
+        "its first assignment)",
+        rd_kafka_version_str());
     (void)rk_.release();
     abandoned_.store(true);
     return;
   }
   // Leaving the group revokes everything through rebalance_cb on this thread.
-  if (auto err = rd_kafka_consumer_close(rk_.get()))
-    spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
+  if (auto err = rd_kafka_consumer_close(rk_.get())) spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
   flush();
 }
 
@@ -281,9 +281,10 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
             RD_KAFKA_RESP_ERR_NO_ERROR ||
         high <= *s.next)
       continue;
-    spdlog::error("kafka: {}[{}] is stalled: {} record(s) between offset {} and the end of the partition ({}), none "
-                  "received for {}ms although fetching is on; reading it again from {}",
-                  tp.topic, tp.partition, high - *s.next, *s.next, high, cfg_.stall_timeout.count(), *s.next);
+    spdlog::error(
+        "kafka: {}[{}] is stalled: {} record(s) between offset {} and the end of the partition ({}), none "
+        "received for {}ms although fetching is on; reading it again from {}",
+        tp.topic, tp.partition, high - *s.next, *s.next, high, cfg_.stall_timeout.count(), *s.next);
     listener_.on_stall(tp, *s.next, high);
     s.rereading_from.reset();
     seek_stream(tp, s, *s.next);
@@ -424,25 +425,24 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   }
 }
 
-void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
-                         void* opaque) {
+void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque) {
   static_cast<Consumer*>(opaque)->listener_.on_commit_result(err, offsets_of(offsets));
 }
 
 void Consumer::commit_sync(const std::vector<TopicPartitionOffset>& offsets) {
   auto list = to_list(offsets);
   if (auto err = rd_kafka_commit(rk_.get(), list.get(), 0)) {
-    spdlog::warn("kafka: commit on revoke failed ({}); the next owner re-reads from the previous commit and the "
-                 "claim table turns those records into duplicates",
-                 rd_kafka_err2str(err));
+    spdlog::warn(
+        "kafka: commit on revoke failed ({}); the next owner re-reads from the previous commit and the "
+        "claim table turns those records into duplicates",
+        rd_kafka_err2str(err));
   }
 }
 
 void Consumer::commit_async(const std::vector<TopicPartitionOffset>& offsets) {
   if (offsets.empty()) return;
   auto list = to_list(offsets);
-  if (auto err = rd_kafka_commit(rk_.get(), list.get(), 1))
-    listener_.on_commit_result(err, offsets);
+  if (auto err = rd_kafka_commit(rk_.get(), list.get(), 1)) listener_.on_commit_result(err, offsets);
 }
 
 void Consumer::pause(const std::vector<TopicPartition>& tps) {

@@ -132,7 +132,7 @@ class Consumer {
     int64_t gap_end = 0;                    // where the first read jumped to
     std::optional<int64_t> pending_seek;    // a seek that failed: retried; records refused meanwhile
     std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
-    bool dropping = false;                  // test fault drop_fetch: records vanish until the next seek
+    bool dropping = false;  // test fault drop_fetch: records vanish until the next seek
   };
 
   static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,

@@ -41,9 +41,9 @@ bool parse_error(const std::string& s, rd_kafka_resp_err_t& out) {
 
 bool parse_api_key(const std::string& s, int16_t& out) {
   static const std::map<std::string, int16_t> kNames{
-      {"Produce", 0},     {"Fetch", 1},         {"ListOffsets", 2}, {"Metadata", 3},     {"OffsetCommit", 8},
-      {"OffsetFetch", 9}, {"FindCoordinator", 10}, {"JoinGroup", 11}, {"Heartbeat", 12}, {"LeaveGroup", 13},
-      {"SyncGroup", 14},  {"InitProducerId", 22}};
+      {"Produce", 0},      {"Fetch", 1},       {"ListOffsets", 2},      {"Metadata", 3},
+      {"OffsetCommit", 8}, {"OffsetFetch", 9}, {"FindCoordinator", 10}, {"JoinGroup", 11},
+      {"Heartbeat", 12},   {"LeaveGroup", 13}, {"SyncGroup", 14},       {"InitProducerId", 22}};
   auto it = kNames.find(s);
   if (it != kNames.end()) {
     out = it->second;
@@ -77,7 +77,8 @@ uint32_t crc32c(const std::string& data) {
 
 template <class T>
 void put_be(std::string& out, T v) {
-  for (int i = sizeof(T) - 1; i >= 0; --i) out.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
+  for (int i = sizeof(T) - 1; i >= 0; --i)
+    out.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
 }
 
 void put_varint(std::string& out, int64_t v) {
@@ -94,9 +95,9 @@ std::string control_batch(int count) {
   std::string records;
   for (int i = 0; i < count; ++i) {
     std::string rec;
-    rec.push_back(0);     // attributes
-    put_varint(rec, 0);   // timestamp delta
-    put_varint(rec, i);   // offset delta
+    rec.push_back(0);    // attributes
+    put_varint(rec, 0);  // timestamp delta
+    put_varint(rec, i);  // offset delta
     std::string key;
     put_be<int16_t>(key, 0);  // control record version
     put_be<int16_t>(key, 1);  // type: COMMIT
@@ -111,10 +112,10 @@ std::string control_batch(int count) {
     put_varint(records, static_cast<int64_t>(rec.size()));
     records += rec;
   }
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  std::string tail;  // attributes .. records: what the CRC covers
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::string tail;             // attributes .. records: what the CRC covers
   put_be<int16_t>(tail, 0x30);  // transactional | control
   put_be<int32_t>(tail, count - 1);
   put_be<int64_t>(tail, now);
@@ -125,10 +126,10 @@ std::string control_batch(int count) {
   put_be<int32_t>(tail, count);
   tail += records;
   std::string batch;
-  put_be<int64_t>(batch, 0);                                      // base offset
+  put_be<int64_t>(batch, 0);                                              // base offset
   put_be<int32_t>(batch, static_cast<int32_t>(4 + 1 + 4 + tail.size()));  // batch length
-  put_be<int32_t>(batch, -1);                                     // partition leader epoch
-  batch.push_back(2);                                             // magic
+  put_be<int32_t>(batch, -1);                                             // partition leader epoch
+  batch.push_back(2);                                                     // magic
   put_be<uint32_t>(batch, crc32c(tail));
   return batch + tail;
 }
@@ -142,18 +143,18 @@ int16_t produce_control(const std::string& broker, const std::string& topic, int
   sock.connect(tcp::endpoint(boost::asio::ip::make_address(broker.substr(0, colon)),
                              static_cast<unsigned short>(std::stoi(broker.substr(colon + 1)))));
   std::string body;
-  put_be<int16_t>(body, 0);   // api key: Produce
-  put_be<int16_t>(body, 3);   // api version
-  put_be<int32_t>(body, 1);   // correlation id
+  put_be<int16_t>(body, 0);  // api key: Produce
+  put_be<int16_t>(body, 3);  // api version
+  put_be<int32_t>(body, 1);  // correlation id
   put_be<int16_t>(body, 9);
   body += "dev-kafka";        // client id
   put_be<int16_t>(body, -1);  // transactional id: null
   put_be<int16_t>(body, -1);  // acks: all
   put_be<int32_t>(body, 10000);
-  put_be<int32_t>(body, 1);   // topics
+  put_be<int32_t>(body, 1);  // topics
   put_be<int16_t>(body, static_cast<int16_t>(topic.size()));
   body += topic;
-  put_be<int32_t>(body, 1);   // partitions
+  put_be<int32_t>(body, 1);  // partitions
   put_be<int32_t>(body, partition);
   const std::string batch = control_batch(count);
   put_be<int32_t>(body, static_cast<int32_t>(batch.size()));
@@ -274,8 +275,8 @@ int run_dev_cluster(const DevClusterOptions& opt) {
   }
 
   boost::asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                           static_cast<unsigned short>(opt.control_port)));
+  tcp::acceptor acceptor(
+      io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(opt.control_port)));
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   bool shutdown = false;
   signals.async_wait([&](auto, int) {
@@ -296,19 +297,20 @@ int run_dev_cluster(const DevClusterOptions& opt) {
       auto buf = std::make_shared<boost::asio::streambuf>();
       auto read_line = std::make_shared<std::function<void()>>();
       *read_line = [&, sock, buf, read_line] {
-        boost::asio::async_read_until(*sock, *buf, '\n', [&, sock, buf, read_line](boost::system::error_code rec,
-                                                                                    size_t) {
-          if (rec) return;
-          std::istream is(buf.get());
-          std::string line;
-          std::getline(is, line);
-          if (!line.empty() && line.back() == '\r') line.pop_back();
-          auto reply = std::make_shared<std::string>(execute(mc, line, shutdown) + "\n");
-          boost::asio::async_write(*sock, boost::asio::buffer(*reply), [&, sock, reply, read_line](auto wec, size_t) {
-            if (shutdown) io.stop();
-            if (!wec) (*read_line)();
-          });
-        });
+        boost::asio::async_read_until(*sock, *buf, '\n',
+                                      [&, sock, buf, read_line](boost::system::error_code rec, size_t) {
+                                        if (rec) return;
+                                        std::istream is(buf.get());
+                                        std::string line;
+                                        std::getline(is, line);
+                                        if (!line.empty() && line.back() == '\r') line.pop_back();
+                                        auto reply = std::make_shared<std::string>(execute(mc, line, shutdown) + "\n");
+                                        boost::asio::async_write(*sock, boost::asio::buffer(*reply),
+                                                                 [&, sock, reply, read_line](auto wec, size_t) {
+                                                                   if (shutdown) io.stop();
+                                                                   if (!wec) (*read_line)();
+                                                                 });
+                                      });
       };
       (*read_line)();
       accept_next();

@@ -3,8 +3,8 @@
 namespace idemsink::pipeline {
 
 std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const config::ClaimConfig& claim,
-                                         KeyExtractor& extractor, const rd_kafka_message_t* msg,
-                                         int64_t timestamp_ms, int64_t now_ms) {
+                                         KeyExtractor& extractor, const rd_kafka_message_t* msg, int64_t timestamp_ms,
+                                         int64_t now_ms) {
   using dlq::Reason;
   const int64_t size = static_cast<int64_t>(msg->len + msg->key_len);
   if (size > route.max_record_bytes)

@@ -25,7 +25,7 @@ struct Refusal {
 /// (claim rows older than retention may be dropped, so such a record could
 /// not be de-duplicated), not too far in the future.
 std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const config::ClaimConfig& claim,
-                                         KeyExtractor& extractor, const rd_kafka_message_t* msg,
-                                         int64_t timestamp_ms, int64_t now_ms);
+                                         KeyExtractor& extractor, const rd_kafka_message_t* msg, int64_t timestamp_ms,
+                                         int64_t now_ms);
 
 }  // namespace idemsink::pipeline

@@ -58,8 +58,9 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
   std::set<int64_t> in_outbox;
   std::string offsets;
   for (const auto& s : seen) offsets += (offsets.empty() ? "" : ",") + std::to_string(s.offset);
-  for (auto& r : c.query("SELECT src_offset FROM idemsink_dlq_outbox WHERE src_topic = " + c.quote(pa.topic) +
-                         " AND src_partition = " + std::to_string(pa.partition) + " AND src_offset IN (" + offsets + ")"))
+  for (auto& r :
+       c.query("SELECT src_offset FROM idemsink_dlq_outbox WHERE src_topic = " + c.quote(pa.topic) +
+               " AND src_partition = " + std::to_string(pa.partition) + " AND src_offset IN (" + offsets + ")"))
     in_outbox.insert(std::stoll(*r[0]));
   std::set<std::string> keys, terminal;
   for (const auto& s : seen)
@@ -144,9 +145,9 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     const PartitionAudit& pa = report.partitions[it->second];
     if (!msg->err && msg->offset < pa.committed) {
       auto key = extractor.extract(msg.get());
-      pages[msg->partition].push_back(
-          {msg->offset,
-           std::holds_alternative<std::string>(key) ? std::optional(std::get<std::string>(key)) : std::nullopt});
+      pages[msg->partition].push_back({msg->offset, std::holds_alternative<std::string>(key)
+                                                        ? std::optional(std::get<std::string>(key))
+                                                        : std::nullopt});
       if (pages[msg->partition].size() == kPage) flush(msg->partition);
     }
     // Done with the partition at its committed offset (or its end).
@@ -182,7 +183,7 @@ void AuditReport::print(std::ostream& os) const {
 
 AuditReport audit(const config::Config& cfg) {
   AuditReport report;
-  auto group = consumer_handle(cfg, cfg.kafka.group_id);          // reads the group's commits, never joins
+  auto group = consumer_handle(cfg, cfg.kafka.group_id);              // reads the group's commits, never joins
   auto reader = consumer_handle(cfg, cfg.kafka.group_id + ".audit");  // assigns partitions, never commits
   Connection db(cfg.database);
   for (const auto& route : cfg.routes) {

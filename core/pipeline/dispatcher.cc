@@ -10,7 +10,10 @@ namespace asio = boost::asio;
 
 Dispatcher::Dispatcher(asio::io_context& io, int max_in_flight, FindFn find, ResultFn on_result,
                        LocalTxRunner& local_tx)
-    : io_(io), max_in_flight_(max_in_flight), find_(std::move(find)), on_result_(std::move(on_result)),
+    : io_(io),
+      max_in_flight_(max_in_flight),
+      find_(std::move(find)),
+      on_result_(std::move(on_result)),
       local_tx_(local_tx) {}
 
 void Dispatcher::make_ready(Record& r) {

@@ -22,8 +22,8 @@ namespace {
 constexpr int kMaxClaimJobs = 2;
 }
 
-Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg, std::vector<std::unique_ptr<Route>> routes,
-               Metrics& metrics, std::string owner)
+Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
+               std::vector<std::unique_ptr<Route>> routes, Metrics& metrics, std::string owner)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
@@ -35,14 +35,16 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg, 
       claims_(kMaxClaimJobs),
       gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
       partitions_(io, cfg, metrics, gate_),
-      local_tx_(io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
-                [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
+      local_tx_(
+          io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
+          [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
       dispatcher_(
           io, cfg.host.max_in_flight, [this](uint64_t id) { return find(id); },
           [this](Record& r, idemsink_outcome o, std::string detail) { on_call_result(r, o, std::move(detail)); },
           local_tx_),
-      writer_(io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
-              [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
+      writer_(
+          io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
+          [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
       relay_(io, pool, outbox_,
              [this](size_t published, size_t failed) {
                metrics_.dlq_published.fetch_add(published, std::memory_order_relaxed);
@@ -184,16 +186,13 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
       switch (rec->stage) {
         case Stage::Waiting:
         case Stage::Claim:
-        case Stage::Busy:
-          to_drop.push_back(id);
-          break;
+        case Stage::Busy: to_drop.push_back(id); break;
         case Stage::Ready:
         case Stage::Backoff:
           to_release.push_back(rec->outcome());
           to_drop.push_back(id);
           break;
-        default:
-          break;  // in a job or a call: wait for it, up to the grace period
+        default: break;  // in a job or a call: wait for it, up to the grace period
       }
     }
     for (uint64_t id : to_drop)
@@ -379,7 +378,8 @@ void Engine::on_claimed(const std::vector<uint64_t>& ids, const std::vector<clai
 
 void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
   if (outcomes.empty()) return;
-  pool_.submit("release claims", [this, outcomes = std::move(outcomes)](db::Connection& c) { store_.release(c, outcomes); });
+  pool_.submit("release claims",
+               [this, outcomes = std::move(outcomes)](db::Connection& c) { store_.release(c, outcomes); });
 }
 
 // ---------------------------------------------------------------- after a call, after a write
@@ -388,8 +388,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   if (outcome == IDEMSINK_OUTCOME_OK) fault::hit("after_handler_ok");
   const Decision d = decide_after_call(r.route->handler->kind(), outcome, r.calls, r.tier, r.route->cfg.retry);
   switch (d.action) {
-    case Decision::Action::Proceed:
-      break;  // not an outcome of a call
+    case Decision::Action::Proceed: break;  // not an outcome of a call
     case Decision::Action::Done:
       r.receipt = std::move(detail);
       writer_.done(r);
@@ -489,9 +488,7 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
       continue;
     }
     switch (w.kind) {
-      case OutcomeWriter::Kind::Done:
-        m.done.fetch_add(1, std::memory_order_relaxed);
-        break;
+      case OutcomeWriter::Kind::Done: m.done.fetch_add(1, std::memory_order_relaxed); break;
       case OutcomeWriter::Kind::Ended:
         (w.status == Status::Unknown ? m.unknown : m.dead).fetch_add(1, std::memory_order_relaxed);
         new_letters = true;
@@ -500,9 +497,7 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
         m.dead.fetch_add(1, std::memory_order_relaxed);
         new_letters = true;
         break;
-      case OutcomeWriter::Kind::Forwarded:
-        new_letters = true;
-        break;
+      case OutcomeWriter::Kind::Forwarded: new_letters = true; break;
     }
     end_record(*r, true);
   }

@@ -24,18 +24,15 @@ Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, in
 Decision decide_after_call(idemsink_kind kind, idemsink_outcome outcome, uint32_t calls, size_t tier,
                            const config::RetryConfig& retry) {
   switch (outcome) {
-    case IDEMSINK_OUTCOME_OK:
-      return {Action::Done};
-    case IDEMSINK_OUTCOME_PERMANENT:
-      return {Action::End, Status::Failed, Reason::Permanent};
+    case IDEMSINK_OUTCOME_OK: return {Action::Done};
+    case IDEMSINK_OUTCOME_PERMANENT: return {Action::End, Status::Failed, Reason::Permanent};
     case IDEMSINK_OUTCOME_UNCERTAIN:
       // The call may have been applied: an at-most-once effect is never
       // called again. Idempotent remotes de-duplicate the same token, and a
       // local_tx write that did not report ok was rolled back.
       if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE) return {Action::End, Status::Unknown, Reason::Uncertain};
       break;
-    case IDEMSINK_OUTCOME_RETRYABLE:
-      break;
+    case IDEMSINK_OUTCOME_RETRYABLE: break;
   }
   const bool by_topic = !retry.topics.empty();
   if (by_topic ? tier >= retry.topics.size() : calls >= static_cast<uint32_t>(retry.max_attempts))

@@ -13,10 +13,14 @@ KeyExtractor::KeyExtractor(const config::RouteConfig& route)
   // "order.id" -> "/order/id" (JSON pointer, with ~ and / escaped)
   std::string p = "/";
   for (char c : route.key_json_path) {
-    if (c == '.') p += '/';
-    else if (c == '~') p += "~0";
-    else if (c == '/') p += "~1";
-    else p += c;
+    if (c == '.')
+      p += '/';
+    else if (c == '~')
+      p += "~0";
+    else if (c == '/')
+      p += "~1";
+    else
+      p += c;
   }
   pointer_ = route.key_json_path.empty() ? "" : p;
 }
@@ -40,14 +44,17 @@ std::variant<std::string, KeyProblem> KeyExtractor::extract(const rd_kafka_messa
       return std::string(static_cast<const char*>(v), n);
     }
     case config::KeySource::JsonField: {
-      if (msg->payload == nullptr || msg->len == 0) return KeyProblem{dlq::Reason::UndecodableValue, "empty value, expected JSON"};
+      if (msg->payload == nullptr || msg->len == 0)
+        return KeyProblem{dlq::Reason::UndecodableValue, "empty value, expected JSON"};
       // The DOM parser validates the whole value: a record the handler could
       // not decode either is refused here, not halfway through its side effect.
       simdjson::dom::element doc;
       if (auto err = json_->parser.parse(static_cast<const char*>(msg->payload), msg->len).get(doc))
-        return KeyProblem{dlq::Reason::UndecodableValue, std::string("value is not JSON: ") + simdjson::error_message(err)};
+        return KeyProblem{dlq::Reason::UndecodableValue,
+                          std::string("value is not JSON: ") + simdjson::error_message(err)};
       simdjson::dom::element v;
-      if (doc.at_pointer(pointer_).get(v)) return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " not found"};
+      if (doc.at_pointer(pointer_).get(v))
+        return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " not found"};
       if (v.is_string()) {
         std::string_view s = v.get_string().value_unsafe();
         if (s.empty()) return KeyProblem{dlq::Reason::MissingKey, "JSON field " + pointer_ + " is empty"};

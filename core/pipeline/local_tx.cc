@@ -18,7 +18,11 @@ constexpr size_t kBatch = 100;
 
 LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs,
                              FindFn find, ResultsFn on_results)
-    : io_(io), pool_(pool), store_(store), max_jobs_(std::max(1, max_jobs)), find_(std::move(find)),
+    : io_(io),
+      pool_(pool),
+      store_(store),
+      max_jobs_(std::max(1, max_jobs)),
+      find_(std::move(find)),
       on_results_(std::move(on_results)) {}
 
 void LocalTxRunner::add(Record& r) {

@@ -36,8 +36,8 @@ class LocalTxRunner {
   /// The results of one apply job, on the engine thread.
   using ResultsFn = std::function<void(std::vector<Result>)>;
 
-  LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs,
-                FindFn find, ResultsFn on_results);
+  LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs, FindFn find,
+                ResultsFn on_results);
 
   /// Queues a record (stage Calling) for its route's next apply job.
   void add(Record& r);

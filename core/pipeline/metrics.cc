@@ -52,7 +52,8 @@ std::string Metrics::prometheus() const {
   static const Counter kCounters[] = {
       {"idemsink_records_consumed_total", "Records taken from Kafka.", &RouteMetrics::consumed},
       {"idemsink_claims_total", "Claims won (new or taken over).", &RouteMetrics::claimed},
-      {"idemsink_claim_takeovers_total", "Claims taken over from a vanished or expired owner.", &RouteMetrics::takeovers},
+      {"idemsink_claim_takeovers_total", "Claims taken over from a vanished or expired owner.",
+       &RouteMetrics::takeovers},
       {"idemsink_records_done_total", "Side effects applied and recorded done.", &RouteMetrics::done},
       {"idemsink_idempotent_hits_total", "Records skipped because their key was already done or dead.",
        &RouteMetrics::duplicates},
@@ -118,15 +119,16 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_offset_commits_total", "counter", "Offset commits sent.", commits.load());
   scalar("idemsink_offset_commit_failures_total", "counter", "Offset commits that failed.", commit_failures.load());
   scalar("idemsink_dlq_published_total", "counter", "DLQ records published.", dlq_published.load());
-  scalar("idemsink_dlq_publish_failures_total", "counter", "DLQ publish attempts that failed (the record stays in the outbox).",
-         dlq_publish_failures.load());
+  scalar("idemsink_dlq_publish_failures_total", "counter",
+         "DLQ publish attempts that failed (the record stays in the outbox).", dlq_publish_failures.load());
   scalar("idemsink_dlq_pending", "gauge", "DLQ outbox rows not yet published (all hosts).", dlq_pending.load());
   scalar("idemsink_buffered_records", "gauge", "Consumed records not yet durable.", buffered.load());
   scalar("idemsink_fetch_paused", "gauge", "1 while fetching is paused.", paused.load());
   scalar("idemsink_assigned_partitions", "gauge", "Partitions assigned to this host.", assigned_partitions.load());
   scalar("idemsink_consumer_lag", "gauge", "Records between the commit point and the high watermark, summed.",
          lag.load());
-  scalar("idemsink_stuck_pending", "gauge", "Pending claims nobody holds, untouched for claim.stuck_after (all hosts).", stuck_pending.load());
+  scalar("idemsink_stuck_pending", "gauge", "Pending claims nobody holds, untouched for claim.stuck_after (all hosts).",
+         stuck_pending.load());
   scalar("idemsink_reconciled_done_total", "counter", "Unknown or stuck claims resolved done by reconciliation.",
          reconciled_done.load());
   scalar("idemsink_reconcile_undecided", "gauge", "Claims the last reconcile round could not settle (alert on it).",
@@ -152,15 +154,19 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["partitions"] = nlohmann::json::array();
   for (const auto& [tp, p] : partitions_) {
     if (!p->assigned.load()) continue;
-    j["partitions"].push_back({{"topic", tp.first}, {"partition", tp.second}, {"committed", p->committed.load()},
-                               {"high_watermark", p->high_watermark.load()}, {"lag", p->lag.load()},
-                               {"stalled", p->stalled.load() != 0}, {"gaps", p->gaps.load()}});
+    j["partitions"].push_back({{"topic", tp.first},
+                               {"partition", tp.second},
+                               {"committed", p->committed.load()},
+                               {"high_watermark", p->high_watermark.load()},
+                               {"lag", p->lag.load()},
+                               {"stalled", p->stalled.load() != 0},
+                               {"gaps", p->gaps.load()}});
   }
   for (const auto& [name, m] : routes_) {
-    j["routes"][name] = {{"consumed", m->consumed.load()}, {"done", m->done.load()},
+    j["routes"][name] = {{"consumed", m->consumed.load()},     {"done", m->done.load()},
                          {"duplicates", m->duplicates.load()}, {"dead", m->dead.load()},
-                         {"unknown", m->unknown.load()}, {"retries", m->retries.load()},
-                         {"in_flight", m->in_flight.load()}, {"takeovers", m->takeovers.load()}};
+                         {"unknown", m->unknown.load()},       {"retries", m->retries.load()},
+                         {"in_flight", m->in_flight.load()},   {"takeovers", m->takeovers.load()}};
   }
   return j.dump();
 }

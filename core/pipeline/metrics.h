@@ -27,15 +27,15 @@ class Histogram {
 
 struct RouteMetrics {
   std::atomic<uint64_t> consumed{0};
-  std::atomic<uint64_t> claimed{0};       // claims won (fresh or taken over)
+  std::atomic<uint64_t> claimed{0};  // claims won (fresh or taken over)
   std::atomic<uint64_t> takeovers{0};
-  std::atomic<uint64_t> done{0};          // side effect applied, claim done
-  std::atomic<uint64_t> duplicates{0};    // idempotent hits: already done (or already dead)
-  std::atomic<uint64_t> dead{0};          // failed / refused, with a DLQ entry
-  std::atomic<uint64_t> unknown{0};       // may or may not have happened; parked and dead-lettered
+  std::atomic<uint64_t> done{0};        // side effect applied, claim done
+  std::atomic<uint64_t> duplicates{0};  // idempotent hits: already done (or already dead)
+  std::atomic<uint64_t> dead{0};        // failed / refused, with a DLQ entry
+  std::atomic<uint64_t> unknown{0};     // may or may not have happened; parked and dead-lettered
   std::atomic<uint64_t> retries{0};
-  std::atomic<uint64_t> busy_waits{0};    // key held by another live host
-  std::atomic<uint64_t> fenced{0};        // completion lost its claim to a takeover
+  std::atomic<uint64_t> busy_waits{0};  // key held by another live host
+  std::atomic<uint64_t> fenced{0};      // completion lost its claim to a takeover
   std::atomic<int64_t> in_flight{0};
   Histogram handler_latency;
 };
@@ -44,12 +44,12 @@ struct RouteMetrics {
 /// its counters; gauges are shown only while assigned).
 struct PartitionMetrics {
   std::atomic<bool> assigned{false};
-  std::atomic<int64_t> committed{-1};      // last offset the group acknowledged (-1: none)
+  std::atomic<int64_t> committed{-1};  // last offset the group acknowledged (-1: none)
   std::atomic<int64_t> high_watermark{-1};
-  std::atomic<int64_t> lag{0};             // high watermark - commit point (the committed offset before any record)
-  std::atomic<int64_t> stalled{0};         // 1 while the partition is stalled
+  std::atomic<int64_t> lag{0};      // high watermark - commit point (the committed offset before any record)
+  std::atomic<int64_t> stalled{0};  // 1 while the partition is stalled
   std::atomic<uint64_t> stalls{0};
-  std::atomic<uint64_t> gaps{0};           // verified holes (transaction markers, compaction) the commit passed
+  std::atomic<uint64_t> gaps{0};             // verified holes (transaction markers, compaction) the commit passed
   std::atomic<uint64_t> skips_recovered{0};  // jumps of the consumer that a re-read filled with records
 };
 
@@ -62,14 +62,14 @@ class Metrics {
   std::atomic<uint64_t> commit_failures{0};
   std::atomic<uint64_t> dlq_published{0};
   std::atomic<uint64_t> dlq_publish_failures{0};
-  std::atomic<int64_t> dlq_pending{0};      // unpublished outbox rows (all hosts), refreshed periodically
-  std::atomic<int64_t> buffered{0};         // consumed, not yet durable
-  std::atomic<int64_t> paused{0};           // 1 while fetching is paused
+  std::atomic<int64_t> dlq_pending{0};  // unpublished outbox rows (all hosts), refreshed periodically
+  std::atomic<int64_t> buffered{0};     // consumed, not yet durable
+  std::atomic<int64_t> paused{0};       // 1 while fetching is paused
   std::atomic<int64_t> assigned_partitions{0};
-  std::atomic<int64_t> lag{0};              // sum over assigned partitions of high watermark - commit point
-  std::atomic<int64_t> stuck_pending{0};    // pending, nobody's lease, untouched for stuck_after (all hosts)
-  std::atomic<uint64_t> reconciled_done{0};    // unknown/stuck rows resolved done by the reconcile hook
-  std::atomic<int64_t> reconcile_undecided{0}; // rows the last reconcile round could not settle
+  std::atomic<int64_t> lag{0};                  // sum over assigned partitions of high watermark - commit point
+  std::atomic<int64_t> stuck_pending{0};        // pending, nobody's lease, untouched for stuck_after (all hosts)
+  std::atomic<uint64_t> reconciled_done{0};     // unknown/stuck rows resolved done by the reconcile hook
+  std::atomic<int64_t> reconcile_undecided{0};  // rows the last reconcile round could not settle
   std::atomic<uint64_t> db_statements{0};
   std::atomic<uint64_t> db_reconnects{0};
   std::atomic<int64_t> db_healthy{1};

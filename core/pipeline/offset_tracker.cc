@@ -27,8 +27,8 @@ void OffsetTracker::skip_to(int64_t offset) {
 }
 
 bool OffsetTracker::complete(int64_t offset) {
-  auto it = std::lower_bound(window_.begin(), window_.end(), offset,
-                             [](const Entry& e, int64_t o) { return e.offset < o; });
+  auto it =
+      std::lower_bound(window_.begin(), window_.end(), offset, [](const Entry& e, int64_t o) { return e.offset < o; });
   if (it == window_.end() || it->offset != offset || it->durable) return false;
   it->durable = true;
   --outstanding_;

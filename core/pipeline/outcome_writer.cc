@@ -117,30 +117,30 @@ void OutcomeWriter::flush_terminal() {
       (t.status == Status::Failed ? failed : unknown).push_back(r.outcome());
       letters.push_back(letter_of(r, t.reason));
     }
-    pool_.submit("mark failed/unknown", [this, terms = std::move(terms), failed = std::move(failed),
-                                         unknown = std::move(unknown),
-                                         letters = std::move(letters)](db::Connection& c) {
-      // The terminal state and the outbox row commit together: once the
-      // offset moves past the record, its DLQ entry cannot be lost.
-      c.begin();
-      auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
-      auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
-      std::vector<Written> written;
-      std::vector<dlq::Letter> keep;
-      size_t fi = 0, ui = 0;
-      for (size_t i = 0; i < terms.size(); ++i) {
-        const bool ok = terms[i].status == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
-        written.push_back({Kind::Ended, terms[i].id, ok, terms[i].status});
-        if (ok) keep.push_back(letters[i]);
-      }
-      outbox_.insert(c, keep);
-      c.commit();
-      asio::post(io_, [this, written = std::move(written)]() mutable {
-        terminal_.job_done();
-        on_written_(written);
-        flush_terminal();
-      });
-    });
+    pool_.submit("mark failed/unknown",
+                 [this, terms = std::move(terms), failed = std::move(failed), unknown = std::move(unknown),
+                  letters = std::move(letters)](db::Connection& c) {
+                   // The terminal state and the outbox row commit together: once the
+                   // offset moves past the record, its DLQ entry cannot be lost.
+                   c.begin();
+                   auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
+                   auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
+                   std::vector<Written> written;
+                   std::vector<dlq::Letter> keep;
+                   size_t fi = 0, ui = 0;
+                   for (size_t i = 0; i < terms.size(); ++i) {
+                     const bool ok = terms[i].status == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
+                     written.push_back({Kind::Ended, terms[i].id, ok, terms[i].status});
+                     if (ok) keep.push_back(letters[i]);
+                   }
+                   outbox_.insert(c, keep);
+                   c.commit();
+                   asio::post(io_, [this, written = std::move(written)]() mutable {
+                     terminal_.job_done();
+                     on_written_(written);
+                     flush_terminal();
+                   });
+                 });
   }
 }
 

@@ -36,8 +36,8 @@ class OutcomeWriter {
   /// The records of one job, written (engine thread).
   using WrittenFn = std::function<void(const std::vector<Written>&)>;
 
-  OutcomeWriter(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                const claim::ClaimStore& store, const dlq::Outbox& outbox, FindFn find, WrittenFn on_written);
+  OutcomeWriter(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
+                const dlq::Outbox& outbox, FindFn find, WrittenFn on_written);
 
   /// The handler applied the effect: mark done (batched, after claim.flush_linger).
   void done(Record& r);

@@ -90,9 +90,10 @@ void Partitions::check_drains() {
       continue;
     }
     if (active > 0)
-      spdlog::warn("kafka: {} record(s) of {} still in flight after shutdown_grace; letting the partitions go (their "
-                   "claims fence any late completion)",
-                   active, kafka::describe(d.tps));
+      spdlog::warn(
+          "kafka: {} record(s) of {} still in flight after shutdown_grace; letting the partitions go (their "
+          "claims fence any late completion)",
+          active, kafka::describe(d.tps));
     std::vector<kafka::TopicPartitionOffset> offsets;
     for (const auto& p : d.parts) {
       auto cp = p->tracker.commit_point();
@@ -114,10 +115,8 @@ bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_mes
                       bool retry_topic) {
   if (seek_generation < part->seek_ticket) return false;  // polled before our last seek of the partition
   switch (part->tracker.check(msg.offset)) {
-    case OffsetTracker::Admit::Next:
-      break;
-    case OffsetTracker::Admit::Refetch:
-      return false;
+    case OffsetTracker::Admit::Next: break;
+    case OffsetTracker::Admit::Refetch: return false;
     case OffsetTracker::Admit::Gap:
       // The consumer delivers gap-free or reports the hole first; this must
       // never happen. Never commit over it: read the partition again.
@@ -155,9 +154,10 @@ void Partitions::hole(const kafka::Consumer::Gap& gap) {
   if (part->tracker.next_expected() != gap.from) return;
   part->tracker.skip_to(gap.to);
   part->metrics->gaps.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers, "
-               "compaction, or records deleted by retention); the commit passes them",
-               gap.tp.topic, gap.tp.partition, gap.from, gap.to - 1);
+  spdlog::info(
+      "kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers, "
+      "compaction, or records deleted by retention); the commit passes them",
+      gap.tp.topic, gap.tp.partition, gap.from, gap.to - 1);
 }
 
 void Partitions::stalled(const kafka::TopicPartition& tp) {

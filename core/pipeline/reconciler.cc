@@ -66,14 +66,17 @@ void Reconciler::start(std::chrono::milliseconds first_delay) {
   timer_.expires_after(first_delay);
   timer_.async_wait([this, period](boost::system::error_code ec) {
     if (ec || stopped_) return;
-    run_once([this, period](ReconcileSummary s) {
-      if (s.examined)
-        spdlog::info("reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
-                     "stuck left for an operator",
-                     s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
-      // A full round means more are waiting: go again at once.
-      start(s.examined == kRoundLimit && !stopped_ ? std::chrono::milliseconds(1) : period);
-    }, kRoundLimit);
+    run_once(
+        [this, period](ReconcileSummary s) {
+          if (s.examined)
+            spdlog::info(
+                "reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
+                "stuck left for an operator",
+                s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
+          // A full round means more are waiting: go again at once.
+          start(s.examined == kRoundLimit && !stopped_ ? std::chrono::milliseconds(1) : period);
+        },
+        kRoundLimit);
   });
 }
 
@@ -111,7 +114,8 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
       for (size_t i = 0; i < cands->size(); ++i) by_token[(*cands)[i].token] = i;
       // The newest outbox row of each token carries the record's payload.
       for (auto& r : c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp FROM idemsink_dlq_outbox WHERE "
-                             "idem_token IN (" + tokens + ") ORDER BY id")) {
+                             "idem_token IN (" +
+                             tokens + ") ORDER BY id")) {
         Candidate& cand = (*cands)[by_token[*r[0]]];
         cand.key = r[1];
         cand.value = r[2];
@@ -150,9 +154,10 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
         redrive.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT) {
         ++summary->left_stuck;
-        spdlog::warn("reconcile: route {} key {} (token {}) is {} and its effect did not happen; it waits for its "
-                     "record or `idemsink reconcile --resolve`",
-                     c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
+        spdlog::warn(
+            "reconcile: route {} key {} (token {}) is {} and its effect did not happen; it waits for its "
+            "record or `idemsink reconcile --resolve`",
+            c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
       } else {
         ++summary->undecided;
       }
@@ -190,31 +195,34 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
           auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.route_by_name(route)->call_timeout);
           auto on_result = [this, cands, i, left, outcomes, summary, finish, reported, timer](idemsink_outcome o,
                                                                                               std::string detail) {
-            asio::post(io_, [this, cands, i, left, outcomes, summary, finish, reported, timer, o,
-                             detail = std::move(detail)] {
-              if (*reported) return;
-              *reported = true;
-              timer->cancel();
-              outcomes->push_back({i, {o, detail}});
-              if (--*left > 0) return;
-              // 3. Record the re-drives' results under the epoch we took.
-              pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
-                for (const auto& [idx, res] : *outcomes) {
-                  const Candidate& cand = (*cands)[idx];
-                  using Result = claim::ClaimStore::RedriveResult;
-                  const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
-                                        : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
-                                                                                  : Result::Undecided;
-                  // False: our lease ran out and another host took it; its result counts.
-                  if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
-                    continue;
-                  if (result == Result::Applied) ++summary->redriven_done;
-                  else if (result == Result::Rejected) ++summary->failed;
-                  else ++summary->undecided;
-                }
-                asio::post(io_, [summary, finish] { finish(*summary); });
-              });
-            });
+            asio::post(
+                io_, [this, cands, i, left, outcomes, summary, finish, reported, timer, o, detail = std::move(detail)] {
+                  if (*reported) return;
+                  *reported = true;
+                  timer->cancel();
+                  outcomes->push_back({i, {o, detail}});
+                  if (--*left > 0) return;
+                  // 3. Record the re-drives' results under the epoch we took.
+                  pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
+                    for (const auto& [idx, res] : *outcomes) {
+                      const Candidate& cand = (*cands)[idx];
+                      using Result = claim::ClaimStore::RedriveResult;
+                      const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
+                                            : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
+                                                                                      : Result::Undecided;
+                      // False: our lease ran out and another host took it; its result counts.
+                      if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
+                        continue;
+                      if (result == Result::Applied)
+                        ++summary->redriven_done;
+                      else if (result == Result::Rejected)
+                        ++summary->failed;
+                      else
+                        ++summary->undecided;
+                    }
+                    asio::post(io_, [summary, finish] { finish(*summary); });
+                  });
+                });
           };
           const uint64_t call_id = plugin::CallRegistry::instance().add(on_result, "re-drive " + route);
           timer->async_wait([call_id, on_result](boost::system::error_code ec) {

@@ -46,7 +46,7 @@ struct Partition {
   // A retry-topic partition whose next record is not due yet is paused and
   // rewound to that record until this timer fires.
   std::unique_ptr<boost::asio::steady_timer> hold_timer;
-  bool stalled = false;  // the consumer reported a stall; cleared by the next record
+  bool stalled = false;    // the consumer reported a stall; cleared by the next record
   size_t in_pipeline = 0;  // records of this assignment not yet ended (a revocation waits for them)
 };
 

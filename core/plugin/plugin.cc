@@ -261,8 +261,8 @@ Instance::Instance(std::shared_ptr<Library> lib, const config::RouteConfig& rout
   char err[1024] = {};
   if (lib_->descriptor().create(&api_, raw.data(), raw.size(), &instance_, err, sizeof err) != 0) {
     err[sizeof err - 1] = '\0';
-    throw LoadError("plugin " + lib_->path().string() + " (route " + route.name + "): create failed: " +
-                    (err[0] ? std::string(err) : std::string("no message")));
+    throw LoadError("plugin " + lib_->path().string() + " (route " + route.name +
+                    "): create failed: " + (err[0] ? std::string(err) : std::string("no message")));
   }
 }
 

@@ -25,7 +25,8 @@ bool is_transaction_control(const char* sql) {
   std::string word;
   while (*sql && std::isalpha(static_cast<unsigned char>(*sql)))
     word.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(*sql++))));
-  static const char* kControl[] = {"COMMIT", "ROLLBACK", "BEGIN", "START", "SAVEPOINT", "RELEASE", "SET", "LOCK", "UNLOCK", "XA"};
+  static const char* kControl[] = {"COMMIT",  "ROLLBACK", "BEGIN", "START",  "SAVEPOINT",
+                                   "RELEASE", "SET",      "LOCK",  "UNLOCK", "XA"};
   return std::any_of(std::begin(kControl), std::end(kControl), [&](const char* k) { return word == k; });
 }
 
@@ -35,11 +36,18 @@ std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, s
     auto& p = out[i];
     switch (params[i].type) {
       case IDEMSINK_SQL_NULL: p.type = db::Connection::Param::Type::Null; break;
-      case IDEMSINK_SQL_INT: p.type = db::Connection::Param::Type::Int; p.i = params[i].i; break;
-      case IDEMSINK_SQL_DOUBLE: p.type = db::Connection::Param::Type::Double; p.d = params[i].d; break;
+      case IDEMSINK_SQL_INT:
+        p.type = db::Connection::Param::Type::Int;
+        p.i = params[i].i;
+        break;
+      case IDEMSINK_SQL_DOUBLE:
+        p.type = db::Connection::Param::Type::Double;
+        p.d = params[i].d;
+        break;
       case IDEMSINK_SQL_TEXT:
       case IDEMSINK_SQL_BLOB:
-        p.type = params[i].type == IDEMSINK_SQL_TEXT ? db::Connection::Param::Type::Text : db::Connection::Param::Type::Blob;
+        p.type =
+            params[i].type == IDEMSINK_SQL_TEXT ? db::Connection::Param::Type::Text : db::Connection::Param::Type::Blob;
         p.bytes = std::string_view(params[i].bytes.data ? params[i].bytes.data : "", params[i].bytes.len);
         break;
     }

@@ -72,8 +72,7 @@ class Producer {
   }
   void send(const std::string& topic, const std::string& key, const std::string& value) {
     for (;;) {
-      auto err = rd_kafka_producev(rk_, RD_KAFKA_V_TOPIC(topic.c_str()),
-                                   RD_KAFKA_V_KEY(key.data(), key.size()),
+      auto err = rd_kafka_producev(rk_, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_KEY(key.data(), key.size()),
                                    RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
                                    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
       if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
@@ -199,7 +198,8 @@ int main(int argc, char** argv) {
     DevKafka kafka(IDEMSINK_BINARY, topics_args);
     // Seed 002's remote calls: P99 350 ms, with timeouts after applying,
     // 5xx before applying and business rejections.
-    const std::string remote = "latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.02,error_5xx=0.02,reject_4xx=0.005";
+    const std::string remote =
+        "latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.02,error_5xx=0.02,reject_4xx=0.005";
     FakeServices services(IDEMSINK_FAKE_SERVICES, {"--hold", "2500", "--faults", "waybill:" + remote, "--faults",
                                                    "inventory:" + remote, "--faults", "sms:" + remote});
     say("MariaDB on 127.0.0.1:" + std::to_string(mariadb.port()) + ", Kafka at " + kafka.bootstrap() +
@@ -221,15 +221,14 @@ int main(int argc, char** argv) {
                                        dir / ("host-" + std::to_string(run) + ".log"), env);
     };
     auto host = start_host();
-    say("host started (admin on 127.0.0.1:" + std::to_string(admin_port) + ", log " +
-        (dir / "host-1.log").string() + ")");
+    say("host started (admin on 127.0.0.1:" + std::to_string(admin_port) + ", log " + (dir / "host-1.log").string() +
+        ")");
 
     // The feed runs on its own thread while this one reports progress.
     Producer producer(kafka.bootstrap());
     std::atomic<int64_t> produced{0}, poison_sent{0};
     std::atomic<bool> feed_done{false};
-    const int64_t expected_total =
-        static_cast<int64_t>(orders * kRoutes.size() * (1 + vm["duplicates"].as<double>()));
+    const int64_t expected_total = static_cast<int64_t>(orders * kRoutes.size() * (1 + vm["duplicates"].as<double>()));
     std::thread feed([&] {
       std::mt19937_64 rng(vm["seed"].as<uint64_t>());
       std::uniform_real_distribution<double> u(0, 1);
@@ -250,7 +249,8 @@ int main(int argc, char** argv) {
           ++produced;
           if (u(rng) < vm["duplicates"].as<double>()) later.push_back({r.topic, {id, value}});
           if (u(rng) < vm["poison"].as<double>()) {
-            producer.send(r.topic, id, u(rng) < 0.5 ? "{\"order_id\": \"" + std::string(id) : "{\"note\":\"no order id\"}");
+            producer.send(r.topic, id,
+                          u(rng) < 0.5 ? "{\"order_id\": \"" + std::string(id) : "{\"note\":\"no order id\"}");
             ++produced;
             ++poison_sent;
           }
@@ -285,7 +285,10 @@ int main(int argc, char** argv) {
       last_t = Clock::now();
       std::ostringstream line;
       line << "fed " << thousands(produced) << "/~" << thousands(expected_total) << " | "
-           << (!s.up ? "host starting | " : s.partitions == 0 ? "joining the group | " : "") << "done " << thousands(carried.done + s.done) << " | duplicates caught "
+           << (!s.up               ? "host starting | "
+               : s.partitions == 0 ? "joining the group | "
+                                   : "")
+           << "done " << thousands(carried.done + s.done) << " | duplicates caught "
            << thousands(carried.duplicates + s.duplicates) << " | retries " << thousands(carried.retries + s.retries)
            << " | DLQ " << thousands(carried.dead + s.dead) << " | unknown " << thousands(carried.unknown + s.unknown)
            << " | in flight " << thousands(s.in_flight) << " | " << thousands(static_cast<int64_t>(rate)) << " rec/s";
@@ -350,7 +353,8 @@ int main(int argc, char** argv) {
       int64_t applied = 0, doubled = 0;
       if (r.name == "ledger") {
         applied = scalar("SELECT COUNT(*) FROM ledger_entries");
-        doubled = scalar("SELECT COUNT(*) FROM (SELECT biz_key FROM ledger_entries GROUP BY biz_key HAVING COUNT(*) > 1) d");
+        doubled =
+            scalar("SELECT COUNT(*) FROM (SELECT biz_key FROM ledger_entries GROUP BY biz_key HAVING COUNT(*) > 1) d");
       } else {
         applied = stats[r.name]["applied"].get<int64_t>();
         doubled = stats[r.name]["double_applied"].get<int64_t>();

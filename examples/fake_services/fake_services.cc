@@ -52,8 +52,11 @@ struct Faults {
 };
 
 void to_json(json& j, const Faults& f) {
-  j = json{{"latency_mean_ms", f.latency_mean_ms}, {"latency_p99_ms", f.latency_p99_ms},
-           {"timeout_after_apply", f.timeout_after_apply}, {"error_5xx", f.error_5xx}, {"reject_4xx", f.reject_4xx}};
+  j = json{{"latency_mean_ms", f.latency_mean_ms},
+           {"latency_p99_ms", f.latency_p99_ms},
+           {"timeout_after_apply", f.timeout_after_apply},
+           {"error_5xx", f.error_5xx},
+           {"reject_4xx", f.reject_4xx}};
 }
 
 void update(Faults& f, const json& j) {
@@ -67,8 +70,8 @@ void update(Faults& f, const json& j) {
 struct Service {
   Faults faults;
   uint64_t requests = 0, applied = 0, rejected = 0, errors_5xx = 0, timeouts = 0;
-  std::map<std::string, std::string> by_key;      // idempotency key -> receipt
-  std::map<std::string, int> per_order;           // order id -> effects really applied
+  std::map<std::string, std::string> by_key;               // idempotency key -> receipt
+  std::map<std::string, int> per_order;                    // order id -> effects really applied
   std::map<std::string, std::vector<std::string>> by_ref;  // sms client_ref -> message ids
 };
 
@@ -115,7 +118,8 @@ class World {
       const auto ref = query.rfind("client_ref=", 0) == 0 ? query.substr(11) : std::string();
       auto& sms = services_["sms"];
       auto it = sms.by_ref.find(ref);
-      return {http::status::ok, {{"client_ref", ref}, {"messages", it == sms.by_ref.end() ? json::array() : json(it->second)}}};
+      return {http::status::ok,
+              {{"client_ref", ref}, {"messages", it == sms.by_ref.end() ? json::array() : json(it->second)}}};
     }
     if (post && path == "/waybills") {
       const std::string key(req["Idempotency-Key"]);
@@ -158,7 +162,8 @@ class World {
     }
     if (rejected(name, order, s.faults.reject_4xx)) {  // a business rejection sticks to the order
       ++s.rejected;
-      return {http::status::unprocessable_entity, {{"error", "rejected: invalid destination for order " + order}}, delay};
+      return {
+          http::status::unprocessable_entity, {{"error", "rejected: invalid destination for order " + order}}, delay};
     }
     std::string receipt;
     if (!idem_key.empty()) {

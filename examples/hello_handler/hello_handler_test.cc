@@ -15,12 +15,12 @@ namespace {
 int failures = 0;
 
 // Not assert(): Release builds define NDEBUG.
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                     \
-    }                                                                                 \
+      ++failures;                                                                   \
+    }                                                                               \
   } while (0)
 
 void declares_a_local_tx_handler_with_its_table_and_check() {

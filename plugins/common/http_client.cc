@@ -137,7 +137,8 @@ struct HttpClient::Impl {
           // Sent but unanswered: the server may have acted on it. Never
           // resent here; the core decides by handler kind.
           close(conn);
-          call->done(HttpResult{HttpResult::Failure::AfterSend, 0, {}, rec == beast::error::timeout ? "timeout" : rec.message()});
+          call->done(HttpResult{
+              HttpResult::Failure::AfterSend, 0, {}, rec == beast::error::timeout ? "timeout" : rec.message()});
           next();
           return;
         }

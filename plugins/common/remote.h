@@ -13,10 +13,11 @@
 namespace idemsink::plugins {
 
 /// endpoint / timeout / max_connections, declared the same way by every remote plugin.
-#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                               \
-  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http://host:port[/path]"},   \
-      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"}, \
-      {"max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"}
+#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                                \
+  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http://host:port[/path]"},    \
+      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"}, { \
+    "max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"              \
+  }
 
 inline HttpClient::Options client_options(const sdk::Options& o) {
   HttpClient::Options c;
@@ -48,15 +49,14 @@ inline void report(const sdk::SharedCompletion& done, const HttpResult& r, const
 /// The reconcile answer of a service that can be asked "what did you make
 /// for this key?": 404 = certainly not applied, 2xx = applied (receipt in
 /// `field`), anything else = cannot tell now.
-inline void lookup_receipt(HttpClient& http, const std::string& target, const char* field,
-                           const std::string& not_found, sdk::Completion done) {
+inline void lookup_receipt(HttpClient& http, const std::string& target, const char* field, const std::string& not_found,
+                           sdk::Completion done) {
   // HTTP callbacks are std::function, which must be copyable: share the completion.
-  http.request("GET", target, "", {},
-               [done = sdk::SharedCompletion(std::move(done)), field, not_found](HttpResult r) {
-                 if (r.failure == HttpResult::Failure::None && r.status == 404) return done.permanent(not_found);
-                 if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
-                 report(done, r, field);
-               });
+  http.request("GET", target, "", {}, [done = sdk::SharedCompletion(std::move(done)), field, not_found](HttpResult r) {
+    if (r.failure == HttpResult::Failure::None && r.status == 404) return done.permanent(not_found);
+    if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
+    report(done, r, field);
+  });
 }
 
 }  // namespace idemsink::plugins

@@ -17,7 +17,8 @@ using namespace idemsink;
 
 constexpr idemsink_option_decl kOptions[] = {
     {"account_field", IDEMSINK_OPTION_STRING, "account", "dotted path of the account id in the JSON value"},
-    {"amount_field", IDEMSINK_OPTION_STRING, "amount", "dotted path of the amount (a decimal number) in the JSON value"},
+    {"amount_field", IDEMSINK_OPTION_STRING, "amount",
+     "dotted path of the amount (a decimal number) in the JSON value"},
     {"entry_type", IDEMSINK_OPTION_STRING, "PAY_CREDIT", "entry type written with every credit"},
 };
 
@@ -62,7 +63,9 @@ const nlohmann::json* at_path(const nlohmann::json& j, const std::string& path) 
 class Ledger {
  public:
   Ledger(const sdk::Host&, const sdk::Options& o)
-      : account_field_(o.str("account_field")), amount_field_(o.str("amount_field")), entry_type_(o.str("entry_type")) {}
+      : account_field_(o.str("account_field")),
+        amount_field_(o.str("amount_field")),
+        entry_type_(o.str("entry_type")) {}
 
   void apply(const sdk::Record& rec, sdk::Tx& tx, sdk::Completion done) {
     auto j = nlohmann::json::parse(rec.value(), nullptr, false);

@@ -28,8 +28,10 @@ struct Slot {
 using Layout = std::vector<Slot>;
 using Version = std::pair<int, int>;  // (major, minor)
 
-#define WHOLE(S) Slot{#S, 0, sizeof(S)}
-#define FIELD(S, f) Slot{#S "." #f, offsetof(S, f), sizeof(S::f)}
+#define WHOLE(S) \
+  Slot { #S, 0, sizeof(S) }
+#define FIELD(S, f) \
+  Slot { #S "." #f, offsetof(S, f), sizeof(S::f) }
 
 Layout compiled_layout() {
   return {
@@ -195,9 +197,7 @@ std::map<std::string, Slot> by_name(const Layout& layout) {
   return out;
 }
 
-std::string describe(const Slot& s) {
-  return "offset " + std::to_string(s.offset) + " size " + std::to_string(s.size);
-}
+std::string describe(const Slot& s) { return "offset " + std::to_string(s.offset) + " size " + std::to_string(s.size); }
 
 // Every difference between the recorded and the compiled layout, one per line.
 std::string differences(const Layout& recorded, const Layout& compiled) {
@@ -228,12 +228,12 @@ BOOST_AUTO_TEST_CASE(structs_match_the_layout_recorded_for_this_abi_version,
                      *boost::unit_test::enable_if<kRecordedPlatform>()) {
   const Version current{IDEMSINK_ABI_MAJOR, IDEMSINK_ABI_MINOR};
   auto it = kReleased.find(current);
-  BOOST_REQUIRE_MESSAGE(it != kReleased.end(), "no layout recorded for ABI v" << current.first << "."
-                                                   << current.second << ": record it in kReleased");
+  BOOST_REQUIRE_MESSAGE(it != kReleased.end(), "no layout recorded for ABI v" << current.first << "." << current.second
+                                                                              << ": record it in kReleased");
   const std::string diff = differences(it->second, compiled_layout());
-  BOOST_TEST(diff.empty(), "layout changed without an ABI version bump (header says v"
-                               << current.first << "." << current.second << "):\n"
-                               << diff);
+  BOOST_TEST(diff.empty(), "layout changed without an ABI version bump (header says v" << current.first << "."
+                                                                                       << current.second << "):\n"
+                                                                                       << diff);
 }
 
 // Within one major a plugin built against an older minor must keep working:

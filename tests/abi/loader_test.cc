@@ -83,7 +83,8 @@ BOOST_AUTO_TEST_CASE(well_formed_plugins_load_with_their_declarations) {
 BOOST_AUTO_TEST_CASE(options_are_checked_against_declarations) {
   using T = config::OptionValue::TomlType;
   auto lib = plugin::Library::load(fixture("scripted_idempotent"));
-  auto resolved = plugin::resolve_options(*lib, route_with({{"log", {T::String, "/tmp/x"}}, {"delay", {T::String, "2s"}}}));
+  auto resolved =
+      plugin::resolve_options(*lib, route_with({{"log", {T::String, "/tmp/x"}}, {"delay", {T::String, "2s"}}}));
   BOOST_TEST(resolved.size() == 2u);
   BOOST_TEST(resolved[1].second == "2000");  // durations reach the plugin in milliseconds
   auto defaults = plugin::resolve_options(*lib, route_with({{"log", {T::String, "/tmp/x"}}}));

@@ -37,8 +37,9 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
   BOOST_TEST(std::filesystem::exists(prefix + "/lib/cmake/idemsink/idemsinkConfig.cmake"));
 
   const auto build = (dir / "hello-build").string();
-  run(dir, "configure", {CMAKE_COMMAND, "-S", std::string(IDEMSINK_SOURCE_DIR) + "/examples/hello_handler", "-B", build,
-                         "-DCMAKE_PREFIX_PATH=" + prefix, "-DCMAKE_BUILD_TYPE=Release"});
+  run(dir, "configure",
+      {CMAKE_COMMAND, "-S", std::string(IDEMSINK_SOURCE_DIR) + "/examples/hello_handler", "-B", build,
+       "-DCMAKE_PREFIX_PATH=" + prefix, "-DCMAKE_BUILD_TYPE=Release"});
   run(dir, "build", {CMAKE_COMMAND, "--build", build});
   const std::string so = build + "/hello_handler.so";
   BOOST_REQUIRE(std::filesystem::exists(so));
@@ -47,8 +48,8 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
 
   const std::string installed = prefix + "/bin/idemsink";
   const std::string info = run(dir, "plugin-info", {installed, "plugin-info", so});
-  for (const char* s : {"name:        hello", "kind:        local_tx", "abi:         v1.0", "greeting (string, default hello)",
-                        "greeted_twice"})
+  for (const char* s : {"name:        hello", "kind:        local_tx", "abi:         v1.0",
+                        "greeting (string, default hello)", "greeted_twice"})
     BOOST_TEST(info.find(s) != std::string::npos, "'" << s << "' not in:\n" << info);
 
   // And it runs: 300 records, a third of them repeats, each key greeted once.
@@ -63,8 +64,8 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
     msgs.push_back({k, "{}"});
   }
   kafka.produce("people", msgs);
-  const std::string config = base_config(kafka, db, "host-a", "g") +
-                             route_config({"hello", "people", so, "", {{"greeting", "\"你好\""}}});
+  const std::string config =
+      base_config(kafka, db, "host-a", "g") + route_config({"hello", "people", so, "", {{"greeting", "\"你好\""}}});
   write_file(dir / "hello.toml", config);
   Process host({installed, "run", "--config", (dir / "hello.toml").string()}, dir / "host.out", dir / "host.log");
   auto hi = kafka.high_watermarks("people", 2);

@@ -90,7 +90,10 @@ void remote_crash_case(const std::string& point) {
   kafka.produce("orders", orders(2000, 5, "o-", keys));
   const auto calls = dir / "calls.log";
   const std::string config = base_config(kafka, db, "host-a", "g") +
-                             route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                             route_config({"waybill",
+                                           "orders",
+                                           "scripted_idempotent.so",
+                                           "",
                                            {{"log", "\"" + calls.string() + "\""}, {"delay", "\"2ms\""}}});
   crash_and_recover(kafka, dir, config, point + ":3", "g", {{"orders", 4}});
   size_t reinvoked = 0;
@@ -115,8 +118,8 @@ BOOST_AUTO_TEST_CASE(crash_windows_local_tx) {
       ScratchDir dir("crash");
       std::set<std::string> keys;
       kafka.produce("ledger", orders(2000, 5, "pay-", keys));
-      const std::string config = base_config(kafka, db, "host-a", "g") +
-                                 route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
+      const std::string config =
+          base_config(kafka, db, "host-a", "g") + route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
       crash_and_recover(kafka, dir, config, point + ":3", "g", {{"ledger", 4}});
       auto conn = MariaDbServer::shared().connect(dbname);
       BOOST_TEST(std::stoul(*conn->query("SELECT COUNT(*) FROM test_effects")[0][0]) == keys.size());
@@ -141,7 +144,10 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
   kafka.produce("ledger", orders(10000, 5, "pay-", pay_keys));
   const auto calls = dir / "calls.log";
   const std::string config = base_config(kafka, db, "host-a", "g") +
-                             route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                             route_config({"waybill",
+                                           "orders",
+                                           "scripted_idempotent.so",
+                                           "",
                                            {{"log", "\"" + calls.string() + "\""}, {"delay", "\"1ms\""}}}) +
                              route_config({"ledger", "ledger", "test_local_tx.so", "", {}});
   const Topics topics{{"orders", 8}, {"ledger", 8}};
@@ -175,7 +181,10 @@ BOOST_AUTO_TEST_CASE(at_most_once_never_calls_twice_across_a_crash) {
   kafka.produce("sms", orders(1000, 0, "sms-", keys));
   const auto calls = dir / "calls.log";
   const std::string config = base_config(kafka, db, "host-a", "g") +
-                             route_config({"sms", "sms", "scripted_at_most_once.so", "",
+                             route_config({"sms",
+                                           "sms",
+                                           "scripted_at_most_once.so",
+                                           "",
                                            {{"log", "\"" + calls.string() + "\""}, {"delay", "\"20ms\""}}});
   crash_and_recover(kafka, dir, config, "after_handler_ok:100", "g", {{"sms", 4}});
 
@@ -204,7 +213,10 @@ BOOST_AUTO_TEST_CASE(database_going_away_mid_run_is_survived) {
   const auto calls = dir / "calls.log";
   HostProcess host(dir, "host",
                    base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                       route_config({"waybill",
+                                     "orders",
+                                     "scripted_idempotent.so",
+                                     "",
                                      {{"log", "\"" + calls.string() + "\""}, {"delay", "\"5ms\""}}}));
   wait_until([&] { return read_call_log(calls).size() >= 500; }, 60s, "progress before the outage");
   server.kill();  // the business database disappears under load

@@ -165,9 +165,14 @@ BOOST_AUTO_TEST_CASE(failed_and_unknown_are_terminal_and_fenced) {
 BOOST_AUTO_TEST_CASE(binary_and_multibyte_keys_round_trip_exactly) {
   Db db("claim_binary");
   ClaimStore a("host-a", "host-a#1", 30s);
-  const std::vector<std::string> keys{
-      "it's", "back\\slash", std::string("nul\0byte", 8), "订单-20261129-007", "\"; DROP TABLE idemsink_claim; --",
-      std::string(255, '\xff'), "trailing space ", "emoji-🚚"};
+  const std::vector<std::string> keys{"it's",
+                                      "back\\slash",
+                                      std::string("nul\0byte", 8),
+                                      "订单-20261129-007",
+                                      "\"; DROP TABLE idemsink_claim; --",
+                                      std::string(255, '\xff'),
+                                      "trailing space ",
+                                      "emoji-🚚"};
   std::vector<ClaimRequest> reqs;
   for (const auto& k : keys) reqs.push_back(req(k));
   auto res = a.claim(*db.conn, reqs);
@@ -289,7 +294,9 @@ BOOST_AUTO_TEST_CASE(partitions_are_created_ahead_and_dropped_past_retention) {
   // Re-applying is a no-op.
   auto again = claim::apply_schema(*db.conn, now + std::chrono::hours(24 * 183), {});
   BOOST_TEST(again.added.empty());
-  BOOST_TEST(again.dropped.empty(), "dropped again: " << (again.dropped.empty() ? "" : again.dropped.front()) << " before " << before.front() << ".." << before.back() << " after " << after.front() << ".." << after.back());
+  BOOST_TEST(again.dropped.empty(), "dropped again: " << (again.dropped.empty() ? "" : again.dropped.front())
+                                                      << " before " << before.front() << ".." << before.back()
+                                                      << " after " << after.front() << ".." << after.back());
 }
 
 BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_once) {

@@ -78,12 +78,17 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   for (int i = 0; i < 20; ++i) sms.push_back({i == 7 ? "uncertain-7" : "sms-" + std::to_string(i), "hello"});
   kafka.produce("sms", sms);
 
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
-                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}) +
-                       route_config({"sms", "sms", "scripted_at_most_once.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g") +
+          route_config({"waybill",
+                        "orders",
+                        "scripted_idempotent.so",
+                        kJsonKey,
+                        {{"log", "\"" + calls.string() + "\""}},
+                        kFastRetry}) +
+          route_config(
+              {"sms", "sms", "scripted_at_most_once.so", "", {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
   wait_committed(kafka, "g", {{"orders", 1}}, host);
   wait_committed(kafka, "g", {{"sms", 1}}, host);
   BOOST_TEST(kafka.committed("g", "orders", 1)[0] == 200);
@@ -97,7 +102,7 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   }
   BOOST_TEST(calls_of[to_hex("perm-37")].size() == 1u);  // permanent: never retried
   const auto& retried = calls_of[to_hex("retry3-80")];
-  BOOST_REQUIRE(retried.size() == 4u);                // three failures, then success
+  BOOST_REQUIRE(retried.size() == 4u);                              // three failures, then success
   for (const auto& c : retried) BOOST_TEST(c[2] == retried[0][2]);  // one token throughout
   BOOST_TEST(retried.back()[4] == "ok");
   BOOST_TEST(calls_of[to_hex("uncertain-7")].size() == 1u);  // at most once: never called again
@@ -162,7 +167,8 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
   const auto calls = dir / "calls.log";
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 400; ++i)
-    msgs.push_back({"k" + std::to_string(i), order_json(i % 20 == 0 ? "perm-" + std::to_string(i) : "o-" + std::to_string(i))});
+    msgs.push_back(
+        {"k" + std::to_string(i), order_json(i % 20 == 0 ? "perm-" + std::to_string(i) : "o-" + std::to_string(i))});
   kafka.produce("orders", msgs);
   // The DLQ refuses every produce request for a while.
   std::string errors = "push_errors Produce";
@@ -171,8 +177,12 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
 
   HostProcess host(dir, "host",
                    base_config(kafka, db, "host-a", "g") + "[kafka.producer]\n\"retry.backoff.ms\" = \"250\"\n\n" +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
-                                     {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
+                       route_config({"waybill",
+                                     "orders",
+                                     "scripted_idempotent.so",
+                                     kJsonKey,
+                                     {{"log", "\"" + calls.string() + "\""}},
+                                     kFastRetry}));
   // The source partitions move to the end although the DLQ is down: the
   // dead records are durable in the outbox, not yet published.
   wait_committed(kafka, "g", {{"orders", 2}}, host);
@@ -182,11 +192,13 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
              "the DLQ took the records before the source partitions were committed: the outage was not tested");
   // When the DLQ takes writes again, the relay publishes each row once.
   auto dlq = wait_dlq(kafka, "orders.dlq", 20, 120s);
-  wait_until([&] { return conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
-             60s, "the outbox to drain");
+  wait_until(
+      [&] { return conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
+      60s, "the outbox to drain");
   dlq = kafka.read_all("orders.dlq", 1);
   std::map<std::string, int> seen;
-  for (const auto& m : dlq) ++seen[m.headers.at("idemsink.source.offset") + "/" + m.headers.at("idemsink.source.partition")];
+  for (const auto& m : dlq)
+    ++seen[m.headers.at("idemsink.source.offset") + "/" + m.headers.at("idemsink.source.partition")];
   BOOST_TEST(dlq.size() == 20u);
   BOOST_TEST(seen.size() == 20u);  // none twice
   BOOST_TEST(host.stop() == 0);
@@ -202,21 +214,24 @@ BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
   const int64_t day = 86'400'000;
   std::vector<TestMessage> msgs{
       {"a", order_json("good-1")},
-      {"b", "\xff\xfe not json"},                               // undecodable_value
-      {"c", "{\"order\":{}}"},                                  // missing_key
+      {"b", "\xff\xfe not json"},                                                        // undecodable_value
+      {"c", "{\"order\":{}}"},                                                           // missing_key
       {"d", "{\"order\":{\"id\":\"big\",\"pad\":\"" + std::string(3000, 'x') + "\"}}"},  // record_too_large
-      {"e", order_json(std::string(300, 'k'))},                 // biz_key_too_long
+      {"e", order_json(std::string(300, 'k'))},                                          // biz_key_too_long
       {"f", order_json("good-2", 10)},
-      {"g", order_json("good-2", 99)},                          // payload_conflict with f
+      {"g", order_json("good-2", 99)},                            // payload_conflict with f
       {"h", order_json("old-1"), {}, -1, now_ms() - 100 * day},   // beyond_replay_horizon
       {"i", order_json("future-1"), {}, -1, now_ms() + 2 * day},  // timestamp_in_future
       {"j", order_json("good-3")},
   };
   kafka.produce("orders", msgs);
   HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", kJsonKey,
-                                     {{"log", "\"" + calls.string() + "\""}}, "max_record_bytes = 2000\n"}));
+                   base_config(kafka, db, "host-a", "g") + route_config({"waybill",
+                                                                         "orders",
+                                                                         "scripted_idempotent.so",
+                                                                         kJsonKey,
+                                                                         {{"log", "\"" + calls.string() + "\""}},
+                                                                         "max_record_bytes = 2000\n"}));
   wait_committed(kafka, "g", {{"orders", 1}}, host);
   auto dlq = wait_dlq(kafka, "orders.dlq", 7);
   std::map<std::string, std::string> reason_by_key;
@@ -246,13 +261,15 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
   const auto calls = dir / "calls.log";
   kafka.produce("orders", {{"throw-1", "x"}, {"hang-1", "x"}, {"fine-1", "x"}});
   kafka.produce("twice", {{"t-1", "x"}, {"t-2", "x"}, {"bad-1", "x"}});
-  const std::string retry = "call_timeout = \"300ms\"\n[route.retry]\nmax_attempts = 3\nbackoff_initial = \"10ms\"\n"
-                            "backoff_max = \"20ms\"\n";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}}, retry}) +
-                       route_config({"twice", "twice", "double_complete.so", "", {}, retry}));
+  const std::string retry =
+      "call_timeout = \"300ms\"\n[route.retry]\nmax_attempts = 3\nbackoff_initial = \"10ms\"\n"
+      "backoff_max = \"20ms\"\n";
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g") +
+          route_config(
+              {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}, retry}) +
+          route_config({"twice", "twice", "double_complete.so", "", {}, retry}));
   wait_committed(kafka, "g", {{"orders", 1}}, host);
   wait_committed(kafka, "g", {{"twice", 1}}, host);
   auto conn = MariaDbServer::shared().connect("policy_plugins");
@@ -289,11 +306,14 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   msgs[20] = {"retry2-b", "v"};                         // fails twice: succeeds from retry topic 2
   msgs[30] = {"retry9-c", "v"};                         // keeps failing: dead-lettered after the last tier
   kafka.produce("orders", msgs);
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}},
-                                     "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n"}));
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g") + route_config({"waybill",
+                                                            "orders",
+                                                            "scripted_idempotent.so",
+                                                            "",
+                                                            {{"log", "\"" + calls.string() + "\""}},
+                                                            "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n"}));
   // The source partition does not wait for the retries.
   wait_committed(kafka, "g", {{"orders", 1}}, host);
   auto early = calls_by_key(calls);

@@ -38,7 +38,8 @@ std::vector<TestMessage> orders(int n, int partitions, std::set<std::string>& ke
 int audit_exit_code(const ScratchDir& dir, const std::filesystem::path& config, std::string* out = nullptr) {
   static int run = 0;
   const std::string name = "audit-" + std::to_string(++run);
-  Process audit({idemsink_binary(), "audit", "--config", config.string()}, dir / (name + ".out"), dir / (name + ".err"));
+  Process audit({idemsink_binary(), "audit", "--config", config.string()}, dir / (name + ".out"),
+                dir / (name + ".err"));
   auto rc = audit.wait(300s);
   if (out) *out = audit.out() + audit.err();
   return rc.value_or(-1);
@@ -63,13 +64,13 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
       const auto calls = dir / "calls.log";
       // Small fetches answered at once: a resumed partition refills the
       // buffer quickly, a little at a time, and the next pause follows soon.
-      HostProcess host(dir, "host",
-                       base_config(kafka, db, "host-a", "g" + std::to_string(run),
-                                   "max_buffered_records = " + std::to_string(200 << run) + "\n",
-                                   "\"fetch.wait.max.ms\" = \"10\"\n\"max.partition.fetch.bytes\" = \"4096\"\n"
-                                   "\"queued.min.messages\" = \"100\"\n") +
-                           route_config({"waybill", topic, "scripted_idempotent.so", "",
-                                         {{"log", "\"" + calls.string() + "\""}}}));
+      HostProcess host(
+          dir, "host",
+          base_config(kafka, db, "host-a", "g" + std::to_string(run),
+                      "max_buffered_records = " + std::to_string(200 << run) + "\n",
+                      "\"fetch.wait.max.ms\" = \"10\"\n\"max.partition.fetch.bytes\" = \"4096\"\n"
+                      "\"queued.min.messages\" = \"100\"\n") +
+              route_config({"waybill", topic, "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
       wait_committed(kafka, "g" + std::to_string(run), {{topic, kPartitions}}, host, 600s);
 
       // Every key claimed and applied exactly once.
@@ -90,8 +91,8 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
       size_t pauses = 0;
       for (size_t p = log.find("fetching paused"); p != std::string::npos; p = log.find("fetching paused", p + 1))
         ++pauses;
-      BOOST_TEST_MESSAGE("run " << run << ": " << pauses << " pauses, " << keys.size() << " keys, "
-                                << kRecords << " records");
+      BOOST_TEST_MESSAGE("run " << run << ": " << pauses << " pauses, " << keys.size() << " keys, " << kRecords
+                                << " records");
       BOOST_TEST(pauses >= 100u, "only " << pauses << " pauses: the scenario did not exercise backpressure");
       BOOST_TEST(host.stop() == 0);
 
@@ -133,10 +134,10 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
   ScratchDir dir("offsets");
   const auto calls = dir / "calls.log";
   const int admin_port = free_port();
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}}}));
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n") +
+          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
   wait_committed(kafka, "g", {{"orders", 2}}, host);
   BOOST_TEST(kafka.committed("g", "orders", 2) == hi);
 
@@ -160,8 +161,9 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
   BOOST_TEST(audit_out.find("audit ok: 500 committed records") != std::string::npos, audit_out);
 
   // Records whose claims vanish are unaccounted: exit 1, naming their offsets.
-  MariaDbServer::shared().connect("offsets_holes")->execute(
-      "DELETE FROM idemsink_claim WHERE biz_key IN ('h-10', 'h-12', 'h-40')");  // orders[0] offsets 5, 6, 20
+  MariaDbServer::shared()
+      .connect("offsets_holes")
+      ->execute("DELETE FROM idemsink_claim WHERE biz_key IN ('h-10', 'h-12', 'h-40')");  // orders[0] offsets 5, 6, 20
   BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 1, audit_out);
   BOOST_TEST(audit_out.find("orders[0] offsets 0..256: 250 records, 247 by claim, 0 by DLQ outbox, 3 UNACCOUNTED at "
                             "offsets 5..6, 20") != std::string::npos,
@@ -182,12 +184,12 @@ BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
   const auto calls = dir / "calls.log";
   const int admin_port = free_port();
   // The 300th record polled, and every later one of its partition, vanish.
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
-                                   "stall_timeout = \"2s\"\n") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}}}),
-                   {{"IDEMSINK_FAULT", "drop_fetch:300"}});
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
+                  "stall_timeout = \"2s\"\n") +
+          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
+      {{"IDEMSINK_FAULT", "drop_fetch:300"}});
   wait_committed(kafka, "g", {{"orders", 4}}, host);
   const std::string log = host.log();
   BOOST_TEST(log.find("fault drop_fetch") != std::string::npos);
@@ -224,12 +226,12 @@ BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offse
   const int admin_port = free_port();
   // Every record of the partition vanishes (and the stall check waits a
   // minute): the host is assigned the partition and consumes nothing of it.
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
-                                   "stall_timeout = \"60s\"\n") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
-                                     {{"log", "\"" + calls.string() + "\""}}}),
-                   {{"IDEMSINK_FAULT", "drop_fetch:1"}});
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
+                  "stall_timeout = \"60s\"\n") +
+          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
+      {{"IDEMSINK_FAULT", "drop_fetch:1"}});
   nlohmann::json partition;
   wait_until(
       [&] {
@@ -246,7 +248,7 @@ BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offse
       30s, "the partition's high watermark in /status");
   BOOST_TEST(partition["committed"].get<int64_t>() == 100);
   BOOST_TEST(partition["lag"].get<int64_t>() == 900, partition.dump());
-  BOOST_TEST(http_request(admin_port, "GET", "/metrics").second.find(
-                 "idemsink_partition_lag{topic=\"orders\",partition=\"0\"} 900") != std::string::npos);
+  BOOST_TEST(http_request(admin_port, "GET", "/metrics")
+                 .second.find("idemsink_partition_lag{topic=\"orders\",partition=\"0\"} 900") != std::string::npos);
   BOOST_TEST(host.stop() == 0);
 }

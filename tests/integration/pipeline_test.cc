@@ -35,7 +35,10 @@ BOOST_AUTO_TEST_CASE(every_key_is_applied_once_and_offsets_reach_the_end) {
 
   HostProcess host(dir, "host",
                    base_config(kafka, db, "host-a", "g1") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "",
+                       route_config({"waybill",
+                                     "orders",
+                                     "scripted_idempotent.so",
+                                     "",
                                      {{"log", "\"" + calls.string() + "\""}, {"delay", "\"5ms\""}}}));
   wait_committed(kafka, "g1", {{"orders", 4}}, host);
 

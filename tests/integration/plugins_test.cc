@@ -33,9 +33,10 @@ std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& na
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
-  const std::string faults = "latency_mean_ms=4,latency_p99_ms=40,timeout_after_apply=0.1,error_5xx=0.05,reject_4xx=0.01";
-  FakeServices services(fake_services_binary(), {"--hold", "1500", "--faults", "waybill:" + faults, "--faults", "inventory:" + faults,
-                         "--faults", "sms:" + faults});
+  const std::string faults =
+      "latency_mean_ms=4,latency_p99_ms=40,timeout_after_apply=0.1,error_5xx=0.05,reject_4xx=0.01";
+  FakeServices services(fake_services_binary(), {"--hold", "1500", "--faults", "waybill:" + faults, "--faults",
+                                                 "inventory:" + faults, "--faults", "sms:" + faults});
   auto db = MariaDbServer::shared().fresh_database("plugins_faults");
   MockKafka kafka;
   const std::vector<std::string> topics{"waybill", "inventory", "sms", "ledger"};
@@ -58,8 +59,13 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
     kafka.produce(t, msgs);
   }
   auto route = [&](const std::string& name) {
-    RouteSpec r{name, name, shipped_plugin(name), "", {}, "call_timeout = \"5s\"\n[route.retry]\nmax_attempts = 12\n"
-                                                          "backoff_initial = \"20ms\"\nbackoff_max = \"200ms\"\n"};
+    RouteSpec r{name,
+                name,
+                shipped_plugin(name),
+                "",
+                {},
+                "call_timeout = \"5s\"\n[route.retry]\nmax_attempts = 12\n"
+                "backoff_initial = \"20ms\"\nbackoff_max = \"200ms\"\n"};
     if (name != "ledger") r.options = {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"300ms\""}};
     return route_config(r);
   };
@@ -85,12 +91,12 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
       BOOST_TEST(s["double_applied"].get<int>() == 0);
       BOOST_TEST(s["timeouts_after_apply"].get<int>() > 0);  // the faults really happened
       BOOST_TEST(s["errors_5xx"].get<int>() > 0);
-      const int done = static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") +
-                                                          svc + "' AND status = 2"));
-      const int failed = static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") +
-                                                            svc + "' AND status = 3"));
+      const int done = static_cast<int>(scalar(
+          *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 2"));
+      const int failed = static_cast<int>(scalar(
+          *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 3"));
       BOOST_TEST(done + failed == static_cast<int>(orders.size()));
-      BOOST_TEST(s["orders"].get<int>() == done);  // one effect per done order, none for rejected ones
+      BOOST_TEST(s["orders"].get<int>() == done);          // one effect per done order, none for rejected ones
       BOOST_TEST(failed == s["rejected_4xx"].get<int>());  // a rejection is final: one call per rejected order
       BOOST_TEST(failed > 0);
       for (const auto& [order, n] : s["per_order"].items()) BOOST_TEST(n.get<int>() == 1, order);
@@ -102,10 +108,12 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
     const auto& s = stats["sms"];
     BOOST_TEST(s["double_applied"].get<int>() == 0);  // at most once, even with timeouts after sending
     BOOST_TEST(s["timeouts_after_apply"].get<int>() > 0);
-    const int done = static_cast<int>(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2"));
+    const int done =
+        static_cast<int>(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2"));
     BOOST_TEST(s["orders"].get<int>() == done);  // every SMS counted done was really sent, once
-    BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2 AND "
-                             "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
+    BOOST_TEST(scalar(*conn,
+                      "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2 AND "
+                      "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
   }
   // Ledger: each order credited once; the shipped duplicate check agrees.
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == static_cast<int64_t>(orders.size()));
@@ -118,8 +126,9 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   BOOST_TEST(audit.second.find("audit ok") != std::string::npos, audit.second);
 
   // A double credit slipped in behind idemsink's back is what the check is for.
-  conn->execute("INSERT INTO ledger_entries (biz_key, entry_type, account, amount_cents, idem_token) "
-                "SELECT biz_key, entry_type, account, amount_cents, idem_token FROM ledger_entries LIMIT 1");
+  conn->execute(
+      "INSERT INTO ledger_entries (biz_key, entry_type, account, amount_cents, idem_token) "
+      "SELECT biz_key, entry_type, account, amount_cents, idem_token FROM ledger_entries LIMIT 1");
   check = run_cli(dir, "check2", {"reconcile", "--check", "--config", host.config_path().string()});
   BOOST_TEST(check.first == 1, check.second);
   BOOST_TEST(check.second.find("1 problem(s)") != std::string::npos, check.second);

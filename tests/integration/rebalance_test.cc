@@ -37,7 +37,10 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
   auto config = [&](const std::string& host) {
     return base_config(kafka, db, host, "g", "max_in_flight = 200\n",
                        "\"partition.assignment.strategy\" = \"" + strategy + "\"\n") +
-           route_config({"waybill", "orders", "scripted_idempotent.so", "",
+           route_config({"waybill",
+                         "orders",
+                         "scripted_idempotent.so",
+                         "",
                          {{"log", "\"" + calls.string() + "\""}, {"delay", "\"40ms\""}}});
   };
   auto conn = MariaDbServer::shared().connect(dbname);
@@ -99,7 +102,10 @@ BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment
   auto config = [&](const std::string& host, const std::string& extra_consumer = "") {
     return base_config(kafka, db, host, "g", "",
                        "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n" + extra_consumer) +
-           route_config({"waybill", "orders", "scripted_idempotent.so", "",
+           route_config({"waybill",
+                         "orders",
+                         "scripted_idempotent.so",
+                         "",
                          {{"log", "\"" + calls.string() + "\""}, {"delay", "\"20ms\""}}});
   };
   HostProcess a(dir, "host-a", config("host-a"));

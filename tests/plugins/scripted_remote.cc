@@ -80,12 +80,16 @@ class Scripted {
     const char* names[] = {"ok", "retryable", "uncertain", "permanent"};
     std::string line = std::string(rec.route()) + "\t" + hex(key) + "\t" + std::string(rec.idem_token()) + "\t" +
                        std::to_string(rec.attempt()) + "\t" +
-                       (key.starts_with("hang-") ? "hang" : key.starts_with("throw-") ? "throw" : names[outcome]) + "\t" +
+                       (key.starts_with("hang-")    ? "hang"
+                        : key.starts_with("throw-") ? "throw"
+                                                    : names[outcome]) +
+                       "\t" +
                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::system_clock::now().time_since_epoch())
                                           .count()) +
                        "\n";
-    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) throw std::runtime_error("log write");
+    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      throw std::runtime_error("log write");
     if (key.starts_with("hang-")) {
       std::lock_guard lk(mu_);
       hung_.push_back(std::move(done));  // kept, never reported

@@ -11,14 +11,14 @@ std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db
                         const std::string& group, const std::string& extra_host_lines,
                         const std::string& extra_consumer_lines, const std::string& extra_kafka_lines) {
   std::ostringstream os;
-  os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n" << extra_host_lines
-     << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
-     << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n" << extra_kafka_lines
-     << "[kafka.properties]\n\"log_level\" = \"4\"\n"
+  os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n"
+     << extra_host_lines << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
+     << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n"
+     << extra_kafka_lines << "[kafka.properties]\n\"log_level\" = \"4\"\n"
      << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
-     << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n" << extra_consumer_lines
-     << "\n[database]\nhost = \"" << db.host << "\"\nport = " << db.port << "\nuser = \"" << db.user
-     << "\"\ndatabase = \"" << db.database << "\"\npool_size = 4\nconnect_timeout = \"2s\"\n"
+     << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n"
+     << extra_consumer_lines << "\n[database]\nhost = \"" << db.host << "\"\nport = " << db.port << "\nuser = \""
+     << db.user << "\"\ndatabase = \"" << db.database << "\"\npool_size = 4\nconnect_timeout = \"2s\"\n"
      << "reconnect_backoff_max = \"500ms\"\n"
      << "\n[claim]\nlease = \"10s\"\nwait_recheck = \"200ms\"\n\n";
   return os.str();
@@ -58,9 +58,8 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   return *rc;
 }
 
-void wait_committed(MockKafka& kafka, const std::string& group,
-                    const std::vector<std::pair<std::string, int>>& topics, HostProcess& host,
-                    std::chrono::milliseconds timeout) {
+void wait_committed(MockKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
+                    HostProcess& host, std::chrono::milliseconds timeout) {
   std::map<std::string, std::map<int32_t, int64_t>> hi;
   for (const auto& [topic, partitions] : topics) hi[topic] = kafka.high_watermarks(topic, partitions);
   wait_until(

@@ -25,10 +25,10 @@ std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db
 struct RouteSpec {
   std::string name;
   std::string topic;
-  std::string plugin;             // file name in the test plugin folder, or an absolute path
-  std::string key_toml = "";      // e.g. "key = { from = \"json\", json = \"order.id\" }"
+  std::string plugin;                          // file name in the test plugin folder, or an absolute path
+  std::string key_toml = "";                   // e.g. "key = { from = \"json\", json = \"order.id\" }"
   std::map<std::string, std::string> options;  // TOML values, already quoted as needed
-  std::string extra;              // more lines for the table
+  std::string extra;                           // more lines for the table
 };
 std::string route_config(const RouteSpec& r);
 
@@ -53,9 +53,8 @@ class HostProcess {
 
 /// Waits until the group's committed offsets reach the high watermarks of
 /// every (topic, partitions); fails early, with its log, if the host exits.
-void wait_committed(MockKafka& kafka, const std::string& group,
-                    const std::vector<std::pair<std::string, int>>& topics, HostProcess& host,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(120));
+void wait_committed(MockKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
+                    HostProcess& host, std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
 /// The scripted plugin's call log, one vector of columns per call.
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);

@@ -20,8 +20,10 @@ MockKafka::MockKafka(int brokers) : cluster_(idemsink_binary(), {"--brokers", st
   rd_kafka_conf_set(conf, "linger.ms", "2", err, sizeof err);
   rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
   rd_kafka_conf_set_dr_msg_cb(conf, [](rd_kafka_t*, const rd_kafka_message_t* m, void*) {
-    if (m->err) static_cast<std::atomic<int>*>(m->_private)->fetch_add(1000000);
-    else static_cast<std::atomic<int>*>(m->_private)->fetch_add(1);
+    if (m->err)
+      static_cast<std::atomic<int>*>(m->_private)->fetch_add(1000000);
+    else
+      static_cast<std::atomic<int>*>(m->_private)->fetch_add(1);
   });
   producer_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
   if (producer_ == nullptr) throw std::runtime_error(std::string("test producer: ") + err);

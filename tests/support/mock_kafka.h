@@ -21,8 +21,8 @@ struct TestMessage {
   std::optional<std::string> key;
   std::optional<std::string> value;
   std::vector<std::pair<std::string, std::optional<std::string>>> headers;
-  int32_t partition = -1;     // -1: by key hash
-  int64_t timestamp_ms = 0;   // 0: now
+  int32_t partition = -1;    // -1: by key hash
+  int64_t timestamp_ms = 0;  // 0: now
 };
 
 struct ConsumedMessage {

@@ -63,7 +63,8 @@ BOOST_AUTO_TEST_CASE(minimal_config_gets_documented_defaults) {
 }
 
 BOOST_AUTO_TEST_CASE(unknown_keys_name_file_line_and_key) {
-  expect_error(kMinimal + "\n[host]\nmax_inflight = 3\n", {"test.toml:13:", "host.max_inflight", "unknown key in [host]"});
+  expect_error(kMinimal + "\n[host]\nmax_inflight = 3\n",
+               {"test.toml:13:", "host.max_inflight", "unknown key in [host]"});
   expect_error("[kafak]\nx = 1\n" + kMinimal, {"test.toml:1:", "kafak", "unknown section"});
 }
 
@@ -75,14 +76,17 @@ BOOST_AUTO_TEST_CASE(wrong_types_and_bounds_are_errors) {
 }
 
 BOOST_AUTO_TEST_CASE(missing_required_keys_are_errors) {
-  expect_error("[database]\ndatabase = \"x\"\n[[route]]\nname=\"a\"\ntopic=\"t\"\nplugin=\"p\"\n", {"kafka", "required"});
+  expect_error("[database]\ndatabase = \"x\"\n[[route]]\nname=\"a\"\ntopic=\"t\"\nplugin=\"p\"\n",
+               {"kafka", "required"});
   expect_error("[kafka]\nbootstrap_servers=\"b\"\n[database]\ndatabase=\"x\"\n[[route]]\nname = \"a\"\nplugin=\"p\"\n",
                {"test.toml:5:", "route.topic", "required key is missing"});
 }
 
 BOOST_AUTO_TEST_CASE(route_rules) {
-  expect_error(kMinimal + "\n[[route]]\nname = \"waybill\"\ntopic = \"other\"\nplugin = \"p.so\"\n", {"duplicate route name"});
-  expect_error(kMinimal + "\n[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"p.so\"\n", {"one route per topic"});
+  expect_error(kMinimal + "\n[[route]]\nname = \"waybill\"\ntopic = \"other\"\nplugin = \"p.so\"\n",
+               {"duplicate route name"});
+  expect_error(kMinimal + "\n[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"p.so\"\n",
+               {"one route per topic"});
   expect_error(kMinimal + "\n[[route]]\nname = \"bad name!\"\ntopic = \"t2\"\nplugin = \"p.so\"\n", {"route.name"});
   expect_error(kMinimal + "[route.key]\nfrom = \"json\"\n", {"route.key.json", "required when from"});
   expect_error(kMinimal + "[route.key]\nfrom = \"body\"\n", {"route.key.from"});
@@ -92,7 +96,8 @@ BOOST_AUTO_TEST_CASE(route_rules) {
 
 BOOST_AUTO_TEST_CASE(relative_plugin_paths_resolve_against_the_config_folder) {
   Config c = load_string(
-      "[kafka]\nbootstrap_servers=\"b\"\n[database]\ndatabase=\"x\"\n[[route]]\nname=\"a\"\ntopic=\"t\"\nplugin=\"lib/a.so\"\n",
+      "[kafka]\nbootstrap_servers=\"b\"\n[database]\ndatabase=\"x\"\n[[route]]\nname=\"a\"\ntopic=\"t\"\nplugin=\"lib/"
+      "a.so\"\n",
       "test.toml");
   BOOST_TEST(c.routes[0].plugin.is_absolute());
   BOOST_TEST(c.routes[0].plugin.filename() == "a.so");
@@ -127,7 +132,8 @@ BOOST_AUTO_TEST_CASE(toml_syntax_errors_carry_the_position) {
 }
 
 BOOST_AUTO_TEST_CASE(handler_options_keep_their_type_and_line) {
-  Config c = load_string(kMinimal + "[route.options]\nendpoint = \"http://x\"\ntimeout = \"2s\"\npool = 8\n", "test.toml");
+  Config c =
+      load_string(kMinimal + "[route.options]\nendpoint = \"http://x\"\ntimeout = \"2s\"\npool = 8\n", "test.toml");
   const auto& opts = c.routes[0].options;
   BOOST_TEST(opts.at("endpoint").text == "http://x");
   BOOST_TEST((opts.at("pool").toml_type == OptionValue::TomlType::Integer));
@@ -150,8 +156,9 @@ BOOST_AUTO_TEST_CASE(committed_reference_matches_the_declarations) {
 }
 
 BOOST_AUTO_TEST_CASE(shipped_configs_load) {
-  for (const char* var : {"HOSTNAME", "KAFKA_PASSWORD", "IDEMSINK_DB_PASSWORD", "IDEMSINK_DEMO_ADMIN", "IDEMSINK_DEMO_KAFKA",
-                          "IDEMSINK_DEMO_DB_SOCKET", "IDEMSINK_DEMO_SERVICES", "IDEMSINK_PLUGIN_DIR"})
+  for (const char* var :
+       {"HOSTNAME", "KAFKA_PASSWORD", "IDEMSINK_DB_PASSWORD", "IDEMSINK_DEMO_ADMIN", "IDEMSINK_DEMO_KAFKA",
+        "IDEMSINK_DEMO_DB_SOCKET", "IDEMSINK_DEMO_SERVICES", "IDEMSINK_PLUGIN_DIR"})
     ::setenv(var, "127.0.0.1:1", 0);
   const std::string dir = std::string(IDEMSINK_SOURCE_DIR) + "/conf/";
   Config prod = load_file(dir + "idemsink.toml");

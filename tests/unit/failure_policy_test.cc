@@ -48,7 +48,8 @@ BOOST_AUTO_TEST_CASE(retryable_retries_until_max_attempts_then_fails) {
   for (auto kind : kKinds) {
     BOOST_TEST_CONTEXT("kind " << kind) {
       for (uint32_t calls = 1; calls < 3; ++calls)
-        BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, calls, 0, in_place(3)).action == Action::Retry));
+        BOOST_TEST(
+            (decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, calls, 0, in_place(3)).action == Action::Retry));
       const Decision last = decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 3, 0, in_place(3));
       BOOST_TEST((last.action == Action::End));
       BOOST_TEST((last.status == Status::Failed));
@@ -60,12 +61,14 @@ BOOST_AUTO_TEST_CASE(retryable_retries_until_max_attempts_then_fails) {
 BOOST_AUTO_TEST_CASE(uncertain_is_retried_with_the_same_token_except_at_most_once) {
   // Idempotent remotes de-duplicate the token; a local_tx write that did not
   // report ok was rolled back: both are retried.
-  BOOST_TEST((decide_after_call(IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5)).action ==
-              Action::Retry));
+  BOOST_TEST(
+      (decide_after_call(IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5)).action ==
+       Action::Retry));
   BOOST_TEST((decide_after_call(IDEMSINK_KIND_LOCAL_TX, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5)).action ==
               Action::Retry));
   // An at-most-once call that may have happened is never made again.
-  const Decision d = decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5));
+  const Decision d =
+      decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5));
   BOOST_TEST((d.action == Action::End));
   BOOST_TEST((d.status == Status::Unknown));
   BOOST_TEST((d.reason == Reason::Uncertain));

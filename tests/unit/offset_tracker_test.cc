@@ -45,9 +45,9 @@ BOOST_AUTO_TEST_CASE(a_hole_is_not_committed_before_it_is_verified) {
   t.add(5);
   BOOST_TEST((t.add(9) == Admit::Gap));  // 6..8 unexplained: maybe skipped by the consumer
   t.complete(5);
-  BOOST_TEST(*t.commit_point() == 6);   // never past the hole on trust
+  BOOST_TEST(*t.commit_point() == 6);  // never past the hole on trust
   BOOST_TEST(*t.next_expected() == 6);
-  BOOST_TEST(!t.complete(9));           // 9 was not registered
+  BOOST_TEST(!t.complete(9));  // 9 was not registered
 }
 
 BOOST_AUTO_TEST_CASE(a_verified_hole_is_committed_past) {

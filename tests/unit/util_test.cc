@@ -42,9 +42,9 @@ BOOST_AUTO_TEST_CASE(listen_addresses_are_ip_and_port) {
   BOOST_TEST(v6->host == "::1");
   BOOST_TEST(v6->port == 65535);
   BOOST_TEST(parse_host_port("0.0.0.0:0")->port == 0);
-  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:70000", "127.0.0.1:999999", "127.0.0.1:", "127.0.0.1",
-                          ":9464", "[]:9464", "localhost:9464", "::1:9464", "[::1]", "[127.0.0.1]:80",
-                          "127.0.0.1:+80", "127.0.0.1:-1", "127.0.0.1: 80", "1.2.3:80"})
+  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:70000", "127.0.0.1:999999", "127.0.0.1:", "127.0.0.1", ":9464",
+                          "[]:9464", "localhost:9464", "::1:9464", "[::1]", "[127.0.0.1]:80", "127.0.0.1:+80",
+                          "127.0.0.1:-1", "127.0.0.1: 80", "1.2.3:80"})
     BOOST_TEST(!parse_host_port(bad).has_value(), bad);
 }
 
@@ -78,7 +78,10 @@ BOOST_AUTO_TEST_CASE(payload_hash_is_16_bytes_and_content_sensitive) {
 BOOST_AUTO_TEST_CASE(sanitize_keeps_utf8_and_replaces_garbage) {
   BOOST_TEST(sanitize_utf8("plain", 100) == "plain");
   BOOST_TEST(sanitize_utf8("订单超时", 100) == "订单超时");
-  BOOST_TEST(sanitize_utf8(std::string("a\xff\xfe" "b", 4), 100) == "a??b");
+  BOOST_TEST(sanitize_utf8(std::string("a\xff\xfe"
+                                       "b",
+                                       4),
+                           100) == "a??b");
   BOOST_TEST(sanitize_utf8(std::string("a\0b", 3), 100) == "a?b");
   // Cut on a character boundary: "订" is 3 bytes.
   BOOST_TEST(sanitize_utf8("订单", 4) == "订");
@@ -87,5 +90,5 @@ BOOST_AUTO_TEST_CASE(sanitize_keeps_utf8_and_replaces_garbage) {
 BOOST_AUTO_TEST_CASE(buckets_are_utc_months_of_the_record_timestamp) {
   BOOST_TEST(claim::bucket_of(0) == "1970-01-01");
   BOOST_TEST(claim::bucket_of(1796083199999LL) == "2026-11-01");  // 2026-11-30T23:59:59.999Z
-  BOOST_TEST(claim::bucket_of(1796083200000LL) == "2026-12-01");                     // one ms later: next month
+  BOOST_TEST(claim::bucket_of(1796083200000LL) == "2026-12-01");  // one ms later: next month
 }

@@ -66,45 +66,45 @@ extern "C" {
  * and crash-recovery policy from it; a plugin cannot opt out.
  */
 typedef enum idemsink_kind {
-    /** Remote call that de-duplicates on the idem_token (waybill API,
-     *  inventory RPC). Retried after a timeout with the same token. */
-    IDEMSINK_KIND_REMOTE_IDEMPOTENT = 1,
-    /** Remote call without idempotency (SMS gateway). Never retried after
-     *  an uncertain outcome: such a record becomes `unknown`. */
-    IDEMSINK_KIND_REMOTE_AT_MOST_ONCE = 2,
-    /** Write to the business database inside the host's transaction, which
-     *  also marks the claim done: exactly once by construction. */
-    IDEMSINK_KIND_LOCAL_TX = 3
+  /** Remote call that de-duplicates on the idem_token (waybill API,
+   *  inventory RPC). Retried after a timeout with the same token. */
+  IDEMSINK_KIND_REMOTE_IDEMPOTENT = 1,
+  /** Remote call without idempotency (SMS gateway). Never retried after
+   *  an uncertain outcome: such a record becomes `unknown`. */
+  IDEMSINK_KIND_REMOTE_AT_MOST_ONCE = 2,
+  /** Write to the business database inside the host's transaction, which
+   *  also marks the claim done: exactly once by construction. */
+  IDEMSINK_KIND_LOCAL_TX = 3
 } idemsink_kind;
 
 /** The result a handler reports for one record. */
 typedef enum idemsink_outcome {
-    /** Applied. The detail is the receipt (waybill number, message id). */
-    IDEMSINK_OUTCOME_OK = 0,
-    /** Certainly not applied (connection refused, 503 before processing).
-     *  The detail is the error message. */
-    IDEMSINK_OUTCOME_RETRYABLE = 1,
-    /** May or may not have been applied (timeout after sending). */
-    IDEMSINK_OUTCOME_UNCERTAIN = 2,
-    /** Rejected for good (4xx business rejection). Not retried. */
-    IDEMSINK_OUTCOME_PERMANENT = 3
+  /** Applied. The detail is the receipt (waybill number, message id). */
+  IDEMSINK_OUTCOME_OK = 0,
+  /** Certainly not applied (connection refused, 503 before processing).
+   *  The detail is the error message. */
+  IDEMSINK_OUTCOME_RETRYABLE = 1,
+  /** May or may not have been applied (timeout after sending). */
+  IDEMSINK_OUTCOME_UNCERTAIN = 2,
+  /** Rejected for good (4xx business rejection). Not retried. */
+  IDEMSINK_OUTCOME_PERMANENT = 3
 } idemsink_outcome;
 
 /** Log levels for idemsink_host_api.log. */
 typedef enum idemsink_log_level {
-    IDEMSINK_LOG_DEBUG = 1,
-    IDEMSINK_LOG_INFO = 2,
-    IDEMSINK_LOG_WARN = 3,
-    IDEMSINK_LOG_ERROR = 4
+  IDEMSINK_LOG_DEBUG = 1,
+  IDEMSINK_LOG_INFO = 2,
+  IDEMSINK_LOG_WARN = 3,
+  IDEMSINK_LOG_ERROR = 4
 } idemsink_log_level;
 
 /** Types of handler options. The host validates values against them. */
 typedef enum idemsink_option_type {
-    IDEMSINK_OPTION_STRING = 1,
-    IDEMSINK_OPTION_INT = 2,      /**< passed as decimal text */
-    IDEMSINK_OPTION_FLOAT = 3,    /**< passed as decimal text */
-    IDEMSINK_OPTION_BOOL = 4,     /**< passed as "true" or "false" */
-    IDEMSINK_OPTION_DURATION = 5  /**< configured as "250ms", "2s", "1m"; passed as milliseconds */
+  IDEMSINK_OPTION_STRING = 1,
+  IDEMSINK_OPTION_INT = 2,     /**< passed as decimal text */
+  IDEMSINK_OPTION_FLOAT = 3,   /**< passed as decimal text */
+  IDEMSINK_OPTION_BOOL = 4,    /**< passed as "true" or "false" */
+  IDEMSINK_OPTION_DURATION = 5 /**< configured as "250ms", "2s", "1m"; passed as milliseconds */
 } idemsink_option_type;
 
 /**
@@ -117,10 +117,10 @@ typedef enum idemsink_option_type {
  * field needs a new struct and a new descriptor field appended after it.
  */
 typedef struct idemsink_option_decl {
-    const char *name;          /**< plugin-owned, static */
-    idemsink_option_type type;
-    const char *default_value; /**< plugin-owned, static; NULL = required */
-    const char *doc;           /**< plugin-owned, static; one sentence */
+  const char* name; /**< plugin-owned, static */
+  idemsink_option_type type;
+  const char* default_value; /**< plugin-owned, static; NULL = required */
+  const char* doc;           /**< plugin-owned, static; one sentence */
 } idemsink_option_decl;
 
 /**
@@ -134,9 +134,9 @@ typedef struct idemsink_option_decl {
  * field needs a new struct and a new descriptor field appended after it.
  */
 typedef struct idemsink_check {
-    const char *name; /**< plugin-owned, static; e.g. "duplicate_credits" */
-    const char *sql;  /**< plugin-owned, static; a SELECT */
-    const char *doc;  /**< plugin-owned, static; what a row means */
+  const char* name; /**< plugin-owned, static; e.g. "duplicate_credits" */
+  const char* sql;  /**< plugin-owned, static; a SELECT */
+  const char* doc;  /**< plugin-owned, static; what a row means */
 } idemsink_check;
 
 /**
@@ -146,8 +146,8 @@ typedef struct idemsink_check {
  * arrays carry no per-element size, so this struct can never grow.
  */
 typedef struct idemsink_option {
-    const char *name;  /**< host-owned, call-scoped (create) */
-    const char *value; /**< host-owned, call-scoped (create) */
+  const char* name;  /**< host-owned, call-scoped (create) */
+  const char* value; /**< host-owned, call-scoped (create) */
 } idemsink_option;
 
 /**
@@ -157,8 +157,8 @@ typedef struct idemsink_option {
  * in arrays (tx_query columns), so it can never grow.
  */
 typedef struct idemsink_bytes {
-    const char *data; /**< may be NULL when len == 0 */
-    size_t len;
+  const char* data; /**< may be NULL when len == 0 */
+  size_t len;
 } idemsink_bytes;
 
 /**
@@ -169,8 +169,8 @@ typedef struct idemsink_bytes {
  * field needs a new struct and a new record field appended after it.
  */
 typedef struct idemsink_header {
-    const char *name;     /**< NUL-terminated */
-    idemsink_bytes value; /**< data NULL for a null header value */
+  const char* name;     /**< NUL-terminated */
+  idemsink_bytes value; /**< data NULL for a null header value */
 } idemsink_header;
 
 /**
@@ -178,23 +178,23 @@ typedef struct idemsink_header {
  * invoke/apply/reconcile returns, NOT until the completion is reported.
  */
 typedef struct idemsink_record {
-    uint32_t struct_size;
-    const char *route;       /**< route name = claim namespace */
-    const char *topic;
-    int32_t partition;
-    int64_t offset;
-    int64_t timestamp_ms;    /**< Kafka record timestamp */
-    idemsink_bytes key;      /**< Kafka message key */
-    idemsink_bytes value;    /**< Kafka message value */
-    idemsink_bytes biz_key;  /**< business key the claim is held on */
-    const idemsink_header *headers;
-    size_t header_count;
-    /** Stable idempotency token (UUID text, NUL-terminated). Committed to
-     *  the claim table before the first call and identical on every retry,
-     *  restart and takeover: send it to the remote as its idempotency key. */
-    const char *idem_token;
-    /** 1 for the first call of this record, 2 for the first retry, ... */
-    uint32_t attempt;
+  uint32_t struct_size;
+  const char* route; /**< route name = claim namespace */
+  const char* topic;
+  int32_t partition;
+  int64_t offset;
+  int64_t timestamp_ms;   /**< Kafka record timestamp */
+  idemsink_bytes key;     /**< Kafka message key */
+  idemsink_bytes value;   /**< Kafka message value */
+  idemsink_bytes biz_key; /**< business key the claim is held on */
+  const idemsink_header* headers;
+  size_t header_count;
+  /** Stable idempotency token (UUID text, NUL-terminated). Committed to
+   *  the claim table before the first call and identical on every retry,
+   *  restart and takeover: send it to the remote as its idempotency key. */
+  const char* idem_token;
+  /** 1 for the first call of this record, 2 for the first retry, ... */
+  uint32_t attempt;
 } idemsink_record;
 
 /**
@@ -204,19 +204,18 @@ typedef struct idemsink_record {
  * call-scoped (the host copies it). A second report, or a report after the
  * host's per-call deadline, is ignored and logged by the host.
  */
-typedef void (*idemsink_complete_fn)(void *call_ctx, idemsink_outcome outcome,
-                                     const char *detail, size_t detail_len);
+typedef void (*idemsink_complete_fn)(void* call_ctx, idemsink_outcome outcome, const char* detail, size_t detail_len);
 
 /** Opaque handle to the host's open database transaction (local_tx). */
 typedef struct idemsink_tx idemsink_tx;
 
 /** Types of SQL parameters bound to `?` placeholders. */
 typedef enum idemsink_sql_type {
-    IDEMSINK_SQL_NULL = 0,
-    IDEMSINK_SQL_INT = 1,   /**< uses `i` */
-    IDEMSINK_SQL_DOUBLE = 2,/**< uses `d` */
-    IDEMSINK_SQL_TEXT = 3,  /**< uses `bytes`, UTF-8 */
-    IDEMSINK_SQL_BLOB = 4   /**< uses `bytes`, any bytes */
+  IDEMSINK_SQL_NULL = 0,
+  IDEMSINK_SQL_INT = 1,    /**< uses `i` */
+  IDEMSINK_SQL_DOUBLE = 2, /**< uses `d` */
+  IDEMSINK_SQL_TEXT = 3,   /**< uses `bytes`, UTF-8 */
+  IDEMSINK_SQL_BLOB = 4    /**< uses `bytes`, any bytes */
 } idemsink_sql_type;
 
 /**
@@ -228,48 +227,43 @@ typedef enum idemsink_sql_type {
  * idemsink_host_api.
  */
 typedef struct idemsink_sql_param {
-    idemsink_sql_type type;
-    int64_t i;
-    double d;
-    idemsink_bytes bytes;
+  idemsink_sql_type type;
+  int64_t i;
+  double d;
+  idemsink_bytes bytes;
 } idemsink_sql_param;
 
 /**
  * Row callback for tx_query: one call per row. Values are host-owned and
  * valid only during the callback; a NULL column has data == NULL.
  */
-typedef void (*idemsink_row_fn)(void *row_ctx, size_t column_count,
-                                const idemsink_bytes *columns);
+typedef void (*idemsink_row_fn)(void* row_ctx, size_t column_count, const idemsink_bytes* columns);
 
 /**
  * Services the host offers the plugin. Host-owned; valid from create until
  * destroy returns, so a plugin may keep the pointer.
  */
 typedef struct idemsink_host_api {
-    uint32_t struct_size;
-    void *host_ctx; /**< pass back as the first argument */
+  uint32_t struct_size;
+  void* host_ctx; /**< pass back as the first argument */
 
-    /** Write one line to the host's log, tagged with the plugin's name. */
-    void (*log)(void *host_ctx, idemsink_log_level level, const char *msg,
-                size_t msg_len);
+  /** Write one line to the host's log, tagged with the plugin's name. */
+  void (*log)(void* host_ctx, idemsink_log_level level, const char* msg, size_t msg_len);
 
-    /**
-     * Execute one statement with `?` placeholders inside the transaction of a
-     * local_tx apply call. Returns 0 on success and fills *affected_rows
-     * (may be NULL); on failure returns the server error number and writes a
-     * message to err (err_cap bytes, always NUL-terminated). Only valid during
-     * apply, on the tx it received.
-     */
-    int (*tx_execute)(idemsink_tx *tx, const char *sql,
-                      const idemsink_sql_param *params, size_t param_count,
-                      uint64_t *affected_rows, char *err, size_t err_cap);
+  /**
+   * Execute one statement with `?` placeholders inside the transaction of a
+   * local_tx apply call. Returns 0 on success and fills *affected_rows
+   * (may be NULL); on failure returns the server error number and writes a
+   * message to err (err_cap bytes, always NUL-terminated). Only valid during
+   * apply, on the tx it received.
+   */
+  int (*tx_execute)(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t param_count,
+                    uint64_t* affected_rows, char* err, size_t err_cap);
 
-    /** Like tx_execute for a statement returning rows: on_row is called once
-     *  per row before tx_query returns. */
-    int (*tx_query)(idemsink_tx *tx, const char *sql,
-                    const idemsink_sql_param *params, size_t param_count,
-                    idemsink_row_fn on_row, void *row_ctx, char *err,
-                    size_t err_cap);
+  /** Like tx_execute for a statement returning rows: on_row is called once
+   *  per row before tx_query returns. */
+  int (*tx_query)(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t param_count,
+                  idemsink_row_fn on_row, void* row_ctx, char* err, size_t err_cap);
 } idemsink_host_api;
 
 /**
@@ -277,74 +271,71 @@ typedef struct idemsink_host_api {
  * must stay valid while the library is loaded.
  */
 typedef struct idemsink_plugin {
-    uint32_t struct_size; /**< sizeof(idemsink_plugin) as the plugin built it */
-    uint16_t abi_major;   /**< IDEMSINK_ABI_MAJOR the plugin was built with */
-    uint16_t abi_minor;   /**< IDEMSINK_ABI_MINOR the plugin was built with */
+  uint32_t struct_size; /**< sizeof(idemsink_plugin) as the plugin built it */
+  uint16_t abi_major;   /**< IDEMSINK_ABI_MAJOR the plugin was built with */
+  uint16_t abi_minor;   /**< IDEMSINK_ABI_MINOR the plugin was built with */
 
-    const char *name;        /**< short identifier, e.g. "waybill" */
-    const char *version;     /**< the plugin's own version, e.g. "1.2.0" */
-    const char *description; /**< one line */
-    /** Fixed width, unlike an enum, whose size is the compiler's choice. */
-    int32_t kind; /**< an idemsink_kind */
+  const char* name;        /**< short identifier, e.g. "waybill" */
+  const char* version;     /**< the plugin's own version, e.g. "1.2.0" */
+  const char* description; /**< one line */
+  /** Fixed width, unlike an enum, whose size is the compiler's choice. */
+  int32_t kind; /**< an idemsink_kind */
 
-    const idemsink_option_decl *options; /**< may be NULL if option_count == 0 */
-    size_t option_count;
+  const idemsink_option_decl* options; /**< may be NULL if option_count == 0 */
+  size_t option_count;
 
-    /** DDL the plugin's business tables need (local_tx), applied by
-     *  `idemsink schema apply`. Statements must be idempotent
-     *  (CREATE TABLE IF NOT EXISTS). May be NULL if schema_count == 0. */
-    const char *const *schema;
-    size_t schema_count;
+  /** DDL the plugin's business tables need (local_tx), applied by
+   *  `idemsink schema apply`. Statements must be idempotent
+   *  (CREATE TABLE IF NOT EXISTS). May be NULL if schema_count == 0. */
+  const char* const* schema;
+  size_t schema_count;
 
-    /** Reconciliation checks; may be NULL if check_count == 0. */
-    const idemsink_check *checks;
-    size_t check_count;
+  /** Reconciliation checks; may be NULL if check_count == 0. */
+  const idemsink_check* checks;
+  size_t check_count;
 
-    /**
-     * Create one handler instance from validated options. Returns 0 and sets
-     * *instance, or non-zero with a message in err (err_cap bytes, always
-     * NUL-terminated). `host` stays valid until destroy returns.
-     */
-    int (*create)(const idemsink_host_api *host, const idemsink_option *options,
-                  size_t option_count, void **instance, char *err,
-                  size_t err_cap);
+  /**
+   * Create one handler instance from validated options. Returns 0 and sets
+   * *instance, or non-zero with a message in err (err_cap bytes, always
+   * NUL-terminated). `host` stays valid until destroy returns.
+   */
+  int (*create)(const idemsink_host_api* host, const idemsink_option* options, size_t option_count, void** instance,
+                char* err, size_t err_cap);
 
-    /** Destroy an instance. The host calls it only after every invoke has
-     *  reported completion or passed its deadline. */
-    void (*destroy)(void *instance);
+  /** Destroy an instance. The host calls it only after every invoke has
+   *  reported completion or passed its deadline. */
+  void (*destroy)(void* instance);
 
-    /**
-     * Remote kinds: start the side effect for one record and return without
-     * blocking; report the result through done(call_ctx, ...). Required for
-     * remote kinds, NULL for local_tx.
-     */
-    void (*invoke)(void *instance, const idemsink_record *record,
-                   idemsink_complete_fn done, void *call_ctx);
+  /**
+   * Remote kinds: start the side effect for one record and return without
+   * blocking; report the result through done(call_ctx, ...). Required for
+   * remote kinds, NULL for local_tx.
+   */
+  void (*invoke)(void* instance, const idemsink_record* record, idemsink_complete_fn done, void* call_ctx);
 
-    /**
-     * local_tx: perform the business write through host->tx_execute on `tx`
-     * and report through done() before returning. OK commits the write with
-     * the claim; any other outcome rolls the write back (UNCERTAIN is treated
-     * as RETRYABLE: a rolled-back write certainly did not happen). Required
-     * for local_tx, NULL otherwise. Runs on a host database thread: do not block
-     * on anything but the database.
-     */
-    void (*apply)(void *instance, const idemsink_record *record, idemsink_tx *tx,
-                  idemsink_complete_fn done, void *call_ctx);
+  /**
+   * local_tx: perform the business write through host->tx_execute on `tx`
+   * and report through done() before returning. OK commits the write with
+   * the claim; any other outcome rolls the write back (UNCERTAIN is treated
+   * as RETRYABLE: a rolled-back write certainly did not happen). Required
+   * for local_tx, NULL otherwise. Runs on a host database thread: do not block
+   * on anything but the database.
+   */
+  void (*apply)(void* instance, const idemsink_record* record, idemsink_tx* tx, idemsink_complete_fn done,
+                void* call_ctx);
 
-    /**
-     * Optional: "did the side effect of this record happen?", asked for
-     * `unknown` and stuck rows. Report OK (applied; detail = receipt),
-     * PERMANENT (certainly not applied) or RETRYABLE (cannot tell now).
-     * Remote kinds only: a local_tx write commits with its claim, so it is
-     * never uncertain. Same threading rules as invoke.
-     */
-    void (*reconcile)(void *instance, const idemsink_record *record,
-                      idemsink_complete_fn done, void *call_ctx);
+  /**
+   * Optional: "did the side effect of this record happen?", asked for
+   * `unknown` and stuck rows. Report OK (applied; detail = receipt),
+   * PERMANENT (certainly not applied) or RETRYABLE (cannot tell now).
+   * Remote kinds only: a local_tx write commits with its claim, so it is
+   * never uncertain. Same threading rules as invoke.
+   */
+  void (*reconcile)(void* instance, const idemsink_record* record, idemsink_complete_fn done, void* call_ctx);
 } idemsink_plugin;
 
 /** Signature of the exported entry function. */
-typedef const idemsink_plugin *(*idemsink_entry_fn)(void);
+typedef const idemsink_plugin* (*idemsink_entry_fn)(void);
 
 #ifdef __cplusplus
 }

@@ -236,10 +236,19 @@ class Host {
 struct SqlParam {
   idemsink_sql_param p{};
   SqlParam() { p.type = IDEMSINK_SQL_NULL; }
-  SqlParam(int64_t v) { p.type = IDEMSINK_SQL_INT; p.i = v; }
+  SqlParam(int64_t v) {
+    p.type = IDEMSINK_SQL_INT;
+    p.i = v;
+  }
   SqlParam(int v) : SqlParam(static_cast<int64_t>(v)) {}
-  SqlParam(double v) { p.type = IDEMSINK_SQL_DOUBLE; p.d = v; }
-  SqlParam(std::string_view text) { p.type = IDEMSINK_SQL_TEXT; p.bytes = {text.data(), text.size()}; }
+  SqlParam(double v) {
+    p.type = IDEMSINK_SQL_DOUBLE;
+    p.d = v;
+  }
+  SqlParam(std::string_view text) {
+    p.type = IDEMSINK_SQL_TEXT;
+    p.bytes = {text.data(), text.size()};
+  }
   SqlParam(const char* text) : SqlParam(std::string_view(text)) {}
   static SqlParam blob(std::string_view bytes) {
     SqlParam s;
@@ -318,11 +327,17 @@ struct PluginInfo {
 namespace detail {
 
 template <class H>
-concept Invokes = requires(H& h, const Record& r, Completion c) { h.invoke(r, std::move(c)); };
+concept Invokes = requires(H& h, const Record& r, Completion c) {
+  h.invoke(r, std::move(c));
+};
 template <class H>
-concept Applies = requires(H& h, const Record& r, Tx& tx, Completion c) { h.apply(r, tx, std::move(c)); };
+concept Applies = requires(H& h, const Record& r, Tx& tx, Completion c) {
+  h.apply(r, tx, std::move(c));
+};
 template <class H>
-concept Reconciles = requires(H& h, const Record& r, Completion c) { h.reconcile(r, std::move(c)); };
+concept Reconciles = requires(H& h, const Record& r, Completion c) {
+  h.reconcile(r, std::move(c));
+};
 
 struct InstanceBase {
   const idemsink_host_api* host;
@@ -413,9 +428,9 @@ idemsink_plugin make_descriptor(const PluginInfo& info) {
 
 /// Exports the ABI entry for handler class `HandlerType`; the remaining
 /// arguments are designated initializers of idemsink::sdk::PluginInfo.
-#define IDEMSINK_PLUGIN(HandlerType, ...)                                                            \
-  extern "C" IDEMSINK_EXPORT const idemsink_plugin* IDEMSINK_ENTRY_NAME(void) {                      \
-    static const idemsink_plugin descriptor =                                                        \
+#define IDEMSINK_PLUGIN(HandlerType, ...)                                                                \
+  extern "C" IDEMSINK_EXPORT const idemsink_plugin* IDEMSINK_ENTRY_NAME(void) {                          \
+    static const idemsink_plugin descriptor =                                                            \
         ::idemsink::sdk::detail::make_descriptor<HandlerType>(::idemsink::sdk::PluginInfo{__VA_ARGS__}); \
-    return &descriptor;                                                                              \
+    return &descriptor;                                                                                  \
   }

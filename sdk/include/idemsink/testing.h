@@ -439,8 +439,7 @@ class PluginInstance {
   static std::optional<std::string> canonical_option(idemsink_option_type type, const std::string& text) {
     const char* end = text.data() + text.size();
     switch (type) {
-      case IDEMSINK_OPTION_STRING:
-        return text;
+      case IDEMSINK_OPTION_STRING: return text;
       case IDEMSINK_OPTION_INT: {
         int64_t v = 0;
         auto [p, ec] = std::from_chars(text.data(), end, v);
