@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       auto res = store.claim(c, reqs);
       if (!redelivery) {
         std::vector<claim::Outcome> outs;
-        for (const auto& x : res) outs.push_back({x.row, x.attempt, 1, "R", {}});
+        for (const auto& x : res) outs.push_back({x.row, x.attempt, 1, 0, "R", {}});
         store.mark_done(c, outs);
       }
       r.ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -83,6 +83,7 @@ config::DatabaseConfig MariaDbServer::database(const std::string& name) const {
   cfg.pool_size = 4;
   cfg.connect_timeout = std::chrono::milliseconds(2000);
   cfg.reconnect_backoff_max = std::chrono::milliseconds(500);
+  cfg.job_give_up_after = std::chrono::seconds(60);
   return cfg;
 }
 

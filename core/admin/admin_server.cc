@@ -46,9 +46,14 @@ class Session : public std::enable_shared_from_this<Session> {
       res->set(http::field::content_type, "application/json");
       res->body() = metrics_.status_json(host_id_, engine_.operator_paused());
     } else if (method == http::verb::get && target == "/healthz") {
-      const bool ok = metrics_.db_healthy.load() != 0;
-      res->result(ok ? http::status::ok : http::status::service_unavailable);
-      res->body() = ok ? "ok\n" : "database unreachable\n";
+      // Unreachable and failing are different pages: the first is the
+      // database's, the second a job's (its error says which).
+      const bool reachable = metrics_.db_healthy.load() != 0;
+      const bool jobs_ok = metrics_.db_jobs_failing.load() == 0;
+      res->result(reachable && jobs_ok ? http::status::ok : http::status::service_unavailable);
+      res->body() = !reachable ? "database unreachable\n"
+                    : !jobs_ok ? "a database job is failing: " + metrics_.db_last_job_error() + "\n"
+                               : "ok\n";
     } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
       engine_.set_operator_pause(target == "/pause");
       res->body() = target == "/pause" ? "paused\n" : "resumed\n";

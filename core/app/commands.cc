@@ -7,6 +7,7 @@
 
 #include "core/claim/claim_store.h"
 #include "core/common/log.h"
+#include "core/dlq/outbox.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
@@ -135,6 +136,38 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
     return 1;
   }
   std::cout << "claim " << token << " resolved as " << as << "\n";
+  return 0;
+}
+
+int dlq_list(const config::Config& cfg) {
+  db::Connection c(cfg.database);
+  const dlq::Outbox outbox(cfg.host.id + "#cli", cfg.claim.lease);
+  const auto rows = outbox.list_unpublishable(c, 100000);
+  std::cout << rows.size() << " outbox row(s) Kafka refused for good\n";
+  for (const auto& u : rows)
+    std::cout << "  id=" << u.id << " route=" << u.route << " topic=" << u.topic << " reason=" << u.reason
+              << " source=" << u.src_topic << "[" << u.src_partition << "]@" << u.src_offset << " bytes=" << u.bytes
+              << " since=" << u.since << " error=\"" << u.publish_error << "\"\n";
+  return rows.empty() ? 0 : 1;
+}
+
+int dlq_retry(const config::Config& cfg, uint64_t id) {
+  db::Connection c(cfg.database);
+  if (!dlq::Outbox(cfg.host.id + "#cli", cfg.claim.lease).retry_unpublishable(c, id)) {
+    std::cerr << "no unpublishable outbox row has id " << id << "\n";
+    return 1;
+  }
+  std::cout << "outbox row " << id << " is back in the publishing queue\n";
+  return 0;
+}
+
+int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note) {
+  db::Connection c(cfg.database);
+  if (!dlq::Outbox(cfg.host.id + "#cli", cfg.claim.lease).discard_unpublishable(c, id, note)) {
+    std::cerr << "no unpublishable outbox row has id " << id << "\n";
+    return 1;
+  }
+  std::cout << "outbox row " << id << " discarded\n";
   return 0;
 }
 

@@ -26,4 +26,11 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
 /// Every committed offset accounted for; exit 1 if not.
 int audit(const config::Config& cfg);
 
+/// Outbox rows Kafka refused for good; exit 1 if there are any.
+int dlq_list(const config::Config& cfg);
+/// Puts an unpublishable row back in the publishing queue.
+int dlq_retry(const config::Config& cfg, uint64_t id);
+/// Drops an unpublishable row from the publishing queue, with a note.
+int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
+
 }  // namespace idemsink::app

@@ -61,6 +61,7 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
   db::Pool::run_once(cfg.database, [&](db::Connection& c) {
     auto report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
     c.execute(dlq::Outbox::schema());
+    dlq::Outbox::migrate(c);
     for (const auto& p : report.added) spdlog::info("schema: added claim partition {}", p);
     for (const auto& p : report.dropped) spdlog::info("schema: dropped claim partition {} (past retention)", p);
     std::map<std::string, bool> seen;

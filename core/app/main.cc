@@ -30,6 +30,8 @@ commands:
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
   audit --config FILE          prove every committed offset is accounted for
+  dlq --config FILE [--list | --retry ID | --discard ID]
+                               DLQ outbox rows Kafka refused for good: list, publish again, drop
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
   config-reference             print the configuration reference (Markdown)
@@ -118,6 +120,26 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     po::notify(vm);
     std::cout << plugin::Library::load(vm["file"].as<std::string>())->info();
     return 0;
+  }
+  if (cmd == "dlq") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
+        "list", "list outbox rows Kafka refused for good (the default)")(
+        "retry", po::value<uint64_t>(), "outbox id: publish it again (after raising a limit or creating a topic)")(
+        "discard", po::value<uint64_t>(), "outbox id: drop it from the publishing queue (the row stays, stamped)")(
+        "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]]\n\n" << desc;
+      return 0;
+    }
+    po::notify(vm);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level);
+    if (vm.count("retry")) return app::dlq_retry(cfg, vm["retry"].as<uint64_t>());
+    if (vm.count("discard")) return app::dlq_discard(cfg, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
+    return app::dlq_list(cfg);
   }
   if (cmd == "dev-kafka") {
     po::options_description desc(common);

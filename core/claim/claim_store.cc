@@ -1,9 +1,13 @@
 #include "core/claim/claim_store.h"
 
+#include <errmsg.h>
+#include <spdlog/spdlog.h>
+
 #include <ctime>
 #include <map>
 #include <stdexcept>
 
+#include "core/common/fault.h"
 #include "core/common/util.h"
 
 namespace idemsink::claim {
@@ -14,9 +18,31 @@ using db::Connection;
 // Column list of every read; keep in sync with parse_existing().
 constexpr std::string_view kReadColumns =
     "namespace, biz_key, bucket, status, attempt, idem_token, owner, "
-    "(lease_until IS NULL OR lease_until < NOW(3)), payload_hash, receipt, takeovers";
+    "(lease_until IS NULL OR lease_until < NOW(3)), payload_hash, receipt, takeovers, uncertain_calls";
 
 std::string date_literal(const std::string& bucket) { return "DATE'" + bucket + "'"; }
+
+// Fault point for tests: the connection is lost right after a claim write
+// committed, so the pool re-runs the job (claim_store.h: ClaimJobMemory).
+void lose_connection_on_fault() {
+  if (fault::once("lost_connection_after_claim_write"))
+    throw db::DbError(CR_SERVER_LOST,
+                      "fault lost_connection_after_claim_write: the write committed, its answer is lost");
+}
+
+// Column sizes of idemsink_claim (schema.cc). Values are made to fit, never
+// refused: a statement failing on one row's data would stop the whole batch.
+constexpr size_t kReceiptBytes = 1024;
+constexpr size_t kErrorBytes = 1024;
+
+// A receipt longer than its column is stored cut, and says so; the whole
+// receipt goes to the debug log.
+std::string fit_receipt(std::string_view receipt) {
+  if (receipt.size() <= kReceiptBytes) return std::string(receipt);
+  spdlog::debug("receipt of {} bytes cut to {}: {}", receipt.size(), kReceiptBytes, printable(receipt, receipt.size()));
+  const std::string marker = "...[receipt cut: " + std::to_string(receipt.size()) + " bytes]";
+  return std::string(receipt.substr(0, kReceiptBytes - marker.size())) + marker;
+}
 
 // "(namespace = X'..' AND biz_key IN (X'..', ...)) OR (...)": one IN list per
 // namespace, which the optimizer turns into primary-key range lookups.
@@ -61,6 +87,7 @@ struct ClaimStore::Existing {
   std::string payload_hash;
   std::string receipt;
   uint32_t takeovers;
+  uint32_t uncertain_calls;
 };
 
 const char* to_string(Status s) {
@@ -80,6 +107,7 @@ const char* to_string(Verdict v) {
     case Verdict::Terminal: return "terminal";
     case Verdict::Conflict: return "conflict";
     case Verdict::Busy: return "busy";
+    case Verdict::NoPartition: return "no_partition";
   }
   return "?";
 }
@@ -117,12 +145,14 @@ std::vector<ClaimStore::Existing> ClaimStore::fetch(Connection& c, std::span<con
     e.payload_hash = r[8].value_or("");
     e.receipt = r[9].value_or("");
     e.takeovers = static_cast<uint32_t>(std::stoul(*r[10]));
+    e.uncertain_calls = static_cast<uint32_t>(std::stoul(*r[11]));
     out.push_back(std::move(e));
   }
   return out;
 }
 
-std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimRequest> reqs) const {
+std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimRequest> reqs,
+                                           ClaimJobMemory& memory) const {
   std::vector<ClaimResult> results(reqs.size());
   if (reqs.empty()) return results;
 
@@ -134,7 +164,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   // 2. Insert rows for keys never seen; INSERT IGNORE leaves a row that a
   //    concurrent host inserted first untouched, and RETURNING says which won.
   std::vector<size_t> to_insert;
-  std::map<std::string, std::string> tokens;
+  auto& tokens = memory.tokens;  // generated once per job: a re-run inserts (and recognises) the same
   for (size_t i = 0; i < reqs.size(); ++i)
     if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) to_insert.push_back(i);
   std::vector<size_t> lost_race;
@@ -145,16 +175,18 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     const std::string owner = c.quote(owner_), lease = lease_expr();
     for (size_t n = 0; n < to_insert.size(); ++n) {
       const ClaimRequest& r = reqs[to_insert[n]];
-      std::string token = random_uuid();
+      auto [tok, fresh] = tokens.try_emplace(index(r.key.ns, r.key.biz_key));
+      if (fresh) tok->second = random_uuid();
+      const std::string& token = tok->second;
       sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
              date_literal(r.key.bucket) + ", 1, 1, '" + token + "', " + owner + ", " + lease + ", " +
              Connection::hex(r.payload_hash) + ", " + c.quote(r.src_topic) + ", " + std::to_string(r.src_partition) +
              ", " + std::to_string(r.src_offset) + ", NOW(3), NOW(3))";
-      tokens[index(r.key.ns, r.key.biz_key)] = std::move(token);
     }
     sql += " RETURNING namespace, biz_key, bucket";
     std::map<std::string, RowKey> inserted;
     for (auto& row : c.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
+    lose_connection_on_fault();
     for (size_t i : to_insert) {
       const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
       auto it = inserted.find(idx);
@@ -175,12 +207,9 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     std::vector<ClaimRequest> again;
     for (size_t i : lost_race) again.push_back(reqs[i]);
     for (auto& e : fetch(c, again)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+    // Neither inserted nor found: INSERT IGNORE skips a row no partition takes.
     for (size_t i : lost_race)
-      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key)))
-        throw db::DbError(0, "claim row for biz_key " + printable(reqs[i].key.biz_key) + " in bucket " +
-                                 reqs[i].key.bucket +
-                                 " was neither inserted nor found: is its monthly partition missing? "
-                                 "(`idemsink schema apply` creates partitions)");
+      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) results[i].verdict = Verdict::NoPartition;
   }
 
   // 3. Classify existing rows; collect pending rows we may take over.
@@ -190,7 +219,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   };
   std::vector<Takeover> candidates;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    if (results[i].verdict == Verdict::Owned) continue;
+    if (results[i].verdict == Verdict::Owned || results[i].verdict == Verdict::NoPartition) continue;
     auto it = existing.find(index(reqs[i].key.ns, reqs[i].key.biz_key));
     if (it == existing.end()) continue;  // unreachable: checked above
     const Existing& e = it->second;
@@ -200,6 +229,8 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     res.attempt = e.attempt;
     res.idem_token = e.idem_token;
     res.receipt = e.receipt;
+    res.takeovers = e.takeovers;
+    res.uncertain_calls = e.uncertain_calls;
     if (reqs[i].check_payload && e.payload_hash != reqs[i].payload_hash) {
       res.verdict = Verdict::Conflict;
       continue;
@@ -209,6 +240,22 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
       case Status::Failed:
       case Status::Unknown: res.verdict = Verdict::Terminal; break;
       case Status::Pending: {
+        // Written by an earlier run of this very job, whose connection was
+        // lost after the write committed: ours as it stands.
+        const std::string key = index(reqs[i].key.ns, reqs[i].key.biz_key);
+        const bool this_run = e.owner && *e.owner == owner_;
+        auto token = memory.tokens.find(key);
+        auto took = memory.takeovers.find(key);
+        if (this_run && token != memory.tokens.end() && token->second == e.idem_token && e.attempt == 1) {
+          res.verdict = Verdict::Owned;
+          break;
+        }
+        if (this_run && took != memory.takeovers.end() && e.attempt == took->second.from_attempt + 1) {
+          res.verdict = Verdict::Owned;
+          res.taken_over = true;
+          res.previous_owner_vanished = took->second.owner_was_set;
+          break;
+        }
         const bool ours = e.owner && e.owner->substr(0, e.owner->find('#')) == host_id_;
         if (!e.owner || e.lease_expired || ours) {
           candidates.push_back({i, &e});
@@ -224,13 +271,17 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   //    makes it a CAS per row. Then read back which ones we now hold.
   if (!candidates.empty()) {
     std::vector<Outcome> epochs;
-    for (const auto& t : candidates) epochs.push_back(Outcome{t.e->row, t.e->attempt, 0, {}, {}});
+    for (const auto& t : candidates) {
+      epochs.push_back(Outcome{t.e->row, t.e->attempt, 0, 0, {}, {}});
+      memory.takeovers[index(t.e->row.ns, t.e->row.biz_key)] = {t.e->attempt, t.e->owner.has_value()};
+    }
     const std::string sql =
         "UPDATE idemsink_claim SET attempt = attempt + 1, takeovers = takeovers + (owner IS NOT NULL), owner = " +
         c.quote(owner_) + ", lease_until = " + lease_expr() +
         ", updated_at = NOW(3) WHERE status = 1 AND (owner IS NULL OR lease_until < NOW(3) OR " +
         "SUBSTRING_INDEX(owner, '#', 1) = " + c.quote(host_id_) + ") AND (" + where_epochs(epochs) + ")";
     c.execute(sql);
+    lose_connection_on_fault();
     std::vector<RowKey> keys;
     for (const auto& t : candidates) keys.push_back(t.e->row);
     std::map<std::string, ClaimResult> now;
@@ -244,6 +295,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
       res.attempt = cur.attempt;
       res.receipt = cur.receipt;
       res.takeovers = cur.takeovers;
+      res.uncertain_calls = cur.uncertain_calls;
       if (cur.status == Status::Pending && cur.attempt == t.e->attempt + 1 && cur.verdict == Verdict::Owned) {
         res.verdict = Verdict::Owned;
         res.taken_over = true;
@@ -260,7 +312,7 @@ std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey>
   std::vector<ClaimResult> out;
   if (keys.empty()) return out;
   const std::string sql =
-      "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers "
+      "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers, uncertain_calls "
       "FROM idemsink_claim WHERE " +
       where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }) + " ORDER BY bucket";
   for (auto& r : c.query(sql)) {
@@ -271,6 +323,7 @@ std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey>
     res.idem_token = *r[5];
     res.receipt = r[7].value_or("");
     res.takeovers = static_cast<uint32_t>(std::stoul(*r[8]));
+    res.uncertain_calls = static_cast<uint32_t>(std::stoul(*r[9]));
     switch (res.status) {
       case Status::Done: res.verdict = Verdict::Done; break;
       case Status::Failed:
@@ -293,13 +346,15 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
     values += (i ? " UNION ALL SELECT " : "SELECT ") + Connection::hex(o.row.ns) + " AS ns, " +
               Connection::hex(o.row.biz_key) + " AS k, " + date_literal(o.row.bucket) + " AS b, " +
               std::to_string(o.attempt) + " AS att, " + std::to_string(o.calls) + " AS calls, " +
-              (done ? Connection::hex(o.receipt) : c.quote(sanitize_utf8(o.error, 1024))) + " AS detail";
+              std::to_string(o.uncertain_calls) + " AS unc, " +
+              (done ? Connection::hex(fit_receipt(o.receipt)) : c.quote(sanitize_utf8(o.error, kErrorBytes))) +
+              " AS detail";
   }
   const std::string sql = "UPDATE idemsink_claim c JOIN (" + values +
                           ") v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET c.status = " +
                           std::to_string(static_cast<int>(status)) + ", " +
                           (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
-                          ", c.calls = v.calls, c.lease_until = NULL, c.updated_at = NOW(3) "
+                          ", c.calls = v.calls, c.uncertain_calls = v.unc, c.lease_until = NULL, c.updated_at = NOW(3) "
                           "WHERE c.status = 1 AND c.owner = " +
                           c.quote(owner_) + " AND c.attempt = v.att";
   const uint64_t affected = c.execute(sql);
@@ -349,11 +404,18 @@ std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome>
 }
 
 void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const {
-  if (outcomes.empty()) return;
-  c.execute(
-      "UPDATE idemsink_claim SET owner = NULL, lease_until = NULL, updated_at = NOW(3) WHERE status = 1 AND "
-      "owner = " +
-      c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")");
+  // One statement per distinct count of uncertain calls (almost always one:
+  // none).
+  std::map<uint32_t, std::vector<Outcome>> by_uncertain;
+  for (const auto& o : outcomes) by_uncertain[o.uncertain_calls].push_back(o);
+  for (const auto& [uncertain, group] : by_uncertain) {
+    const std::string keep = uncertain == 0
+                                 ? std::string()
+                                 : ", uncertain_calls = GREATEST(uncertain_calls, " + std::to_string(uncertain) + ")";
+    c.execute("UPDATE idemsink_claim SET owner = NULL, lease_until = NULL" + keep +
+              ", updated_at = NOW(3) WHERE status = 1 AND owner = " + c.quote(owner_) + " AND (" + where_epochs(group) +
+              ")");
+  }
 }
 
 namespace {
@@ -405,9 +467,16 @@ std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::spa
 }
 
 bool ClaimStore::resolve_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const {
-  return c.execute("UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(receipt) +
+  return c.execute("UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(fit_receipt(receipt)) +
                    ", last_error = 'reconciled: the effect happened', lease_until = NULL, updated_at = NOW(3) WHERE " +
                    where_row(row) + " AND attempt = " + std::to_string(attempt) + " AND " + std::string(kLetGo)) == 1;
+}
+
+bool ClaimStore::resolve_not_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view why) const {
+  return c.execute("UPDATE idemsink_claim SET status = 3, last_error = " +
+                   c.quote(sanitize_utf8("reconciled: the effect never happened: " + std::string(why), kErrorBytes)) +
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " +
+                   std::to_string(attempt) + " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
 }
 
 bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t attempt,
@@ -423,16 +492,16 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
   std::string set;
   switch (result) {
     case RedriveResult::Applied:
-      set = "status = 2, receipt = " + Connection::hex(detail) +
+      set = "status = 2, receipt = " + Connection::hex(fit_receipt(detail)) +
             ", last_error = " + c.quote("reconciled: not applied, re-driven once");
       break;
     case RedriveResult::Rejected:
       set = "status = 3, last_error = " +
-            c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), 1024));
+            c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), kErrorBytes));
       break;
     case RedriveResult::Undecided:
       set = "last_error = " +
-            c.quote(sanitize_utf8("re-driven after reconcile, uncertain again: " + std::string(detail), 1024));
+            c.quote(sanitize_utf8("re-driven after reconcile, uncertain again: " + std::string(detail), kErrorBytes));
       break;
   }
   return c.execute("UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(calls) +
@@ -446,8 +515,8 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
   if (as != Status::Done && as != Status::Failed)
     throw std::invalid_argument("resolve_by_operator takes done or failed");
   // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
-  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(static_cast<int>(as)) +
-                   ", last_error = " + c.quote(sanitize_utf8("resolved by operator: " + std::string(note), 1024)) +
+  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(static_cast<int>(as)) + ", last_error = " +
+                   c.quote(sanitize_utf8("resolved by operator: " + std::string(note), kErrorBytes)) +
                    ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) +
                    " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))") > 0;
 }

@@ -13,6 +13,7 @@
 // (pending, nobody's lease, untouched for claim.stuck_after):
 //
 //   unknown / stuck ──resolve_applied──▶ done     the remote says it happened
+//   unknown ──resolve_not_applied──▶ failed        it never happened, and the record had its attempts
 //   unknown ──take_for_redrive──▶ unknown, leased to us, attempt+1
 //           ──record_redrive───▶ done | failed | unknown (lease cleared)
 //   unknown / stuck ──resolve_by_operator──▶ done | failed
@@ -38,6 +39,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -72,11 +74,12 @@ struct ClaimRequest {
 };
 
 enum class Verdict {
-  Owned,     ///< we hold the claim: run the handler with (attempt, idem_token)
-  Done,      ///< already done: idempotent hit
-  Terminal,  ///< already failed or unknown: it was dead-lettered before
-  Conflict,  ///< same key already claimed with a different payload
-  Busy,      ///< pending under another live owner: wait and check again
+  Owned,        ///< we hold the claim: run the handler with (attempt, idem_token)
+  Done,         ///< already done: idempotent hit
+  Terminal,     ///< already failed or unknown: it was dead-lettered before
+  Conflict,     ///< same key already claimed with a different payload
+  Busy,         ///< pending under another live owner: wait and check again
+  NoPartition,  ///< the record's month has no partition (the table ran out): nothing was written
 };
 const char* to_string(Verdict v);
 
@@ -89,6 +92,9 @@ struct ClaimResult {
   std::string receipt;      // for Done
   bool taken_over = false;  // Owned by taking over an existing pending row
   uint32_t takeovers = 0;   // times the row was taken from an owner that had not released it
+  /// Calls under earlier claims whose outcome was uncertain: the effect may
+  /// already have happened.
+  uint32_t uncertain_calls = 0;
   /// The previous owner did not release the row (crashed, or its lease ran
   /// out): a call may have been made under it.
   bool previous_owner_vanished = false;
@@ -98,9 +104,24 @@ struct ClaimResult {
 struct Outcome {
   RowKey row;
   uint32_t attempt = 0;
-  uint32_t calls = 0;   // handler calls made for this record
-  std::string receipt;  // done
-  std::string error;    // failed / unknown
+  uint32_t calls = 0;            // handler calls made for this record
+  uint32_t uncertain_calls = 0;  // of them, with an uncertain outcome (kept across releases)
+  std::string receipt;           // done
+  std::string error;             // failed / unknown
+};
+
+/// What a claim job wrote before its connection was lost, so that a re-run
+/// of the same job recognises its own rows instead of taking them over (a
+/// takeover would fence nothing but itself, count a takeover, and park an
+/// at-most-once record as unknown without a call). Owned by the job, kept
+/// across its re-runs.
+struct ClaimJobMemory {
+  struct Takeover {
+    uint32_t from_attempt;
+    bool owner_was_set;  // the previous owner had not released the row
+  };
+  std::map<std::string, std::string> tokens;  // "ns\0biz_key" -> idem_token this job inserts with
+  std::map<std::string, Takeover> takeovers;  // "ns\0biz_key" -> takeover this job attempted
 };
 
 class ClaimStore {
@@ -111,8 +132,14 @@ class ClaimStore {
 
   const std::string& owner() const { return owner_; }
 
-  /// Claims a batch. Requests must have distinct (ns, biz_key).
-  std::vector<ClaimResult> claim(db::Connection& c, std::span<const ClaimRequest> reqs) const;
+  /// Claims a batch. Requests must have distinct (ns, biz_key). `memory`
+  /// belongs to the job and survives its re-runs.
+  std::vector<ClaimResult> claim(db::Connection& c, std::span<const ClaimRequest> reqs, ClaimJobMemory& memory) const;
+  /// Same, for a one-off claim (no re-runs to recognise).
+  std::vector<ClaimResult> claim(db::Connection& c, std::span<const ClaimRequest> reqs) const {
+    ClaimJobMemory fresh;
+    return claim(c, reqs, fresh);
+  }
 
   /// Marks pending rows we own as done, in one statement. Returns, per
   /// outcome, whether this call (or an earlier run of it) made the row done
@@ -127,9 +154,10 @@ class ClaimStore {
   /// UPDATE inside the caller's transaction); returns which ones.
   std::vector<bool> lock_owned(db::Connection& c, std::span<const Outcome> outcomes) const;
 
-  /// Gives up claims we hold but never called (revocation, shutdown): owner
-  /// and lease are cleared so the next owner may proceed at once, and knows no
-  /// call was made under this claim.
+  /// Gives up claims we hold but are not calling (revocation, shutdown, a
+  /// forward to a retry topic): owner and lease are cleared so the next owner
+  /// may proceed at once, and knows no call is outstanding under this claim.
+  /// Uncertain calls made so far stay recorded in the row.
   void release(db::Connection& c, std::span<const Outcome> outcomes) const;
 
   /// Extends the lease of every pending row we own. Returns rows touched.
@@ -164,6 +192,9 @@ class ClaimStore {
   /// The effect happened: an unknown or stuck row at `attempt` becomes done
   /// with the receipt. False if the row moved on meanwhile.
   bool resolve_applied(db::Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const;
+  /// The effect certainly did not happen: an unknown row at `attempt` that
+  /// nobody holds becomes failed. False if the row moved on meanwhile.
+  bool resolve_not_applied(db::Connection& c, const RowKey& row, uint32_t attempt, std::string_view why) const;
   /// Takes an unknown row at `attempt` that nobody holds for one re-drive:
   /// attempt+1, owned by us, leased for `hold`; it stays unknown meanwhile.
   bool take_for_redrive(db::Connection& c, const RowKey& row, uint32_t attempt, std::chrono::milliseconds hold) const;

@@ -33,6 +33,12 @@ YearMonth year_month(std::chrono::system_clock::time_point t) {
   return {tm.tm_year + 1900, tm.tm_mon + 1};
 }
 
+// Months from `from` to the month of partition `name` ("pYYYYMM").
+int months_between(const YearMonth& from, const std::string& name) {
+  const int year = std::stoi(name.substr(1, 4)), month = std::stoi(name.substr(5, 2));
+  return (year * 12 + month) - (from.year * 12 + from.month);
+}
+
 std::string partition_def(const YearMonth& ym) {
   return "PARTITION " + ym.partition_name() + " VALUES LESS THAN ('" + ym.plus(1).start() + "')";
 }
@@ -56,6 +62,7 @@ constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim
   last_error    VARCHAR(1024)   NULL,
   calls         INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'handler calls made, recorded on the final transition',
   takeovers     INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'times taken from an owner that had not released it (crash-loop guard)',
+  uncertain_calls INT UNSIGNED  NOT NULL DEFAULT 0 COMMENT 'calls with an uncertain outcome: the effect may have happened',
   src_topic     VARCHAR(249)    NOT NULL,
   src_partition INT             NOT NULL,
   src_offset    BIGINT          NOT NULL,
@@ -87,7 +94,16 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
 
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
   c.execute(claim_table(now, opt));
+  // Columns added since the first release; instant on InnoDB.
+  c.execute(
+      "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "
+      "'calls with an uncertain outcome: the effect may have happened' AFTER takeovers");
 
+  return maintain_partitions(c, now, opt);
+}
+
+PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock::time_point now,
+                                    const SchemaOptions& opt) {
   PartitionReport report;
   std::set<std::string> existing;
   for (auto& r : c.query("SELECT PARTITION_NAME FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() "
@@ -116,7 +132,16 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
       report.dropped.push_back(name);
     }
   }
+  report.months_ahead = months_between(year_month(now), newest);
   return report;
+}
+
+int months_ahead(db::Connection& c, std::chrono::system_clock::time_point now) {
+  auto rows = c.query(
+      "SELECT MAX(PARTITION_NAME) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() "
+      "AND TABLE_NAME = 'idemsink_claim' AND PARTITION_NAME IS NOT NULL");
+  if (rows.empty() || !rows[0][0]) return -1;
+  return months_between(year_month(now), *rows[0][0]);
 }
 
 }  // namespace idemsink::claim

@@ -28,12 +28,22 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
 struct PartitionReport {
   std::vector<std::string> added;
   std::vector<std::string> dropped;
+  int months_ahead = 0;  // partitions beyond the current month, after the maintenance
 };
 
-/// Creates the claim table if missing, adds partitions up to now +
-/// months_ahead and drops partitions whose month ended more than
-/// retention_days ago.
+/// Creates the claim table if missing (or brings an older one up to date),
+/// then maintains its partitions.
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt);
+
+/// Adds partitions up to now + months_ahead and drops partitions whose month
+/// ended more than retention_days ago. A RANGE table takes rows of a dropped
+/// middle month into the next partition, so only the end can run out: rows
+/// of a month after the newest partition are refused, and this appends.
+PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock::time_point now,
+                                    const SchemaOptions& opt);
+
+/// Partitions beyond the current month (-1: not partitioned).
+int months_ahead(db::Connection& c, std::chrono::system_clock::time_point now);
 
 /// First day of the month `months` away from the month of `t`, "YYYY-MM-01".
 std::string month_start(std::chrono::system_clock::time_point t, int months);

@@ -7,6 +7,9 @@
 //   after_mark_done     claim marked done, offset not yet committed
 //   in_local_tx         local_tx business write done, transaction not committed
 // and points that inject a fault instead of killing (checked with once()):
+//   lost_connection_after_claim_write
+//                       the N-th claim write (insert or takeover) commits but
+//                       its answer is lost: the job is re-run
 //   drop_fetch          the N-th record polled, and every later one of its
 //                       partition, vanish until that partition is sought
 //                       (a consumer that silently stops delivering)

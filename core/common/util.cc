@@ -92,23 +92,57 @@ std::string payload_hash(std::string_view data) {
   return std::string(reinterpret_cast<const char*>(c.digest), sizeof c.digest);
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at in[i], or 0 (RFC 3629:
+// no overlong forms, no surrogates, nothing above U+10FFFF).
+size_t utf8_sequence(std::string_view in, size_t i) {
+  const auto c = static_cast<unsigned char>(in[i]);
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c == 0xE0) {
+    len = 3, lo = 0xA0;  // below: overlong
+  } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
+    len = 3;
+  } else if (c == 0xED) {
+    len = 3, hi = 0x9F;  // above: surrogates
+  } else if (c == 0xF0) {
+    len = 4, lo = 0x90;  // below: overlong
+  } else if (c >= 0xF1 && c <= 0xF3) {
+    len = 4;
+  } else if (c == 0xF4) {
+    len = 4, hi = 0x8F;  // above: beyond U+10FFFF
+  } else {
+    return 0;  // C0, C1, F5..FF, or a continuation byte
+  }
+  if (i + len > in.size()) return 0;
+  const auto c1 = static_cast<unsigned char>(in[i + 1]);
+  if (c1 < lo || c1 > hi) return 0;
+  for (size_t k = 2; k < len; ++k)
+    if ((static_cast<unsigned char>(in[i + k]) & 0xC0) != 0x80) return 0;
+  return len;
+}
+
+}  // namespace
+
 std::string sanitize_utf8(std::string_view in, size_t max_bytes) {
   std::string out;
   out.reserve(std::min(in.size(), max_bytes));
   size_t i = 0;
   while (i < in.size()) {
-    const auto c = static_cast<unsigned char>(in[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool valid = len != 0 && i + len <= in.size();
-    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(in[i + k]) & 0xC0) == 0x80;
-    if (valid && c == 0) valid = false;  // NUL is legal UTF-8 but useless in a message
-    const size_t emit = valid ? len : 1;
+    size_t len = utf8_sequence(in, i);
+    if (len == 1 && in[i] == '\0') len = 0;  // NUL is legal UTF-8 but useless in a message
+    const size_t emit = len != 0 ? len : 1;
     if (out.size() + emit > max_bytes) break;
-    if (valid)
+    if (len != 0) {
       out.append(in.substr(i, len));
-    else
+    } else {
       out.push_back('?');
-    i += valid ? len : 1;
+    }
+    i += emit;
   }
   return out;
 }

@@ -39,8 +39,10 @@ std::string random_uuid();
 /// 128-bit XXH3 hash of `data`, as 16 raw bytes.
 std::string payload_hash(std::string_view data);
 
-/// Replaces invalid UTF-8 sequences with '?' and cuts to at most `max_bytes`
-/// without splitting a character, so handler errors fit a utf8mb4 column.
+/// Replaces every byte that is not part of well-formed UTF-8 (RFC 3629:
+/// overlong forms, surrogates and code points above U+10FFFF included) and
+/// NUL with '?', and cuts to at most `max_bytes` without splitting a
+/// character, so any text fits a utf8mb4 column and a log line.
 std::string sanitize_utf8(std::string_view in, size_t max_bytes);
 
 /// Hex rendering of bytes (for logs of binary keys).

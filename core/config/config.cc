@@ -276,6 +276,7 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   if (rc.topic.empty()) fail(r.pos_of_key("topic"), "route.topic", "must not be empty");
   if (!rc.plugin.is_absolute()) rc.plugin = (base_dir / rc.plugin).lexically_normal();
   rc.plugin_pos = r.pos_of_key("plugin");
+  rc.max_record_bytes_pos = r.pos_of_key("max_record_bytes");
 
   // Only the field `from` names is kept.
   const Reader key = r.sub("key");
@@ -374,7 +375,21 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
       fail(rc.pos, "route.topic", "topic \"" + rc.topic + "\" already has a route (one route per topic)");
     c.routes.push_back(std::move(rc));
   }
+  // What the relay publishes (a refused record's copy, a forward) carries up
+  // to max_record_bytes of payload and the DLQ headers: the producer must
+  // take it, or the row could never be published.
+  constexpr int64_t kHeaderAllowance = 16384;
+  int64_t message_max = 1000000;  // librdkafka's default
+  for (const auto* props : {&c.kafka.properties, &c.kafka.producer_properties}) {
+    auto it = props->find("message.max.bytes");
+    if (it != props->end()) message_max = std::strtoll(it->second.c_str(), nullptr, 10);
+  }
   for (const auto& rc : c.routes) {
+    if ((rc.dlq.enabled || !rc.retry.topics.empty()) && rc.max_record_bytes + kHeaderAllowance > message_max)
+      fail(rc.max_record_bytes_pos, "route.max_record_bytes",
+           std::to_string(rc.max_record_bytes) + " bytes of payload plus " + std::to_string(kHeaderAllowance) +
+               " of DLQ headers do not fit the producer's message.max.bytes (" + std::to_string(message_max) +
+               "): lower it, or raise message.max.bytes in [kafka.producer] (and the broker's limit)");
     if (topics.count(rc.dlq.topic))
       fail(rc.pos, "route.dlq.topic", "DLQ topic \"" + rc.dlq.topic + "\" is the source topic of a route");
     for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)

@@ -66,6 +66,7 @@ struct DatabaseConfig {
   int pool_size{};
   Millis connect_timeout{};
   Millis reconnect_backoff_max{};
+  Millis job_give_up_after{};
 };
 
 struct ClaimConfig {
@@ -79,6 +80,8 @@ struct ClaimConfig {
   Millis flush_linger{};
   Millis stuck_after{};
   Millis reconcile_interval{};
+  Millis outbox_retention{};
+  Millis maintenance_interval{};
 };
 
 enum class KeySource { MessageKey, Header, JsonField };
@@ -120,6 +123,7 @@ struct RouteConfig {
   Millis call_timeout{};
   bool payload_check{};
   int64_t max_record_bytes{};
+  SourcePos max_record_bytes_pos;
   RetryConfig retry;
   DlqConfig dlq;
   std::map<std::string, OptionValue> options;

@@ -164,6 +164,10 @@ constexpr Setting kSettings[] = {
     field<&DatabaseConfig::pool_size>("database.pool_size", "4", false, 2, 64, "Connections, one worker thread each."),
     field<&DatabaseConfig::connect_timeout>("database.connect_timeout", "5s", false, 100, 600000,
                                             "Connect timeout per attempt."),
+    field<&DatabaseConfig::job_give_up_after>(
+        "database.job_give_up_after", "1m", false, 1000, 86400000,
+        "A job failing for another reason than a lost connection (an unexpected server error) is retried this long, "
+        "then given up: its records are released, never wedged. A lost connection is waited out however long."),
     field<&DatabaseConfig::reconnect_backoff_max>(
         "database.reconnect_backoff_max", "5s", false, 10, 600000,
         "Longest wait between reconnect attempts while the database is gone."),
@@ -199,6 +203,13 @@ constexpr Setting kSettings[] = {
     field<&ClaimConfig::reconcile_interval>(
         "claim.reconcile_interval", "1m", false, 0, 86400000,
         "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."),
+    field<&ClaimConfig::maintenance_interval>(
+        "claim.maintenance_interval", "1h", false, 1000, 86400000,
+        "How often the claim table's monthly partitions are created ahead (3 months) and dropped past retention, by "
+        "one host at a time; with apply_schema off they are only watched (idemsink_claim_partitions_ahead)."),
+    field<&ClaimConfig::outbox_retention>(
+        "claim.outbox_retention", "7d", false, 60000, 86400000 * 3650LL,
+        "Published DLQ outbox rows (payloads included) are deleted this long after publishing, in small batches."),
 
     declare("route", Type::SectionArray, "", true, 0, 0,
             "One [[route]] per topic: which handler runs for its records."),
@@ -215,8 +226,11 @@ constexpr Setting kSettings[] = {
     field<&RouteConfig::payload_check>(
         "route.payload_check", "true", false, 0, 0,
         "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
-    field<&RouteConfig::max_record_bytes>("route.max_record_bytes", "1048576", false, 1, 1LL << 30,
-                                          "Larger records are refused (DLQ reason record_too_large)."),
+    field<&RouteConfig::max_record_bytes>(
+        "route.max_record_bytes", "983040", false, 1, 1LL << 30,
+        "Larger records (key + value) are refused (DLQ reason record_too_large), and their DLQ copy keeps this much "
+        "of the payload. With the DLQ's headers (up to 16 KiB) it must fit the producer's message.max.bytes "
+        "(librdkafka's default 1000000), which check-config verifies."),
     declare("route.key", Type::Section, "", false, 0, 0, "Where the biz_key comes from."),
     declare("route.key.from", Type::String, "key", false, 0, 0, "\"key\" (the Kafka key), \"header\" or \"json\"."),
     field<&RouteConfig::key_header>("route.key.header", "", false, 0, 0, "Header name, with from = \"header\"."),

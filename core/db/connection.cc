@@ -24,6 +24,15 @@ ErrorClass classify(unsigned code) {
     case ER_LOCK_WAIT_TIMEOUT:
     case ER_OPTION_PREVENTS_STATEMENT:  // read-only during a failover
       return ErrorClass::Transient;
+    case ER_DATA_TOO_LONG:
+    case ER_TRUNCATED_WRONG_VALUE_FOR_FIELD:
+    case ER_TRUNCATED_WRONG_VALUE:
+    case ER_WARN_DATA_OUT_OF_RANGE:
+    case WARN_DATA_TRUNCATED:
+    case ER_BAD_NULL_ERROR:
+    case ER_INVALID_CHARACTER_STRING:
+    case ER_NO_PARTITION_FOR_GIVEN_VALUE:
+    case ER_NET_PACKET_TOO_LARGE: return ErrorClass::Data;
     default:
       // Client-side (2xxx) errors not listed above still mean the connection
       // is unusable; server errors (1xxx) are about the statement.
@@ -61,6 +70,9 @@ Connection::Connection(const config::DatabaseConfig& cfg) {
   execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
   execute("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION'");
   execute("SET time_zone = '+00:00'");
+  // Multi-row statements are sized against it: one above it would not be
+  // sent, whatever its rows hold.
+  max_packet_ = std::stoull(query("SELECT @@max_allowed_packet").at(0).at(0).value_or("16777216"));
 }
 
 Connection::~Connection() {

@@ -23,7 +23,9 @@ namespace idemsink::db {
 enum class ErrorClass {
   ConnectionLost,  ///< server gone or unreachable: reconnect, re-run the job
   Transient,       ///< deadlock, lock wait timeout: re-run the job
-  Permanent        ///< the statement itself is wrong: log loudly, back off, re-run
+  Data,            ///< the server refused a row's data (too long, invalid text, no partition, packet too
+                   ///< large): the same statement fails again; isolate the row
+  Permanent        ///< anything else: unexpected; back off and re-run, for a bounded time
 };
 
 class DbError : public std::runtime_error {
@@ -76,6 +78,10 @@ class Connection {
 
   /// Statements sent on this connection so far (for statements-per-batch figures).
   uint64_t statements_sent() const { return statements_; }
+  /// The server's max_allowed_packet, read at connect.
+  uint64_t max_packet() const { return max_packet_; }
+  /// The size one multi-row statement is built up to: well below max_packet().
+  size_t statement_budget() const { return static_cast<size_t>(max_packet_ / 10 * 9); }
   MYSQL* raw() { return mysql_; }
 
  private:
@@ -86,6 +92,7 @@ class Connection {
   MYSQL* mysql_ = nullptr;
   std::map<std::string, MYSQL_STMT*> stmt_cache_;
   uint64_t statements_ = 0;
+  uint64_t max_packet_ = 16 << 20;
 };
 
 }  // namespace idemsink::db

@@ -1,6 +1,7 @@
 #include "core/db/pool.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 
 #include "core/common/log.h"
@@ -13,10 +14,10 @@ Pool::Pool(config::DatabaseConfig cfg, int threads) : cfg_(std::move(cfg)) {
 
 Pool::~Pool() { stop(std::chrono::steady_clock::now()); }
 
-void Pool::submit(std::string name, Job job) {
+void Pool::submit(std::string name, Job job, GiveUp give_up) {
   {
     std::lock_guard lk(mu_);
-    queue_.push_back(Item{std::move(name), std::move(job)});
+    queue_.push_back(Item{std::move(name), std::move(job), std::move(give_up)});
   }
   cv_.notify_one();
 }
@@ -47,6 +48,37 @@ void Pool::stop(std::chrono::steady_clock::time_point deadline) {
   threads_.clear();
 }
 
+namespace {
+
+const char* class_name(ErrorClass c) {
+  switch (c) {
+    case ErrorClass::ConnectionLost: return "connection_lost";
+    case ErrorClass::Transient: return "transient";
+    case ErrorClass::Data: return "data";
+    case ErrorClass::Permanent: return "unexpected";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::map<std::pair<std::string, std::string>, uint64_t> Pool::failures_by_job() const {
+  std::lock_guard lk(mu_);
+  return failures_;
+}
+
+std::string Pool::last_job_error() const {
+  std::lock_guard lk(mu_);
+  return last_job_error_;
+}
+
+void Pool::count_failure(const std::string& job, ErrorClass cls, const std::string& error) {
+  job_failures_.fetch_add(1);
+  std::lock_guard lk(mu_);
+  ++failures_[{job, class_name(cls)}];
+  if (cls == ErrorClass::Data || cls == ErrorClass::Permanent) last_job_error_ = "job '" + job + "': " + error;
+}
+
 void Pool::worker(int index) {
   std::unique_ptr<Connection> conn;
   std::mt19937 rng(std::random_device{}());
@@ -60,8 +92,11 @@ void Pool::worker(int index) {
       queue_.pop_front();
       ++active_;
     }
-    bool failing = false;
+    bool unreachable = false;  // counted in unhealthy_workers_
+    bool failing = false;      // counted in failing_jobs_
+    std::chrono::steady_clock::time_point failing_since{};
     for (int attempt = 0;; ++attempt) {
+      std::optional<DbError> error;
       try {
         if (!conn) {
           conn = std::make_unique<Connection>(cfg_);
@@ -72,31 +107,48 @@ void Pool::worker(int index) {
         statements_.fetch_add(conn->statements_sent() - before);
         break;
       } catch (const DbError& e) {
-        job_failures_.fetch_add(1);
-        if (conn) conn->rollback_quietly();
-        if (e.error_class() != ErrorClass::Transient) conn.reset();
-        // First failure, then every tenth retry: an outage must not flood the log.
-        const bool loud = attempt % 10 == 0;
-        if (e.error_class() == ErrorClass::ConnectionLost) {
-          if (loud)
-            spdlog::warn("db worker {}: job '{}' cannot reach the database ({}); retry {}, reconnecting", index,
-                         item.name, e.what(), attempt + 1);
-        } else if (e.error_class() == ErrorClass::Transient) {
-          spdlog::info("db worker {}: job '{}' hit {}; re-running it", index, item.name, e.what());
-        } else if (loud) {
-          spdlog::error("db worker {}: job '{}' failed: {}; will re-run it after backoff (retry {})", index, item.name,
-                        e.what(), attempt + 1);
-        }
+        error = e;
       } catch (const std::exception& e) {
-        job_failures_.fetch_add(1);
-        if (conn) conn->rollback_quietly();
-        if (attempt % 10 == 0)
-          spdlog::error("db worker {}: job '{}' threw: {}; will re-run it after backoff (retry {})", index, item.name,
-                        e.what(), attempt + 1);
+        error = DbError(0, std::string("job threw: ") + e.what());  // unexpected
       }
-      if (!failing) {
-        failing = true;
-        unhealthy_workers_.fetch_add(1);
+      const ErrorClass cls = error->error_class();
+      count_failure(item.name, cls, error->what());
+      if (conn) conn->rollback_quietly();
+      if (cls != ErrorClass::Transient && cls != ErrorClass::Data) conn.reset();
+      // First failure, then every tenth retry: an outage must not flood the log.
+      const bool loud = attempt % 10 == 0;
+      if (cls == ErrorClass::ConnectionLost) {
+        if (!unreachable) {
+          unreachable = true;
+          unhealthy_workers_.fetch_add(1);
+        }
+        if (loud)
+          spdlog::warn("db worker {}: job '{}' cannot reach the database ({}); retry {}, reconnecting", index,
+                       item.name, error->what(), attempt + 1);
+      } else if (cls == ErrorClass::Transient) {
+        spdlog::info("db worker {}: job '{}' hit {}; re-running it", index, item.name, error->what());
+        continue;
+      } else {
+        if (!failing) {
+          failing = true;
+          failing_since = std::chrono::steady_clock::now();
+          failing_jobs_.fetch_add(1);
+        }
+        // A row the server refuses is isolated by the job's owner; anything
+        // else is retried for a while, then handed over too.
+        const bool give_up =
+            item.give_up &&
+            (cls == ErrorClass::Data || std::chrono::steady_clock::now() - failing_since >= cfg_.job_give_up_after);
+        if (give_up) {
+          spdlog::error("db worker {}: job '{}' failed: {}; {}", index, item.name, error->what(),
+                        cls == ErrorClass::Data ? "isolating the row it refuses"
+                                                : "giving up on it after database.job_give_up_after");
+          item.give_up(*error);
+          break;
+        }
+        if (loud)
+          spdlog::error("db worker {}: job '{}' failed: {}; will re-run it after backoff (retry {})", index, item.name,
+                        error->what(), attempt + 1);
       }
       // Exponential backoff with jitter, capped.
       const auto cap = std::min<int64_t>(cfg_.reconnect_backoff_max.count(), 50LL << std::min(attempt, 10));
@@ -104,10 +156,11 @@ void Pool::worker(int index) {
       std::unique_lock lk(mu_);
       if (cv_.wait_for(lk, wait, [this] { return abandon_; })) break;
     }
-    if (failing) {
+    if (unreachable) {
       unhealthy_workers_.fetch_sub(1);
       spdlog::info("db worker {}: job '{}' went through after the database came back", index, item.name);
     }
+    if (failing) failing_jobs_.fetch_sub(1);
     {
       std::lock_guard lk(mu_);
       --active_;

@@ -2,18 +2,24 @@
 // from one FIFO queue. The pipeline never blocks on the database: it submits
 // a job and the job posts its result back.
 //
-// Delivery semantics: a job that fails with a database error is re-run from
-// the start on a fresh connection after a capped exponential backoff, until
-// it succeeds or the pool stops. Jobs are therefore written to be re-runnable:
-// every state change they make is conditional (CAS) and transactions are
-// rolled back by a lost connection. Nothing is dropped because the database
-// went away; the work waits for it.
+// Delivery semantics, by the class of the error (connection.h):
+//   connection lost   reconnect and re-run the job, for as long as it takes:
+//                     an outage is waited out, nothing is dropped
+//   transient         (deadlock, lock wait) re-run at once
+//   data              the statement refuses a row: re-running it as is fails
+//                     again, so a job with a give-up handler is handed the
+//                     error at once (it isolates the row); others back off
+//   anything else     back off and re-run for database.job_give_up_after,
+//                     then hand the error to the give-up handler (if any)
+// Jobs are therefore written to be re-runnable: every state change they make
+// is conditional (CAS) and transactions are rolled back by a lost connection.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,14 +34,16 @@ namespace idemsink::db {
 class Pool {
  public:
   using Job = std::function<void(Connection&)>;
+  /// Called on the worker thread when a job gives up (see above).
+  using GiveUp = std::function<void(const DbError&)>;
 
   Pool(config::DatabaseConfig cfg, int threads);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
-  /// Queues a job. `name` labels it in error logs.
-  void submit(std::string name, Job job);
+  /// Queues a job. `name` labels it in error logs and metrics.
+  void submit(std::string name, Job job, GiveUp give_up = nullptr);
 
   /// Runs a job on the calling thread with a temporary connection; used at
   /// start-up (schema) and by CLI commands. Throws DbError.
@@ -48,14 +56,23 @@ class Pool {
   uint64_t statements() const { return statements_.load(); }
   uint64_t reconnects() const { return reconnects_.load(); }
   uint64_t job_failures() const { return job_failures_.load(); }
+  /// Failed runs of jobs, by job name and error class ("connection_lost",
+  /// "transient", "data", "unexpected").
+  std::map<std::pair<std::string, std::string>, uint64_t> failures_by_job() const;
   /// False while some worker is failing to reach the database.
   bool healthy() const { return unhealthy_workers_.load() == 0; }
+  /// Jobs failing for another reason than the connection right now, and the
+  /// last such error ("" when none).
+  int failing_jobs() const { return failing_jobs_.load(); }
+  std::string last_job_error() const;
 
  private:
   struct Item {
     std::string name;
     Job job;
+    GiveUp give_up;
   };
+  void count_failure(const std::string& job, ErrorClass cls, const std::string& error);
   void worker(int index);
 
   config::DatabaseConfig cfg_;
@@ -71,6 +88,9 @@ class Pool {
   std::atomic<uint64_t> reconnects_{0};
   std::atomic<uint64_t> job_failures_{0};
   std::atomic<int> unhealthy_workers_{0};
+  std::atomic<int> failing_jobs_{0};
+  std::map<std::pair<std::string, std::string>, uint64_t> failures_;  // under mu_
+  std::string last_job_error_;                                        // under mu_
 };
 
 }  // namespace idemsink::db

@@ -24,11 +24,20 @@ inline constexpr const char* kReason = "idemsink.reason";
 inline constexpr const char* kError = "idemsink.error";
 /// Handler calls made so far; a retry tier continues counting from it.
 inline constexpr const char* kAttempt = "idemsink.attempt";
+/// Of those calls, the ones whose outcome was uncertain (the effect may have
+/// happened); a retry tier continues counting from it.
+inline constexpr const char* kUncertainCalls = "idemsink.uncertain_calls";
 inline constexpr const char* kIdemToken = "idemsink.idem_token";
 inline constexpr const char* kBizKey = "idemsink.biz_key";
 inline constexpr const char* kFirstFailureMs = "idemsink.first_failure_ms";
 inline constexpr const char* kLastFailureMs = "idemsink.last_failure_ms";
 inline constexpr const char* kHost = "idemsink.host";
+/// Present when the record's key and value were cut to route.max_record_bytes
+/// (a record refused as too large): their original sizes, "key,value".
+inline constexpr const char* kPayloadCut = "idemsink.payload_cut";
+/// The database refused the record's row (reason db_rejected): MariaDB's code
+/// and message. The DLQ copy then carries no payload.
+inline constexpr const char* kDbError = "idemsink.db_error";
 /// The outbox row's id: a consumer that must drop a rare repeat keys on it.
 inline constexpr const char* kOutboxId = "idemsink.outbox_id";
 // Retry-topic forwards only.

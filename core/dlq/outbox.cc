@@ -71,7 +71,8 @@ const char* Outbox::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
   id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   route           VARBINARY(64)   NOT NULL,
-  dlq_topic       VARCHAR(249)    NOT NULL,
+  purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic',
+  dlq_topic       VARCHAR(249)    NOT NULL COMMENT 'where it is published (a retry topic for a forward)',
   biz_key         VARBINARY(255)  NULL,
   reason          VARCHAR(64)     NOT NULL COMMENT 'machine-readable failure class',
   error           VARCHAR(1024)   NULL,
@@ -91,54 +92,87 @@ const char* Outbox::schema() {
   lease_until     DATETIME(3)     NULL,
   created_at      DATETIME(3)     NOT NULL,
   published_at    DATETIME(3)     NULL,
+  unpublishable_at DATETIME(3)    NULL COMMENT 'Kafka refused it for good: set aside for an operator',
+  publish_error   VARCHAR(255)    NULL,
   PRIMARY KEY (id),
-  UNIQUE KEY uk_source (src_topic, src_partition, src_offset),
-  KEY idx_unpublished (published_at, lease_until)
+  UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset),
+  KEY idx_unpublished (published_at, unpublishable_at, lease_until)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
 }
 
-void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
-  if (letters.empty()) return;
-  std::string sql =
-      "INSERT IGNORE INTO idemsink_dlq_outbox (route, dlq_topic, biz_key, reason, error, src_topic, src_partition, "
-      "src_offset, msg_key, msg_value, msg_headers, msg_timestamp, idem_token, calls, first_failure, last_failure, "
-      "host, owner, lease_until, created_at) VALUES ";
-  const std::string owner = c.quote(owner_);
-  const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
-  bool first = true;
-  for (const auto& d : letters) {
-    sql += first ? "(" : ", (";
-    first = false;
-    sql += Connection::hex(d.route) + ", " + c.quote(d.topic) + ", " + opt_hex(d.biz_key) + ", " + c.quote(d.reason) +
-           ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " + c.quote(d.src_topic) + ", " +
-           std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " + opt_hex(d.key) + ", " +
-           opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
-           std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
-           std::to_string(d.calls) + ", FROM_UNIXTIME(" + std::to_string(d.first_failure_ms / 1000.0) +
-           "), FROM_UNIXTIME(" + std::to_string(d.last_failure_ms / 1000.0) + "), " + c.quote(d.host) + ", " + owner +
-           ", " + lease + ", NOW(3))";
+void Outbox::migrate(Connection& c) {
+  c.execute(
+      "ALTER TABLE idemsink_dlq_outbox "
+      "ADD COLUMN IF NOT EXISTS purpose TINYINT NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic' "
+      "AFTER route, "
+      "ADD COLUMN IF NOT EXISTS unpublishable_at DATETIME(3) NULL COMMENT 'Kafka refused it for good: set aside for "
+      "an operator' AFTER published_at, "
+      "ADD COLUMN IF NOT EXISTS publish_error VARCHAR(255) NULL AFTER unpublishable_at");
+  // The first version's unique key (source position only) dropped a second
+  // row for the same record: a forward and its later dead letter.
+  if (!c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_source'").empty()) {
+    c.execute("UPDATE idemsink_dlq_outbox SET purpose = 2 WHERE reason = 'retry'");
+    c.execute(
+        "ALTER TABLE idemsink_dlq_outbox DROP INDEX uk_source, "
+        "ADD UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset), "
+        "DROP INDEX idx_unpublished, ADD KEY idx_unpublished (published_at, unpublishable_at, lease_until)");
   }
-  c.execute(sql);
 }
 
-std::vector<Letter> Outbox::take(Connection& c, size_t limit) const {
+void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
+  const std::string head =
+      "INSERT IGNORE INTO idemsink_dlq_outbox (route, purpose, dlq_topic, biz_key, reason, error, src_topic, "
+      "src_partition, src_offset, msg_key, msg_value, msg_headers, msg_timestamp, idem_token, calls, first_failure, "
+      "last_failure, host, owner, lease_until, created_at) VALUES ";
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+  std::string sql;
+  for (const auto& d : letters) {
+    std::string row =
+        "(" + Connection::hex(d.route) + ", " + (d.purpose == Purpose::Forward ? "2" : "1") + ", " + c.quote(d.topic) +
+        ", " + opt_hex(d.biz_key) + ", " + c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " +
+        c.quote(d.src_topic) + ", " + std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " +
+        opt_hex(d.key) + ", " + opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
+        std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
+        std::to_string(d.calls) + ", FROM_UNIXTIME(" + std::to_string(d.first_failure_ms / 1000.0) +
+        "), FROM_UNIXTIME(" + std::to_string(d.last_failure_ms / 1000.0) + "), " + c.quote(sanitize_utf8(d.host, 128)) +
+        ", " + owner + ", " + lease + ", NOW(3))";
+    // Sized by bytes, not rows: a statement above the server's packet size
+    // would never be sent, however often it is retried.
+    if (!sql.empty() && sql.size() + row.size() + 2 > c.statement_budget()) {
+      c.execute(sql);
+      sql.clear();
+    }
+    sql += sql.empty() ? head + row : ", " + row;
+  }
+  if (!sql.empty()) c.execute(sql);
+}
+
+std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget) const {
+  const std::string owner = c.quote(owner_);
+  const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+  const std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
+                           " OR owner IS NULL OR lease_until < NOW(3))";
   std::vector<uint64_t> candidates;
-  for (auto& r : c.query("SELECT id FROM idemsink_dlq_outbox WHERE published_at IS NULL AND (owner = " + owner +
-                         " OR owner IS NULL OR lease_until < NOW(3)) ORDER BY id LIMIT " + std::to_string(limit)))
+  uint64_t bytes = 0;
+  for (auto& r : c.query("SELECT id, IFNULL(LENGTH(msg_key), 0) + IFNULL(LENGTH(msg_value), 0) FROM "
+                         "idemsink_dlq_outbox WHERE " +
+                         free + " ORDER BY id LIMIT " + std::to_string(limit))) {
+    const uint64_t size = std::stoull(*r[1]);
+    if (!candidates.empty() && bytes + size > byte_budget) break;
     candidates.push_back(std::stoull(*r[0]));
+    bytes += size;
+  }
   if (candidates.empty()) return {};
   // CAS: only rows still free (or ours) become ours.
-  c.execute("UPDATE idemsink_dlq_outbox SET owner = " + owner + ", lease_until = " + lease +
-            " WHERE published_at IS NULL AND (owner = " + owner +
-            " OR owner IS NULL OR lease_until < NOW(3)) AND id IN (" + id_list(candidates) + ")");
+  c.execute("UPDATE idemsink_dlq_outbox SET owner = " + owner + ", lease_until = " + lease + " WHERE " + free +
+            " AND id IN (" + id_list(candidates) + ")");
   std::vector<Letter> out;
   for (auto& r : c.query(
            "SELECT id, route, dlq_topic, biz_key, reason, error, src_topic, src_partition, src_offset, msg_key, "
            "msg_value, msg_headers, msg_timestamp, idem_token, calls, "
            "CAST(UNIX_TIMESTAMP(first_failure) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(last_failure) * 1000 AS SIGNED), "
-           "host FROM idemsink_dlq_outbox WHERE published_at IS NULL AND owner = " +
+           "host, purpose FROM idemsink_dlq_outbox WHERE published_at IS NULL AND owner = " +
            owner + " AND id IN (" + id_list(candidates) + ") ORDER BY id")) {
     Letter d;
     d.id = std::stoull(*r[0]);
@@ -146,7 +180,6 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit) const {
     d.topic = *r[2];
     d.biz_key = r[3];
     d.reason = *r[4];
-    d.purpose = d.reason == to_string(Reason::Retry) ? Purpose::Forward : Purpose::DeadLetter;
     d.error = r[5].value_or("");
     d.src_topic = *r[6];
     d.src_partition = std::stoi(*r[7]);
@@ -160,6 +193,7 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit) const {
     d.first_failure_ms = std::stoll(*r[15]);
     d.last_failure_ms = std::stoll(*r[16]);
     d.host = *r[17];
+    d.purpose = *r[18] == "2" ? Purpose::Forward : Purpose::DeadLetter;
     out.push_back(std::move(d));
   }
   return out;
@@ -177,9 +211,62 @@ void Outbox::mark_published(Connection& c, std::span<const uint64_t> ids) const 
             id_list(ids) + ") AND published_at IS NULL");
 }
 
+void Outbox::mark_unpublishable(Connection& c, uint64_t id, std::string_view error) const {
+  c.execute("UPDATE idemsink_dlq_outbox SET unpublishable_at = NOW(3), publish_error = " +
+            c.quote(sanitize_utf8(error, 255)) + ", owner = NULL, lease_until = NULL WHERE id = " + std::to_string(id) +
+            " AND published_at IS NULL");
+}
+
 uint64_t Outbox::pending(Connection& c) const {
-  auto rows = c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL");
+  auto rows =
+      c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL");
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
+}
+
+uint64_t Outbox::unpublishable(Connection& c) const {
+  auto rows =
+      c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NOT NULL");
+  return rows.empty() ? 0 : std::stoull(*rows[0][0]);
+}
+
+std::vector<Unpublishable> Outbox::list_unpublishable(Connection& c, size_t limit) const {
+  std::vector<Unpublishable> out;
+  for (auto& r : c.query("SELECT id, route, dlq_topic, reason, src_topic, src_partition, src_offset, "
+                         "IFNULL(LENGTH(msg_key), 0) + IFNULL(LENGTH(msg_value), 0), IFNULL(publish_error, ''), "
+                         "unpublishable_at FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS "
+                         "NOT NULL ORDER BY id LIMIT " +
+                         std::to_string(limit))) {
+    Unpublishable u;
+    u.id = std::stoull(*r[0]);
+    u.route = *r[1];
+    u.topic = *r[2];
+    u.reason = *r[3];
+    u.src_topic = *r[4];
+    u.src_partition = std::stoi(*r[5]);
+    u.src_offset = std::stoll(*r[6]);
+    u.bytes = std::stoull(*r[7]);
+    u.publish_error = *r[8];
+    u.since = *r[9];
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+bool Outbox::retry_unpublishable(Connection& c, uint64_t id) const {
+  return c.execute("UPDATE idemsink_dlq_outbox SET unpublishable_at = NULL, publish_error = NULL WHERE id = " +
+                   std::to_string(id) + " AND published_at IS NULL AND unpublishable_at IS NOT NULL") == 1;
+}
+
+bool Outbox::discard_unpublishable(Connection& c, uint64_t id, std::string_view note) const {
+  return c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), publish_error = " +
+                   c.quote(sanitize_utf8("discarded by operator: " + std::string(note), 255)) + " WHERE id = " +
+                   std::to_string(id) + " AND published_at IS NULL AND unpublishable_at IS NOT NULL") == 1;
+}
+
+uint64_t Outbox::purge_published(Connection& c, std::chrono::milliseconds age, size_t batch) const {
+  return c.execute("DELETE FROM idemsink_dlq_outbox WHERE published_at < NOW(3) - INTERVAL " +
+                   std::to_string(age.count() * 1000) + " MICROSECOND ORDER BY published_at LIMIT " +
+                   std::to_string(batch));
 }
 
 }  // namespace idemsink::dlq

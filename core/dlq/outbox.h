@@ -9,9 +9,13 @@
 //                the transaction that releases its claim
 //
 // The relay (relay.h) publishes unpublished rows to Kafka and stamps them; if
-// Kafka refuses, the rows wait and the source partition keeps flowing. One
-// row per source record (unique source position), so re-running a job or
-// redelivering the record never adds a second entry.
+// Kafka refuses, the rows wait and the source partition keeps flowing. A row
+// Kafka can never take (too large, topic unknown, not authorised) is set
+// aside as unpublishable, so the rows after it flow; an operator lists,
+// retries or discards it (`idemsink dlq`). Published rows are purged after
+// claim.outbox_retention. One row per route, purpose and source record, so
+// re-running a job or redelivering the record never adds a second entry,
+// while a record forwarded and later dead-lettered keeps both.
 #pragma once
 
 #include <chrono>
@@ -19,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/db/connection.h"
@@ -64,19 +69,37 @@ struct Letter {
 std::string encode_headers(const std::vector<StoredHeader>& headers);
 std::vector<StoredHeader> decode_headers(std::string_view blob);
 
+/// A row Kafka refused for good, waiting for an operator.
+struct Unpublishable {
+  uint64_t id = 0;
+  std::string route;
+  std::string topic;
+  std::string reason;
+  std::string src_topic;
+  int32_t src_partition = 0;
+  int64_t src_offset = 0;
+  uint64_t bytes = 0;  // key + value
+  std::string publish_error;
+  std::string since;
+};
+
 class Outbox {
  public:
   Outbox(std::string owner, std::chrono::milliseconds lease) : owner_(std::move(owner)), lease_(lease) {}
 
   static const char* schema();
+  /// Brings a table created by an earlier version up to schema().
+  static void migrate(db::Connection& c);
 
-  /// Inserts rows (INSERT IGNORE on the source position), owned by us so no
-  /// other host's relay publishes them while ours is about to.
+  /// Inserts rows (INSERT IGNORE on route, purpose and source position),
+  /// owned by us so no other host's relay publishes them while ours is about
+  /// to; as many statements as the server's packet size needs.
   void insert(db::Connection& c, std::span<const Letter> letters) const;
 
-  /// Takes up to `limit` unpublished rows that are ours, released, or whose
-  /// owner's lease ran out, and returns them with their payloads.
-  std::vector<Letter> take(db::Connection& c, size_t limit) const;
+  /// Takes unpublished rows that are ours, released, or whose owner's lease
+  /// ran out: up to `limit`, and up to `byte_budget` of keys and values (at
+  /// least one row), oldest first; rows set aside as unpublishable are not.
+  std::vector<Letter> take(db::Connection& c, size_t limit, uint64_t byte_budget) const;
 
   /// Extends the lease of the unpublished rows we hold (a relay cycle still
   /// waiting for the broker). Returns rows touched.
@@ -84,9 +107,23 @@ class Outbox {
 
   /// Stamps rows as published.
   void mark_published(db::Connection& c, std::span<const uint64_t> ids) const;
+  /// Sets a row aside: Kafka refused it for good.
+  void mark_unpublishable(db::Connection& c, uint64_t id, std::string_view error) const;
 
-  /// Unpublished rows, all hosts.
+  /// Unpublished rows waiting for the relay, all hosts.
   uint64_t pending(db::Connection& c) const;
+  /// Rows set aside as unpublishable, all hosts.
+  uint64_t unpublishable(db::Connection& c) const;
+  std::vector<Unpublishable> list_unpublishable(db::Connection& c, size_t limit) const;
+  /// An operator's decision on an unpublishable row: publish it again (after
+  /// fixing the topic or the limits), or drop it from the queue (it stays in
+  /// the table, stamped, with the note). False if no such row is set aside.
+  bool retry_unpublishable(db::Connection& c, uint64_t id) const;
+  bool discard_unpublishable(db::Connection& c, uint64_t id, std::string_view note) const;
+
+  /// Deletes published rows older than `age`, at most `batch` of them (a
+  /// short statement, no long locks). Returns rows deleted.
+  uint64_t purge_published(db::Connection& c, std::chrono::milliseconds age, size_t batch) const;
 
  private:
   std::string owner_;

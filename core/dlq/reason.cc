@@ -6,7 +6,7 @@
 namespace idemsink::dlq {
 namespace {
 
-constexpr std::array<std::pair<Reason, const char*>, 14> kNames{{
+constexpr std::array<std::pair<Reason, const char*>, 17> kNames{{
     {Reason::RecordTooLarge, "record_too_large"},
     {Reason::MissingKey, "missing_key"},
     {Reason::UndecodableValue, "undecodable_value"},
@@ -20,6 +20,9 @@ constexpr std::array<std::pair<Reason, const char*>, 14> kNames{{
     {Reason::Uncertain, "uncertain"},
     {Reason::OwnerVanished, "owner_vanished"},
     {Reason::CrashLoop, "crash_loop"},
+    {Reason::MaybeApplied, "maybe_applied"},
+    {Reason::DbRejected, "db_rejected"},
+    {Reason::NoClaimPartition, "no_claim_partition"},
     {Reason::Retry, "retry"},
 }};
 

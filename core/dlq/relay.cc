@@ -9,8 +9,8 @@ namespace idemsink::dlq {
 
 namespace asio = boost::asio;
 
-Relay::Relay(asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count)
-    : io_(io), pool_(pool), outbox_(outbox), count_(std::move(count)) {}
+Relay::Relay(asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count, UnpublishableFn unpublishable)
+    : io_(io), pool_(pool), outbox_(outbox), count_(std::move(count)), unpublishable_count_(std::move(unpublishable)) {}
 
 void Relay::set_producer_factory(ProducerFactory f) {
   producer_factory_ = std::move(f);
@@ -26,9 +26,33 @@ void Relay::kick() {
   if (std::chrono::steady_clock::now() < not_before_) return;
   running_ = true;
   again_ = false;
-  pool_.submit("dlq relay take", [this](db::Connection& c) {
-    auto letters = outbox_.take(c, kBatch);
-    asio::post(io_, [this, letters = std::move(letters)]() mutable { on_taken(std::move(letters)); });
+  pool_.submit("dlq relay take", [this, producer = producer_](db::Connection& c) {
+    auto letters = outbox_.take(c, kBatch, kByteBudget);
+    // A topic that can never take a record would hold its rows, and the
+    // cycle, forever (no delivery deadline): its rows are set aside first.
+    std::map<std::string, std::optional<std::string>> refused_topics;
+    for (const auto& d : letters)
+      if (!d.topic.empty() && !refused_topics.count(d.topic))
+        refused_topics[d.topic] = producer->topic_refused(d.topic, kTopicCheckMs);
+    std::vector<Letter> kept;
+    size_t set_aside = 0;
+    for (auto& d : letters) {
+      const auto& why = d.topic.empty() ? std::nullopt : refused_topics[d.topic];
+      if (!why) {
+        kept.push_back(std::move(d));
+        continue;
+      }
+      spdlog::error(
+          "DLQ outbox row {} can never be published ({}); set aside as unpublishable: `idemsink dlq "
+          "--list` shows it, --retry or --discard settles it",
+          d.id, *why);
+      outbox_.mark_unpublishable(c, d.id, *why);
+      ++set_aside;
+    }
+    asio::post(io_, [this, kept = std::move(kept), set_aside, taken = letters.size()]() mutable {
+      if (set_aside) unpublishable_count_(set_aside);
+      on_taken(std::move(kept), taken);
+    });
   });
 }
 
@@ -57,15 +81,15 @@ kafka::OutRecord Relay::record_of(const Letter& d) const {
   return rec;
 }
 
-void Relay::on_taken(std::vector<Letter> letters) {
-  taken_ = letters.size();
+void Relay::on_taken(std::vector<Letter> letters, size_t taken) {
+  taken_ = taken;
   if (producer_->fatal()) {
     spdlog::warn("recreating the DLQ producer after its fatal error");
     producer_ = producer_factory_();
   }
   if (letters.empty()) {
     running_ = false;
-    if (again_) kick();
+    if (again_ || taken > 0) kick();  // rows set aside: the ones after them wait
     return;
   }
   outstanding_.clear();
@@ -81,10 +105,24 @@ void Relay::on_taken(std::vector<Letter> letters) {
   for (const auto& d : letters)
     if (!d.topic.empty()) producer_->produce(record_of(d));
   if (outstanding_.empty()) {
-    finish_cycle(std::move(unpublished_by_design), true);
+    finish_cycle(std::move(unpublished_by_design), {}, true);
   } else if (!unpublished_by_design.empty()) {
     pool_.submit("dlq relay mark",
                  [this, ids = std::move(unpublished_by_design)](db::Connection& c) { outbox_.mark_published(c, ids); });
+  }
+}
+
+bool Relay::refused_for_good(rd_kafka_resp_err_t err) {
+  switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION: return true;
+    default: return false;
   }
 }
 
@@ -95,18 +133,22 @@ void Relay::on_delivery(uint64_t outbox_id, rd_kafka_resp_err_t err) {
 void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   auto it = outstanding_.find(outbox_id);
   if (it == outstanding_.end() || it->second != Delivery::Pending) return;
-  if (err) {
+  if (!err) {
+    it->second = Delivery::Ok;
+  } else if (refused_for_good(err)) {
+    it->second = Delivery::Refused;
+    refused_[outbox_id] = rd_kafka_err2str(err);
+  } else {
     if (first_error_.empty()) first_error_ = rd_kafka_err2str(err);
     it->second = Delivery::Failed;
-  } else {
-    it->second = Delivery::Ok;
   }
   if (--pending_ > 0) return;
   // Every record of this cycle has its report: stamp the delivered ones.
   std::vector<uint64_t> published;
   for (const auto& [id, state] : outstanding_)
     if (state == Delivery::Ok) published.push_back(id);
-  const size_t failed = outstanding_.size() - published.size();
+  size_t failed = 0;
+  for (const auto& [id, state] : outstanding_) failed += state == Delivery::Failed;
   count_(published.size(), failed);
   failures_in_a_row_ = failed > 0 ? failures_in_a_row_ + 1 : 0;
   if (failed > 0) {
@@ -117,17 +159,26 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   }
   first_error_.clear();
   outstanding_.clear();
-  finish_cycle(std::move(published), taken_ == kBatch);
+  // Set aside, so the rows after them flow; an operator decides (`idemsink dlq`).
+  for (const auto& [id, why] : refused_)
+    spdlog::error(
+        "DLQ outbox row {} can never be published ({}); set aside as unpublishable: `idemsink dlq --list` "
+        "shows it, --retry or --discard settles it",
+        id, why);
+  unpublishable_count_(refused_.size());
+  finish_cycle(std::move(published), std::exchange(refused_, {}), taken_ == kBatch);
 }
 
-void Relay::finish_cycle(std::vector<uint64_t> published, bool more_waiting) {
-  pool_.submit("dlq relay mark", [this, published = std::move(published), more_waiting](db::Connection& c) {
-    outbox_.mark_published(c, published);
-    asio::post(io_, [this, more_waiting] {
-      running_ = false;
-      if (more_waiting || again_) kick();
-    });
-  });
+void Relay::finish_cycle(std::vector<uint64_t> published, std::map<uint64_t, std::string> refused, bool more_waiting) {
+  pool_.submit("dlq relay mark",
+               [this, published = std::move(published), refused = std::move(refused), more_waiting](db::Connection& c) {
+                 outbox_.mark_published(c, published);
+                 for (const auto& [id, why] : refused) outbox_.mark_unpublishable(c, id, why);
+                 asio::post(io_, [this, more_waiting] {
+                   running_ = false;
+                   if (more_waiting || again_) kick();
+                 });
+               });
 }
 
 }  // namespace idemsink::dlq

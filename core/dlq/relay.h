@@ -33,7 +33,11 @@ class Relay {
   /// Rows published and publish attempts failed, per cycle.
   using CountFn = std::function<void(size_t published, size_t failed)>;
 
-  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count);
+  /// Rows Kafka refused for good (set aside), per cycle.
+  using UnpublishableFn = std::function<void(size_t refused)>;
+
+  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count,
+        UnpublishableFn unpublishable);
 
   /// How to make the producer; called now and again after a fatal producer
   /// error (an idempotent producer cannot continue after one).
@@ -48,21 +52,27 @@ class Relay {
   bool waiting_for_broker() const { return running_ && pending_ > 0; }
 
  private:
-  enum class Delivery { Pending, Ok, Failed };
+  enum class Delivery { Pending, Ok, Failed, Refused };
   static constexpr size_t kBatch = 500;
+  static constexpr uint64_t kByteBudget = 32 << 20;  // keys and values held by one cycle
+  static constexpr int kTopicCheckMs = 5000;
 
-  void on_taken(std::vector<Letter> letters);
+  /// Errors no retry can fix: the row is set aside.
+  static bool refused_for_good(rd_kafka_resp_err_t err);
+  void on_taken(std::vector<Letter> letters, size_t taken);
   void on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err);
-  /// Stamps the published rows; starts the next cycle if more rows wait or a kick came meanwhile.
-  void finish_cycle(std::vector<uint64_t> published, bool more_waiting);
+  /// Stamps the published rows and sets the refused ones aside; starts the
+  /// next cycle if more rows wait or a kick came meanwhile.
+  void finish_cycle(std::vector<uint64_t> published, std::map<uint64_t, std::string> refused, bool more_waiting);
   kafka::OutRecord record_of(const Letter& d) const;
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const Outbox& outbox_;
   CountFn count_;
+  UnpublishableFn unpublishable_count_;
   ProducerFactory producer_factory_;
-  std::unique_ptr<kafka::Producer> producer_;
+  std::shared_ptr<kafka::Producer> producer_;  // shared with the take job, which asks it about topics
 
   bool running_ = false;
   bool again_ = false;
@@ -70,6 +80,7 @@ class Relay {
   size_t pending_ = 0;
   size_t taken_ = 0;
   std::string first_error_;
+  std::map<uint64_t, std::string> refused_;  // outbox id -> why Kafka will never take it
   int failures_in_a_row_ = 0;
   std::chrono::steady_clock::time_point not_before_{};
 };

@@ -64,6 +64,28 @@ void Producer::error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaqu
   spdlog::warn("DLQ producer: {} ({})", reason, rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)));
 }
 
+std::optional<std::string> Producer::topic_refused(const std::string& topic, int timeout_ms) {
+  rd_kafka_topic_t* t = rd_kafka_topic_new(rk_.get(), topic.c_str(), nullptr);
+  if (t == nullptr) return "invalid topic name";
+  const rd_kafka_metadata_t* md = nullptr;
+  const rd_kafka_resp_err_t err = rd_kafka_metadata(rk_.get(), 0, t, &md, timeout_ms);
+  rd_kafka_topic_destroy(t);
+  if (err) return std::nullopt;  // the cluster did not answer: nothing known for good
+  std::optional<std::string> refused;
+  if (md->topic_cnt == 1) {
+    switch (md->topics[0].err) {
+      case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+      case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+      case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+        refused = std::string("topic ") + topic + ": " + rd_kafka_err2str(md->topics[0].err);
+        break;
+      default: break;
+    }
+  }
+  rd_kafka_metadata_destroy(md);
+  return refused;
+}
+
 void Producer::produce(const OutRecord& rec) {
   rd_kafka_headers_t* hdrs = rd_kafka_headers_new(rec.headers.size());
   for (const auto& h : rec.headers)

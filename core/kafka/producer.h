@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,12 @@ class Producer {
   void produce(const OutRecord& rec);
   /// Waits for outstanding deliveries up to `timeout_ms`.
   void flush(int timeout_ms);
+  /// Why `topic` can never take a record (it does not exist, is not
+  /// authorised, its name is invalid), asked of the cluster; nullopt when it
+  /// can, or when the answer is only temporary. Blocks up to `timeout_ms`;
+  /// thread-safe. A record sent to such a topic would wait forever, since
+  /// records have no delivery deadline.
+  std::optional<std::string> topic_refused(const std::string& topic, int timeout_ms);
   /// True once librdkafka raised a fatal (idempotence) error: the instance
   /// must be replaced.
   bool fatal() const { return fatal_.load(); }

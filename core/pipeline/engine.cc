@@ -18,10 +18,6 @@ using namespace std::chrono_literals;
 using claim::Status;
 using claim::Verdict;
 
-namespace {
-constexpr int kMaxClaimJobs = 2;
-}
-
 Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
                std::vector<std::unique_ptr<Route>> routes, Metrics& metrics, std::string owner)
     : io_(io),
@@ -32,7 +28,6 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       store_(cfg.host.id, owner, cfg.claim.lease),
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
-      claims_(kMaxClaimJobs),
       gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
       partitions_(io, cfg, metrics, gate_),
       local_tx_(
@@ -45,14 +40,19 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       writer_(
           io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
           [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
-      relay_(io, pool, outbox_,
-             [this](size_t published, size_t failed) {
-               metrics_.dlq_published.fetch_add(published, std::memory_order_relaxed);
-               metrics_.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
-             }),
+      relay_(
+          io, pool, outbox_,
+          [this](size_t published, size_t failed) {
+            metrics_.dlq_published.fetch_add(published, std::memory_order_relaxed);
+            metrics_.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
+          },
+          [this](size_t refused) { metrics_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); }),
+      claimer_(
+          io, pool, store_, cfg, [this](uint64_t id) { return find(id); },
+          [this](const Claimer::Claimed& c) { on_claimed(c); }),
+      housekeeping_(io, pool, cfg, store_, outbox_, metrics),
       commit_timer_(io),
       renew_timer_(io),
-      busy_timer_(io),
       relay_timer_(io),
       gauges_timer_(io),
       summary_timer_(io) {
@@ -78,21 +78,12 @@ Record* Engine::find(uint64_t id) {
 
 // ---------------------------------------------------------------- timers
 
-void Engine::every(asio::steady_timer& t, std::chrono::milliseconds period, std::function<void()> fn) {
-  t.expires_after(period);
-  t.async_wait([this, &t, period, fn = std::move(fn)](boost::system::error_code ec) {
-    if (ec || stopping_) return;
-    fn();
-    every(t, period, fn);
-  });
-}
-
 void Engine::start(kafka::Consumer* consumer) {
   consumer_ = consumer;
   gate_.attach(consumer);
   partitions_.attach(consumer);
-  every(commit_timer_, cfg_.kafka.commit_interval, [this] { partitions_.commit(); });
-  every(renew_timer_, std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
+  commit_timer_.start(cfg_.kafka.commit_interval, [this] { partitions_.commit(); });
+  renew_timer_.start(std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
     if (renew_running_) return;
     renew_running_ = true;
     // A relay cycle waiting for the broker keeps its outbox rows too.
@@ -103,20 +94,16 @@ void Engine::start(kafka::Consumer* consumer) {
       asio::post(io_, [this] { renew_running_ = false; });
     });
   });
-  every(busy_timer_, cfg_.claim.wait_recheck, [this] {
-    std::vector<uint64_t> busy;
-    busy.swap(busy_);
-    for (uint64_t id : busy)
-      if (Record* r = find(id); r && r->stage == Stage::Busy) enqueue_claim(*r);
-  });
-  every(relay_timer_, 2s, [this] { relay_.kick(); });
-  every(gauges_timer_, 5s, [this] { refresh_gauges(); });
-  every(summary_timer_, 10s, [this] {
+  relay_timer_.start(2s, [this] { relay_.kick(); });
+  gauges_timer_.start(5s, [this] { refresh_gauges(); });
+  summary_timer_.start(10s, [this] {
     if (hits_since_summary_ > 0)
       spdlog::info("idempotent hits in the last 10s: {} (already-done records skipped, as designed)",
                    hits_since_summary_);
     hits_since_summary_ = 0;
   });
+  claimer_.start();
+  housekeeping_.start();
   relay_.kick();  // rows a previous run left unpublished
 }
 
@@ -127,17 +114,8 @@ void Engine::refresh_gauges() {
   metrics_.db_statements.store(pool_.statements());
   metrics_.db_reconnects.store(pool_.reconnects());
   metrics_.db_healthy.store(pool_.healthy() ? 1 : 0);
-  if (gauges_running_) return;
-  gauges_running_ = true;
-  pool_.submit("gauges", [this](db::Connection& c) {
-    const uint64_t pending = outbox_.pending(c);
-    const uint64_t stuck = store_.count_stuck(c, cfg_.claim.stuck_after);
-    asio::post(io_, [this, pending, stuck] {
-      metrics_.dlq_pending.store(static_cast<int64_t>(pending));
-      metrics_.stuck_pending.store(static_cast<int64_t>(stuck));
-      gauges_running_ = false;
-    });
-  });
+  metrics_.db_jobs_failing.store(pool_.failing_jobs());
+  metrics_.set_db_job_failures(pool_.failures_by_job(), pool_.last_job_error());
 }
 
 // ---------------------------------------------------------------- consumer events
@@ -234,25 +212,25 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     rd_kafka_timestamp_type_t ts_type;
     r.timestamp_ms = rd_kafka_message_timestamp(msg.get(), &ts_type);
     // Back from a retry topic: attempts continue where the last tier stopped.
-    if (tier > 0) r.calls = static_cast<uint32_t>(dlq::headers::integer(msg.get(), dlq::headers::kAttempt).value_or(0));
+    if (tier > 0) {
+      r.calls = static_cast<uint32_t>(dlq::headers::integer(msg.get(), dlq::headers::kAttempt).value_or(0));
+      r.uncertain_calls =
+          static_cast<uint32_t>(dlq::headers::integer(msg.get(), dlq::headers::kUncertainCalls).value_or(0));
+    }
     r.msg = std::move(msg);
     records_.emplace(r.id, std::move(rec));
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
 
     auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
     if (auto* refusal = std::get_if<Refusal>(&admitted)) {
-      spdlog::warn("route {}: refusing {}[{}]@{}: {} ({})", route->cfg.name, tp.topic, tp.partition, r.offset,
-                   dlq::to_string(refusal->reason), refusal->detail);
-      r.note_failure(refusal->detail);
-      r.refuse_reason = refusal->reason;
-      writer_.dead_letter(r);
+      refuse(r, refusal->reason, std::move(refusal->detail));
       continue;
     }
     r.biz_key = std::move(std::get<std::string>(admitted));
     r.payload_hash = payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
     r.key_id = route->cfg.name + '\0' + r.biz_key;
     if (keys_.push(r.key_id, r.id)) {
-      enqueue_claim(r);
+      claimer_.claim(r);
     } else {
       r.stage = Stage::Waiting;
     }
@@ -270,63 +248,31 @@ void Engine::end_record(Record& r, bool durable) {
   gate_.buffered_delta(-1);
   if (!key_id.empty())
     if (auto next = keys_.remove(key_id, id))
-      if (Record* n = find(*next); n && n->stage == Stage::Waiting) enqueue_claim(*n);
+      if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
   partitions_.record_ended(*part);
 }
 
 // ---------------------------------------------------------------- claims
 
-void Engine::enqueue_claim(Record& r) {
-  r.stage = Stage::Claim;
-  claims_.push(r.id);
-  if (claims_.schedule())
-    asio::post(io_, [this] {
-      claims_.flushing();
-      flush_claims();
-    });
-}
-
-void Engine::flush_claims() {
-  const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
-  for (auto ids = claims_.take(batch_max); !ids.empty(); ids = claims_.take(batch_max)) {
-    std::vector<uint64_t> live;
-    std::vector<claim::ClaimRequest> reqs;
-    for (uint64_t id : ids) {
-      Record* r = find(id);
-      if (r == nullptr || r->stage != Stage::Claim) continue;
-      r->stage = Stage::Claiming;
-      live.push_back(id);
-      claim::ClaimRequest q;
-      q.key = claim::RowKey{r->route->cfg.name, r->biz_key, claim::bucket_of(r->timestamp_ms)};
-      q.payload_hash = r->payload_hash;
-      q.check_payload = r->route->cfg.payload_check;
-      q.src_topic = r->part->tp.topic;
-      q.src_partition = r->part->tp.partition;
-      q.src_offset = r->offset;
-      reqs.push_back(std::move(q));
-    }
-    if (live.empty()) {
-      claims_.job_done();
-      continue;
-    }
-    pool_.submit("claim batch", [this, ids = std::move(live), reqs = std::move(reqs)](db::Connection& c) {
-      auto results = store_.claim(c, reqs);
-      fault::hit("after_claim_commit");
-      asio::post(io_, [this, ids, results = std::move(results)] { on_claimed(ids, results); });
-    });
-  }
-}
-
-void Engine::on_claimed(const std::vector<uint64_t>& ids, const std::vector<claim::ClaimResult>& results) {
-  claims_.job_done();
+void Engine::on_claimed(const Claimer::Claimed& claimed) {
+  const auto& [ids, results, refused] = claimed;
   std::vector<claim::Outcome> to_release;
+  std::vector<uint64_t> no_partition;
   for (size_t i = 0; i < ids.size(); ++i) {
     const claim::ClaimResult& res = results[i];
     Record* r = find(ids[i]);
+    if (auto it = refused.find(ids[i]); it != refused.end()) {
+      if (r == nullptr) continue;
+      r->db_error = sanitize_utf8(it->second, 512);
+      r->route->metrics->db_rejected.fetch_add(1, std::memory_order_relaxed);
+      refuse(*r, dlq::Reason::DbRejected, "the database refused its claim: " + r->db_error);
+      continue;
+    }
     if (r == nullptr || r->part->revoked) {
       // The partition went away while we claimed: hand the claim back so the
       // next owner does not wait for our lease.
-      if (res.verdict == Verdict::Owned) to_release.push_back(claim::Outcome{res.row, res.attempt, 0, {}, {}});
+      if (res.verdict == Verdict::Owned)
+        to_release.push_back(claim::Outcome{res.row, res.attempt, 0, res.uncertain_calls, {}, {}});
       if (r) end_record(*r, false);
       continue;
     }
@@ -336,6 +282,8 @@ void Engine::on_claimed(const std::vector<uint64_t>& ids, const std::vector<clai
         r->row = res.row;
         r->attempt = res.attempt;
         r->token = res.idem_token;
+        r->uncertain_calls = std::max(r->uncertain_calls, res.uncertain_calls);
+        r->owner_died = res.takeovers > 0;
         m.claimed.fetch_add(1, std::memory_order_relaxed);
         if (res.taken_over) m.takeovers.fetch_add(1, std::memory_order_relaxed);
         const Decision d = decide_on_claim(r->route->handler->kind(), res, cfg_.claim.max_takeovers);
@@ -354,26 +302,62 @@ void Engine::on_claimed(const std::vector<uint64_t>& ids, const std::vector<clai
                       claim::to_string(res.status), r->offset);
         end_record(*r, true);
         break;
-      case Verdict::Conflict: {
-        const std::string detail = "biz_key already claimed (" + std::string(claim::to_string(res.status)) +
-                                   ", token " + res.idem_token + ") with a different payload";
-        spdlog::warn("route {}: refusing {}[{}]@{}: payload_conflict ({})", r->route->cfg.name, r->part->tp.topic,
-                     r->part->tp.partition, r->offset, detail);
-        r->note_failure(detail);
-        r->refuse_reason = dlq::Reason::PayloadConflict;
-        writer_.dead_letter(*r);
+      case Verdict::Conflict:
+        refuse(*r, dlq::Reason::PayloadConflict,
+               "biz_key already claimed (" + std::string(claim::to_string(res.status)) + ", token " + res.idem_token +
+                   ") with a different payload");
         break;
-      }
+      case Verdict::NoPartition: no_partition.push_back(r->id); break;
       case Verdict::Busy:
         m.busy_waits.fetch_add(1, std::memory_order_relaxed);
-        r->stage = Stage::Busy;
-        busy_.push_back(r->id);
+        claimer_.claim_later(*r);
         break;
     }
   }
   release_claims(std::move(to_release));
+  if (!no_partition.empty()) claim_without_partition(std::move(no_partition));
   dispatcher_.pump();
-  flush_claims();
+}
+
+void Engine::claim_without_partition(std::vector<uint64_t> ids) {
+  // The calendar ran past the newest claim partition. With schema changes
+  // allowed the partition is created now and the records claimed again;
+  // otherwise (a DBA manages the schema) they are refused, loudly.
+  if (!cfg_.claim.apply_schema) {
+    for (uint64_t id : ids)
+      if (Record* r = find(id)) {
+        spdlog::error(
+            "route {}: no claim partition for {} (claim.apply_schema is off): `idemsink schema apply` must "
+            "add partitions; refusing {}[{}]@{}",
+            r->route->cfg.name, claim::bucket_of(r->timestamp_ms), r->part->tp.topic, r->part->tp.partition, r->offset);
+        refuse(
+            *r, dlq::Reason::NoClaimPartition,
+            "no claim partition for the month " + claim::bucket_of(r->timestamp_ms) + " and claim.apply_schema is off");
+      }
+    return;
+  }
+  for (uint64_t id : ids)
+    if (Record* r = find(id)) r->stage = Stage::Busy;  // not claimable until the partition exists
+  spdlog::warn("{} record(s) have no claim partition for their month; creating the partitions now", ids.size());
+  housekeeping_.ensure_partitions([this, ids = std::move(ids)](bool ok) {
+    if (!ok) spdlog::error("claim partitions could not be created; the records are claimed again after a wait");
+    for (uint64_t id : ids)
+      if (Record* r = find(id); r && r->stage == Stage::Busy) {
+        if (ok) {
+          claimer_.claim(*r);
+        } else {
+          claimer_.claim_later(*r);
+        }
+      }
+  });
+}
+
+void Engine::refuse(Record& r, dlq::Reason reason, std::string detail) {
+  spdlog::warn("route {}: refusing {}[{}]@{}: {} ({})", r.route->cfg.name, r.part->tp.topic, r.part->tp.partition,
+               r.offset, dlq::to_string(reason), detail);
+  r.note_failure(detail);
+  r.refuse_reason = reason;
+  writer_.dead_letter(r);
 }
 
 void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
@@ -386,10 +370,16 @@ void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
 
 void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string detail) {
   if (outcome == IDEMSINK_OUTCOME_OK) fault::hit("after_handler_ok");
-  const Decision d = decide_after_call(r.route->handler->kind(), outcome, r.calls, r.tier, r.route->cfg.retry);
+  const idemsink_kind kind = r.route->handler->kind();
+  // A rolled-back local_tx write certainly did not happen; a remote call may have.
+  if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
+  const Decision d = decide_after_call(kind, outcome, r.calls, r.tier, r.route->cfg.retry, r.maybe_applied());
   switch (d.action) {
     case Decision::Action::Proceed: break;  // not an outcome of a call
     case Decision::Action::Done:
+      if (detail.size() > 1024)
+        spdlog::debug("route {}: key {}: receipt of {} bytes (stored cut): {}", r.route->cfg.name, printable(r.biz_key),
+                      detail.size(), printable(detail, detail.size()));
       r.receipt = std::move(detail);
       writer_.done(r);
       break;
@@ -444,7 +434,7 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
       // over: claim again to learn which.
       dispatcher_.end_call(*r, false);
       r->route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
-      enqueue_claim(*r);
+      claimer_.claim(*r);
       continue;
     }
     dispatcher_.end_call(*r);
@@ -461,8 +451,11 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
 }
 
 void Engine::end(Record& r, Status status, dlq::Reason reason, std::string error) {
-  if (r.first_failure_ms == 0) r.note_failure(error);
-  r.last_error = std::move(error);
+  if (r.first_failure_ms == 0) {
+    r.note_failure(error);
+  } else {
+    r.last_error = sanitize_utf8(error, 1024);
+  }
   if (status == Status::Unknown)
     spdlog::warn("route {}: key {} is unknown ({}): {}; parked for reconciliation, token {}", r.route->cfg.name,
                  printable(r.biz_key), dlq::to_string(reason), r.last_error, r.token);
@@ -473,35 +466,83 @@ void Engine::end(Record& r, Status status, dlq::Reason reason, std::string error
 }
 
 void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
+  using Kind = OutcomeWriter::Kind;
+  using Result = OutcomeWriter::Result;
   bool new_letters = false;
   for (const auto& w : written) {
     Record* r = find(w.id);
     if (r == nullptr) continue;
     RouteMetrics& m = *r->route->metrics;
-    if (!w.ok) {
-      // Fenced: our claim was taken over (our lease ran out or our host id
-      // restarted elsewhere). Claim again: the new owner's result decides.
-      m.fenced.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("route {}: claim on key {} was taken over before its outcome was recorded; re-checking",
-                   r->route->cfg.name, printable(r->biz_key));
-      enqueue_claim(*r);
-      continue;
+    switch (w.result) {
+      case Result::Written: break;
+      case Result::Fenced:
+        // Our claim was taken over (our lease ran out or our host id
+        // restarted elsewhere). Claim again: the new owner's result decides.
+        m.fenced.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn("route {}: claim on key {} was taken over before its outcome was recorded; re-checking",
+                     r->route->cfg.name, printable(r->biz_key));
+        claimer_.claim(*r);
+        continue;
+      case Result::Rejected: written_rejected(*r, w.kind, w.error); continue;
+      case Result::GaveUp: let_go(*r, w.kind, w.error); continue;
     }
     switch (w.kind) {
-      case OutcomeWriter::Kind::Done: m.done.fetch_add(1, std::memory_order_relaxed); break;
-      case OutcomeWriter::Kind::Ended:
+      case Kind::Done: m.done.fetch_add(1, std::memory_order_relaxed); break;
+      case Kind::Ended:
         (w.status == Status::Unknown ? m.unknown : m.dead).fetch_add(1, std::memory_order_relaxed);
         new_letters = true;
         break;
-      case OutcomeWriter::Kind::DeadLettered:
+      case Kind::DeadLettered:
         m.dead.fetch_add(1, std::memory_order_relaxed);
         new_letters = true;
         break;
-      case OutcomeWriter::Kind::Forwarded: new_letters = true; break;
+      case Kind::Forwarded: new_letters = true; break;
     }
     end_record(*r, true);
   }
   if (new_letters) relay_.kick();
+}
+
+void Engine::written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error) {
+  using Kind = OutcomeWriter::Kind;
+  r.route->metrics->db_rejected.fetch_add(1, std::memory_order_relaxed);
+  if (!r.db_error.empty()) {
+    // Even the stripped write was refused: nothing more can be tried here.
+    let_go(r, kind, error);
+    return;
+  }
+  r.db_error = sanitize_utf8(error, 512);
+  switch (kind) {
+    case Kind::Done:
+      // The effect happened, but its done mark was refused: park it for
+      // reconciliation, with what can be written.
+      r.receipt.clear();
+      end(r, Status::Unknown, dlq::Reason::DbRejected, "the database refused its done mark: " + r.db_error);
+      break;
+    case Kind::Ended:
+    case Kind::Forwarded:
+      end(r, r.maybe_applied() ? Status::Unknown : Status::Failed, dlq::Reason::DbRejected,
+          "the database refused its row: " + r.db_error);
+      break;
+    case Kind::DeadLettered: refuse(r, dlq::Reason::DbRejected, "the database refused its row: " + r.db_error); break;
+  }
+}
+
+void Engine::let_go(Record& r, OutcomeWriter::Kind kind, const std::string& error) {
+  // Not durable: the offset is not committed, and the record is read again
+  // after a restart or a rebalance. Its claim is handed back (a done one as
+  // maybe applied), so no lease holds it meanwhile.
+  spdlog::error(
+      "route {}: {}[{}]@{} (key {}) could not be recorded ({}); letting it go uncommitted: it is read again "
+      "after a restart or a rebalance",
+      r.route->cfg.name, r.part->tp.topic, r.part->tp.partition, r.offset, printable(r.biz_key), error);
+  r.route->metrics->let_go.fetch_add(1, std::memory_order_relaxed);
+  if (kind != OutcomeWriter::Kind::DeadLettered && !r.token.empty()) {
+    claim::Outcome o = r.outcome();
+    if (kind == OutcomeWriter::Kind::Done) ++o.uncertain_calls;
+    release_claims({o});
+  }
+  end_record(r, false);
 }
 
 // ---------------------------------------------------------------- shutdown
@@ -513,16 +554,16 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     std::promise<bool> idle;
     auto fut = idle.get_future();
-    asio::post(io_, [&] { idle.set_value(!relay_.running() && writer_.idle() && claims_.jobs() == 0); });
+    asio::post(io_, [&] { idle.set_value(!relay_.running() && writer_.idle() && !claimer_.jobs_running()); });
     if (fut.get() || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(20ms);
   }
   std::promise<void> stopped;
   auto fut = stopped.get_future();
   asio::post(io_, [&] {
-    stopping_ = true;
-    for (auto* t : {&commit_timer_, &renew_timer_, &busy_timer_, &relay_timer_, &gauges_timer_, &summary_timer_})
-      t->cancel();
+    claimer_.stop();
+    housekeeping_.stop();
+    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
     stopped.set_value();

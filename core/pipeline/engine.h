@@ -13,8 +13,9 @@
 // in parallel. A key held by another live host is waited for, never skipped.
 //
 // The engine owns the records and wires the stages; each stage lives in its
-// own module (admission, failure_policy, key_queue, dispatcher, local_tx,
-// outcome_writer, partitions, fetch_gate; dlq/relay for publishing).
+// own module (admission, key_queue, claimer, dispatcher, local_tx,
+// failure_policy, outcome_writer, partitions, fetch_gate, housekeeping;
+// dlq/relay for publishing).
 //
 // Threading: all engine state lives on one io_context thread. The consumer's
 // poll thread, database workers and plugin threads only post to it.
@@ -39,14 +40,16 @@
 #include "core/dlq/outbox.h"
 #include "core/dlq/relay.h"
 #include "core/kafka/consumer.h"
-#include "core/pipeline/batch_queue.h"
+#include "core/pipeline/claimer.h"
 #include "core/pipeline/dispatcher.h"
 #include "core/pipeline/fetch_gate.h"
+#include "core/pipeline/housekeeping.h"
 #include "core/pipeline/key_queue.h"
 #include "core/pipeline/local_tx.h"
 #include "core/pipeline/metrics.h"
 #include "core/pipeline/outcome_writer.h"
 #include "core/pipeline/partitions.h"
+#include "core/pipeline/periodic.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {
@@ -91,9 +94,10 @@ class Engine : public kafka::Consumer::Listener {
   /// partition; the next record of its key may go on.
   void end_record(Record& r, bool durable);
   // claims
-  void enqueue_claim(Record& r);
-  void flush_claims();
-  void on_claimed(const std::vector<uint64_t>& ids, const std::vector<claim::ClaimResult>& results);
+  void on_claimed(const Claimer::Claimed& claimed);
+  void claim_without_partition(std::vector<uint64_t> ids);
+  /// Dead-letters a record before (or instead of) a claim.
+  void refuse(Record& r, dlq::Reason reason, std::string detail);
   void release_claims(std::vector<claim::Outcome> outcomes);
   // after a call, and after a write
   void on_call_result(Record& r, idemsink_outcome outcome, std::string detail);
@@ -102,8 +106,10 @@ class Engine : public kafka::Consumer::Listener {
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
   void retry_later(Record& r);
   void on_written(const std::vector<OutcomeWriter::Written>& written);
-  // timers
-  void every(boost::asio::steady_timer& t, std::chrono::milliseconds period, std::function<void()> fn);
+  /// The database refused a record's row: end it another way.
+  void written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error);
+  /// Gives up on recording a record: its claim is handed back, its offset not committed.
+  void let_go(Record& r, OutcomeWriter::Kind kind, const std::string& error);
   void refresh_gauges();
 
   boost::asio::io_context& io_;
@@ -123,8 +129,6 @@ class Engine : public kafka::Consumer::Listener {
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   uint64_t next_id_ = 1;
   KeyQueue keys_;
-  BatchQueue<uint64_t> claims_;
-  std::vector<uint64_t> busy_;  // keys held by another live host, checked again on a timer
   std::mt19937_64 rng_{std::random_device{}()};
 
   FetchGate gate_;
@@ -133,19 +137,18 @@ class Engine : public kafka::Consumer::Listener {
   Dispatcher dispatcher_;
   OutcomeWriter writer_;
   dlq::Relay relay_;
+  Claimer claimer_;
+  Housekeeping housekeeping_;
   kafka::Consumer* consumer_ = nullptr;
 
-  bool stopping_ = false;
   bool renew_running_ = false;
-  bool gauges_running_ = false;
   uint64_t hits_since_summary_ = 0;
 
-  boost::asio::steady_timer commit_timer_;
-  boost::asio::steady_timer renew_timer_;
-  boost::asio::steady_timer busy_timer_;
-  boost::asio::steady_timer relay_timer_;
-  boost::asio::steady_timer gauges_timer_;
-  boost::asio::steady_timer summary_timer_;
+  Periodic commit_timer_;
+  Periodic renew_timer_;
+  Periodic relay_timer_;
+  Periodic gauges_timer_;
+  Periodic summary_timer_;
 };
 
 }  // namespace idemsink::pipeline

@@ -11,9 +11,12 @@ using dlq::Reason;
 
 Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, int max_takeovers) {
   if (claim.taken_over && claim.takeovers >= static_cast<uint32_t>(max_takeovers))
-    return {Action::End, Status::Failed, Reason::CrashLoop,
+    return {Action::End, Status::Unknown, Reason::CrashLoop,
             "claim was taken over from a vanished owner " + std::to_string(claim.takeovers) +
-                " times (claim.max_takeovers): the record may be killing its host"};
+                " times (claim.max_takeovers): the record may be killing its host, and a call may have gone out"};
+  if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && claim.uncertain_calls > 0)
+    return {Action::End, Status::Unknown, Reason::MaybeApplied,
+            "an earlier claim's call may have sent it; an at-most-once handler is never called twice"};
   if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && claim.previous_owner_vanished)
     return {Action::End, Status::Unknown, Reason::OwnerVanished,
             "the previous owner vanished while holding the claim; the effect may or may not have happened and an "
@@ -22,10 +25,15 @@ Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, in
 }
 
 Decision decide_after_call(idemsink_kind kind, idemsink_outcome outcome, uint32_t calls, size_t tier,
-                           const config::RetryConfig& retry) {
+                           const config::RetryConfig& retry, bool maybe_applied) {
+  // The end of a record that would fail: unknown if the effect may have happened.
+  auto fail = [maybe_applied](Reason reason) -> Decision {
+    if (maybe_applied) return {Action::End, Status::Unknown, Reason::MaybeApplied};
+    return {Action::End, Status::Failed, reason};
+  };
   switch (outcome) {
     case IDEMSINK_OUTCOME_OK: return {Action::Done};
-    case IDEMSINK_OUTCOME_PERMANENT: return {Action::End, Status::Failed, Reason::Permanent};
+    case IDEMSINK_OUTCOME_PERMANENT: return fail(Reason::Permanent);
     case IDEMSINK_OUTCOME_UNCERTAIN:
       // The call may have been applied: an at-most-once effect is never
       // called again. Idempotent remotes de-duplicate the same token, and a
@@ -36,7 +44,7 @@ Decision decide_after_call(idemsink_kind kind, idemsink_outcome outcome, uint32_
   }
   const bool by_topic = !retry.topics.empty();
   if (by_topic ? tier >= retry.topics.size() : calls >= static_cast<uint32_t>(retry.max_attempts))
-    return {Action::End, Status::Failed, Reason::RetriesExhausted};
+    return fail(Reason::RetriesExhausted);
   return {by_topic ? Action::Forward : Action::Retry};
 }
 

@@ -11,6 +11,13 @@
 // "retry" is in place with exponential backoff and full jitter, or a forward
 // to the next retry topic when the route has retry topics; "exhausted" ends
 // the record failed with reason retries_exhausted.
+//
+// A record ends `failed` only when every call it made certainly did not
+// apply the effect. If one may have (an uncertain outcome of a remote call,
+// in this tier, an earlier tier or under an earlier claim, or a claim taken
+// over from an owner that died holding it), what would end failed ends
+// `unknown` instead (maybe_applied, or crash_loop), for reconciliation to
+// ask the remote: an operator never refunds an order that shipped.
 #pragma once
 
 #include <idemsink/plugin_abi.h>
@@ -42,16 +49,18 @@ struct Decision {
 
 /// After a claim was won. A record whose claim was taken over
 /// claim.max_takeovers times from owners that died holding it may be what
-/// kills them: it ends failed (crash_loop). An at-most-once record taken over
+/// kills them: it ends (crash_loop), unknown since those owners may have
+/// called. An at-most-once record taken over
 /// from a vanished owner may have been sent already: it ends unknown
 /// (owner_vanished), never called again.
 Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, int max_takeovers);
 
 /// After a handler call reported `outcome`; `calls` counts the calls made so
 /// far including this one, `tier` is the retry topic the record came from
-/// (0: the route's own topic).
+/// (0: the route's own topic), `maybe_applied` whether an earlier call (or
+/// owner) may have applied the effect.
 Decision decide_after_call(idemsink_kind kind, idemsink_outcome outcome, uint32_t calls, size_t tier,
-                           const config::RetryConfig& retry);
+                           const config::RetryConfig& retry, bool maybe_applied);
 
 /// The wait before in-place retry number `calls`: uniform in
 /// [0, min(backoff_max, backoff_initial * 2^(calls-1))].

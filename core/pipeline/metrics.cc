@@ -38,6 +38,18 @@ PartitionMetrics& Metrics::partition(const std::string& topic, int32_t partition
   return *slot;
 }
 
+void Metrics::set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures,
+                                  std::string last_error) {
+  std::lock_guard lk(mu_);
+  db_job_failures_ = std::move(failures);
+  db_last_job_error_ = std::move(last_error);
+}
+
+std::string Metrics::db_last_job_error() const {
+  std::lock_guard lk(mu_);
+  return db_last_job_error_;
+}
+
 std::string Metrics::prometheus() const {
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help) {
@@ -65,6 +77,12 @@ std::string Metrics::prometheus() const {
        &RouteMetrics::busy_waits},
       {"idemsink_fenced_total", "Completions refused because the claim was taken over meanwhile.",
        &RouteMetrics::fenced},
+      {"idemsink_db_rejected_total",
+       "Rows the database refused for their data (isolated; the record ended another way).",
+       &RouteMetrics::db_rejected},
+      {"idemsink_records_let_go_total",
+       "Records that could not be recorded (a database job kept failing): left uncommitted, read again later.",
+       &RouteMetrics::let_go},
   };
   for (const auto& c : kCounters) {
     family(c.name, "counter", c.help);
@@ -122,6 +140,16 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_dlq_publish_failures_total", "counter",
          "DLQ publish attempts that failed (the record stays in the outbox).", dlq_publish_failures.load());
   scalar("idemsink_dlq_pending", "gauge", "DLQ outbox rows not yet published (all hosts).", dlq_pending.load());
+  scalar("idemsink_claim_partitions_ahead", "gauge",
+         "Monthly claim partitions beyond the current month (maintained at 3; alert below 1: records of a month "
+         "without a partition are refused or need a partition created on the spot).",
+         claim_partitions_ahead.load());
+  scalar("idemsink_dlq_unpublishable", "gauge",
+         "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "
+         "operator (`idemsink dlq --list`), all hosts.",
+         dlq_unpublishable.load());
+  scalar("idemsink_dlq_set_aside_total", "counter", "DLQ outbox rows this host set aside as unpublishable.",
+         dlq_set_aside.load());
   scalar("idemsink_buffered_records", "gauge", "Consumed records not yet durable.", buffered.load());
   scalar("idemsink_fetch_paused", "gauge", "1 while fetching is paused.", paused.load());
   scalar("idemsink_assigned_partitions", "gauge", "Partitions assigned to this host.", assigned_partitions.load());
@@ -136,6 +164,14 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_db_statements_total", "counter", "Statements sent to MariaDB.", db_statements.load());
   scalar("idemsink_db_reconnects_total", "counter", "Reconnects to MariaDB.", db_reconnects.load());
   scalar("idemsink_db_healthy", "gauge", "0 while a database worker cannot reach MariaDB.", db_healthy.load());
+  scalar("idemsink_db_jobs_failing", "gauge",
+         "Database jobs failing right now for another reason than the connection (the server is reachable).",
+         db_jobs_failing.load());
+  family("idemsink_db_job_failures_total", "counter",
+         "Failed runs of database jobs, by job and class (connection_lost, transient, data, unexpected).");
+  for (const auto& [key, n] : db_job_failures_)
+    out += "idemsink_db_job_failures_total{job=\"" + key.first + "\",class=\"" + key.second + "\"} " +
+           std::to_string(n) + "\n";
   return out;
 }
 
@@ -148,6 +184,7 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["assigned_partitions"] = assigned_partitions.load();
   j["lag"] = lag.load();
   j["dlq_pending"] = dlq_pending.load();
+  j["dlq_unpublishable"] = dlq_unpublishable.load();
   j["stuck_pending"] = stuck_pending.load();
   j["db_healthy"] = db_healthy.load() != 0;
   std::lock_guard lk(mu_);

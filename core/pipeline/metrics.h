@@ -34,8 +34,10 @@ struct RouteMetrics {
   std::atomic<uint64_t> dead{0};        // failed / refused, with a DLQ entry
   std::atomic<uint64_t> unknown{0};     // may or may not have happened; parked and dead-lettered
   std::atomic<uint64_t> retries{0};
-  std::atomic<uint64_t> busy_waits{0};  // key held by another live host
-  std::atomic<uint64_t> fenced{0};      // completion lost its claim to a takeover
+  std::atomic<uint64_t> busy_waits{0};   // key held by another live host
+  std::atomic<uint64_t> fenced{0};       // completion lost its claim to a takeover
+  std::atomic<uint64_t> db_rejected{0};  // rows the database refused (the record ended another way)
+  std::atomic<uint64_t> let_go{0};       // records that could not be recorded: left uncommitted
   std::atomic<int64_t> in_flight{0};
   Histogram handler_latency;
 };
@@ -62,9 +64,12 @@ class Metrics {
   std::atomic<uint64_t> commit_failures{0};
   std::atomic<uint64_t> dlq_published{0};
   std::atomic<uint64_t> dlq_publish_failures{0};
-  std::atomic<int64_t> dlq_pending{0};  // unpublished outbox rows (all hosts), refreshed periodically
-  std::atomic<int64_t> buffered{0};     // consumed, not yet durable
-  std::atomic<int64_t> paused{0};       // 1 while fetching is paused
+  std::atomic<int64_t> dlq_pending{0};              // unpublished outbox rows (all hosts), refreshed periodically
+  std::atomic<int64_t> dlq_unpublishable{0};        // outbox rows Kafka refused for good (all hosts)
+  std::atomic<uint64_t> dlq_set_aside{0};           // rows this host set aside as unpublishable
+  std::atomic<int64_t> claim_partitions_ahead{-1};  // monthly claim partitions beyond the current month
+  std::atomic<int64_t> buffered{0};                 // consumed, not yet durable
+  std::atomic<int64_t> paused{0};                   // 1 while fetching is paused
   std::atomic<int64_t> assigned_partitions{0};
   std::atomic<int64_t> lag{0};                  // sum over assigned partitions of high watermark - commit point
   std::atomic<int64_t> stuck_pending{0};        // pending, nobody's lease, untouched for stuck_after (all hosts)
@@ -73,6 +78,11 @@ class Metrics {
   std::atomic<uint64_t> db_statements{0};
   std::atomic<uint64_t> db_reconnects{0};
   std::atomic<int64_t> db_healthy{1};
+  std::atomic<int64_t> db_jobs_failing{0};  // database jobs failing for another reason than the connection
+
+  /// Snapshot of the pool's failures by job and class, and its last job error.
+  void set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures, std::string last_error);
+  std::string db_last_job_error() const;
 
   std::string prometheus() const;
   std::string status_json(const std::string& host, bool paused_by_operator) const;
@@ -81,6 +91,8 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
   std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
+  std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures_;
+  std::string db_last_job_error_;
 };
 
 }  // namespace idemsink::pipeline

@@ -1,6 +1,7 @@
 #include "core/pipeline/outcome_writer.h"
 
 #include "core/common/fault.h"
+#include "core/db/isolate.h"
 #include "core/dlq/headers.h"
 
 namespace idemsink::pipeline {
@@ -88,59 +89,95 @@ void OutcomeWriter::forward(Record& r) {
     });
 }
 
+void OutcomeWriter::report(std::vector<Written> written) {
+  asio::post(io_, [this, written = std::move(written)] {
+    // The job slot is free again before the engine acts on the results.
+    switch (written.front().kind) {
+      case Kind::Done: done_.job_done(); break;
+      case Kind::Ended: terminal_.job_done(); break;
+      case Kind::DeadLettered: dead_letters_.job_done(); break;
+      case Kind::Forwarded: forwards_.job_done(); break;
+    }
+    on_written_(written);
+    flush();
+  });
+}
+
+db::Pool::GiveUp OutcomeWriter::give_up(Kind kind, std::vector<uint64_t> ids, std::vector<Status> statuses) {
+  return [this, kind, ids = std::move(ids), statuses = std::move(statuses)](const db::DbError& e) {
+    std::vector<Written> written;
+    for (size_t i = 0; i < ids.size(); ++i)
+      written.push_back({kind, ids[i], Result::GaveUp, statuses.empty() ? Status::Pending : statuses[i], e.what()});
+    report(std::move(written));
+  };
+}
+
 void OutcomeWriter::flush_done() {
   const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
   for (auto ids = done_.take(batch_max); !ids.empty(); ids = done_.take(batch_max)) {
     std::vector<claim::Outcome> outcomes;
     for (uint64_t id : ids) outcomes.push_back(find_(id)->outcome());
-    pool_.submit("mark done", [this, ids = std::move(ids), outcomes = std::move(outcomes)](db::Connection& c) {
-      auto ok = store_.mark_done(c, outcomes);
-      fault::hit("after_mark_done");
-      asio::post(io_, [this, ids, ok = std::move(ok)] {
-        done_.job_done();
-        std::vector<Written> written;
-        for (size_t i = 0; i < ids.size(); ++i) written.push_back({Kind::Done, ids[i], ok[i], Status::Done});
-        on_written_(written);
-        flush_done();
-      });
-    });
+    pool_.submit(
+        "mark done",
+        [this, ids, outcomes = std::move(outcomes)](db::Connection& c) {
+          std::vector<Written> written(ids.size());
+          auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+            auto ok = store_.mark_done(c, std::span(outcomes).subspan(first, n));
+            for (size_t i = 0; i < n; ++i)
+              written[first + i] = {
+                  Kind::Done, ids[first + i], ok[i] ? Result::Written : Result::Fenced, Status::Done, {}};
+          });
+          for (const auto& r : rejected)
+            written[r.index] = {Kind::Done, ids[r.index], Result::Rejected, Status::Done, r.error.what()};
+          fault::hit("after_mark_done");
+          report(std::move(written));
+        },
+        give_up(Kind::Done, ids));
   }
 }
 
 void OutcomeWriter::flush_terminal() {
   const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
   for (auto terms = terminal_.take(batch_max); !terms.empty(); terms = terminal_.take(batch_max)) {
-    std::vector<claim::Outcome> failed, unknown;
+    std::vector<uint64_t> ids;
+    std::vector<Status> statuses;
+    std::vector<claim::Outcome> outcomes;
     std::vector<dlq::Letter> letters;
     for (const auto& t : terms) {
       const Record& r = *find_(t.id);
-      (t.status == Status::Failed ? failed : unknown).push_back(r.outcome());
+      ids.push_back(t.id);
+      statuses.push_back(t.status);
+      outcomes.push_back(r.outcome());
       letters.push_back(letter_of(r, t.reason));
     }
-    pool_.submit("mark failed/unknown",
-                 [this, terms = std::move(terms), failed = std::move(failed), unknown = std::move(unknown),
-                  letters = std::move(letters)](db::Connection& c) {
-                   // The terminal state and the outbox row commit together: once the
-                   // offset moves past the record, its DLQ entry cannot be lost.
-                   c.begin();
-                   auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
-                   auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
-                   std::vector<Written> written;
-                   std::vector<dlq::Letter> keep;
-                   size_t fi = 0, ui = 0;
-                   for (size_t i = 0; i < terms.size(); ++i) {
-                     const bool ok = terms[i].status == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
-                     written.push_back({Kind::Ended, terms[i].id, ok, terms[i].status});
-                     if (ok) keep.push_back(letters[i]);
-                   }
-                   outbox_.insert(c, keep);
-                   c.commit();
-                   asio::post(io_, [this, written = std::move(written)]() mutable {
-                     terminal_.job_done();
-                     on_written_(written);
-                     flush_terminal();
-                   });
-                 });
+    pool_.submit(
+        "mark failed/unknown",
+        [this, ids, statuses, outcomes = std::move(outcomes), letters = std::move(letters)](db::Connection& c) {
+          std::vector<Written> written(ids.size());
+          auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+            // The terminal state and the outbox row commit together: once the
+            // offset moves past the record, its DLQ entry cannot be lost.
+            std::vector<claim::Outcome> failed, unknown;
+            for (size_t i = first; i < first + n; ++i)
+              (statuses[i] == Status::Failed ? failed : unknown).push_back(outcomes[i]);
+            c.begin();
+            auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
+            auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
+            std::vector<dlq::Letter> keep;
+            size_t fi = 0, ui = 0;
+            for (size_t i = first; i < first + n; ++i) {
+              const bool ok = statuses[i] == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
+              written[i] = {Kind::Ended, ids[i], ok ? Result::Written : Result::Fenced, statuses[i], {}};
+              if (ok) keep.push_back(letters[i]);
+            }
+            outbox_.insert(c, keep);
+            c.commit();
+          });
+          for (const auto& r : rejected)
+            written[r.index] = {Kind::Ended, ids[r.index], Result::Rejected, statuses[r.index], r.error.what()};
+          report(std::move(written));
+        },
+        give_up(Kind::Ended, ids, statuses));
   }
 }
 
@@ -152,17 +189,19 @@ void OutcomeWriter::flush_dead_letters() {
       const Record& r = *find_(id);
       letters.push_back(letter_of(r, r.refuse_reason));
     }
-    pool_.submit("dead-letter refused records",
-                 [this, ids = std::move(ids), letters = std::move(letters)](db::Connection& c) {
-                   outbox_.insert(c, letters);
-                   asio::post(io_, [this, ids] {
-                     dead_letters_.job_done();
-                     std::vector<Written> written;
-                     for (uint64_t id : ids) written.push_back({Kind::DeadLettered, id, true, Status::Failed});
-                     on_written_(written);
-                     flush_dead_letters();
-                   });
-                 });
+    pool_.submit(
+        "dead-letter refused records",
+        [this, ids, letters = std::move(letters)](db::Connection& c) {
+          std::vector<Written> written(ids.size());
+          for (size_t i = 0; i < ids.size(); ++i)
+            written[i] = {Kind::DeadLettered, ids[i], Result::Written, Status::Failed, {}};
+          auto rejected = db::write_isolating(
+              c, ids.size(), [&](size_t first, size_t n) { outbox_.insert(c, std::span(letters).subspan(first, n)); });
+          for (const auto& r : rejected)
+            written[r.index] = {Kind::DeadLettered, ids[r.index], Result::Rejected, Status::Failed, r.error.what()};
+          report(std::move(written));
+        },
+        give_up(Kind::DeadLettered, ids));
   }
 }
 
@@ -187,20 +226,23 @@ void OutcomeWriter::flush_forwards() {
       }
       letters.push_back(std::move(d));
     }
-    pool_.submit("forward to retry topics", [this, ids = std::move(ids), releases = std::move(releases),
-                                             letters = std::move(letters)](db::Connection& c) {
-      c.begin();
-      store_.release(c, releases);
-      outbox_.insert(c, letters);
-      c.commit();
-      asio::post(io_, [this, ids] {
-        forwards_.job_done();
-        std::vector<Written> written;
-        for (uint64_t id : ids) written.push_back({Kind::Forwarded, id, true, Status::Pending});
-        on_written_(written);
-        flush_forwards();
-      });
-    });
+    pool_.submit(
+        "forward to retry topics",
+        [this, ids, releases = std::move(releases), letters = std::move(letters)](db::Connection& c) {
+          std::vector<Written> written(ids.size());
+          for (size_t i = 0; i < ids.size(); ++i)
+            written[i] = {Kind::Forwarded, ids[i], Result::Written, Status::Pending, {}};
+          auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+            c.begin();
+            store_.release(c, std::span(releases).subspan(first, n));
+            outbox_.insert(c, std::span(letters).subspan(first, n));
+            c.commit();
+          });
+          for (const auto& r : rejected)
+            written[r.index] = {Kind::Forwarded, ids[r.index], Result::Rejected, Status::Pending, r.error.what()};
+          report(std::move(written));
+        },
+        give_up(Kind::Forwarded, ids));
   }
 }
 
@@ -214,10 +256,20 @@ dlq::Letter OutcomeWriter::letter_of(const Record& r, dlq::Reason reason) const 
   d.src_topic = r.part->tp.topic;
   d.src_partition = r.part->tp.partition;
   d.src_offset = r.offset;
-  if (r.msg->key) d.key = std::string(static_cast<const char*>(r.msg->key), r.msg->key_len);
-  if (r.msg->payload) d.value = std::string(static_cast<const char*>(r.msg->payload), r.msg->len);
+  // The copy keeps at most route.max_record_bytes of key and value (all of
+  // it but for a record refused as too large), so every outbox row fits a
+  // statement and a DLQ record.
+  // A record whose row the database refused once gets a copy stripped to
+  // what cannot be refused: no payload, no headers but the database's error.
+  const auto cap = r.db_error.empty() ? static_cast<size_t>(r.route->cfg.max_record_bytes) : 0;
+  const size_t key_len = std::min(r.msg->key_len, cap);
+  const size_t value_len = std::min(r.msg->len, cap - key_len);
+  if (r.msg->key) d.key = std::string(static_cast<const char*>(r.msg->key), key_len);
+  if (r.msg->payload) d.value = std::string(static_cast<const char*>(r.msg->payload), value_len);
   rd_kafka_headers_t* hdrs = nullptr;
-  if (rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+  if (!r.db_error.empty()) {
+    d.headers.push_back({dlq::headers::kDbError, r.db_error});
+  } else if (rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     const char* name;
     const void* value;
     size_t size;
@@ -228,6 +280,9 @@ dlq::Letter OutcomeWriter::letter_of(const Record& r, dlq::Reason reason) const 
       d.headers.push_back(std::move(h));
     }
   }
+  if (r.db_error.empty() && (key_len < r.msg->key_len || value_len < r.msg->len))
+    d.headers.push_back({dlq::headers::kPayloadCut, std::to_string(r.msg->key_len) + "," + std::to_string(r.msg->len)});
+  if (r.uncertain_calls > 0) d.headers.push_back({dlq::headers::kUncertainCalls, std::to_string(r.uncertain_calls)});
   const int64_t now = wall_clock_ms();
   d.timestamp_ms = r.timestamp_ms < 0 ? now : r.timestamp_ms;
   d.idem_token = r.token;

@@ -4,6 +4,12 @@
 // moving to a retry topic have their claim released and their outbox row
 // written in one transaction. Once written, a record's offset may be
 // committed: its outcome can no longer be lost.
+//
+// A row the database refuses (ErrorClass::Data) never stops its batch: the
+// batch is split until that row is alone, the others are written, and the
+// record comes back as Rejected for the engine to end it another way. A job
+// failing unexpectedly for longer than database.job_give_up_after comes back
+// as GaveUp: its records are let go, never left wedged.
 #pragma once
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
@@ -24,13 +30,18 @@ namespace idemsink::pipeline {
 class OutcomeWriter {
  public:
   enum class Kind { Done, Ended, DeadLettered, Forwarded };
+  enum class Result {
+    Written,   ///< durable
+    Fenced,    ///< the claim was taken over meanwhile: nothing written; its new owner's outcome decides
+    Rejected,  ///< the database refused this record's row (`error`): nothing written
+    GaveUp,    ///< the job kept failing unexpectedly (`error`): nothing written
+  };
   struct Written {
     Kind kind;
     uint64_t id;
-    /// false: the claim was taken over meanwhile (fenced) and nothing was
-    /// written for this record; its new owner's outcome decides.
-    bool ok;
+    Result result;
     claim::Status status;  // Ended
+    std::string error;     // Rejected, GaveUp
   };
   using FindFn = std::function<Record*(uint64_t id)>;
   /// The records of one job, written (engine thread).
@@ -63,6 +74,10 @@ class OutcomeWriter {
   void flush_dead_letters();
   void flush_forwards();
   dlq::Letter letter_of(const Record& r, dlq::Reason reason) const;
+  /// Hands a job's results to the engine (posted to the engine thread).
+  void report(std::vector<Written> written);
+  /// Give-up handler of a job over `ids` (`terms` for terminal jobs).
+  db::Pool::GiveUp give_up(Kind kind, std::vector<uint64_t> ids, std::vector<claim::Status> statuses = {});
 
   boost::asio::io_context& io_;
   db::Pool& pool_;

@@ -2,6 +2,7 @@
 
 #include "core/common/log.h"
 #include "core/common/util.h"
+#include "core/dlq/reason.h"
 #include "core/plugin/calls.h"
 
 namespace idemsink::pipeline {
@@ -19,6 +20,7 @@ struct Reconciler::Candidate {
   int32_t src_partition = 0;
   int64_t src_offset = 0;
   std::optional<std::string> key, value;  // from the DLQ outbox, when the record went there
+  std::string reason;                     // of its newest outbox row
   int64_t timestamp_ms = 0;
   // filled in by the rounds
   idemsink_outcome answer = IDEMSINK_OUTCOME_RETRYABLE;
@@ -113,13 +115,15 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
       std::map<std::string, size_t> by_token;
       for (size_t i = 0; i < cands->size(); ++i) by_token[(*cands)[i].token] = i;
       // The newest outbox row of each token carries the record's payload.
-      for (auto& r : c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp FROM idemsink_dlq_outbox WHERE "
-                             "idem_token IN (" +
-                             tokens + ") ORDER BY id")) {
+      for (auto& r :
+           c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp, reason FROM idemsink_dlq_outbox WHERE "
+                   "idem_token IN (" +
+                   tokens + ") ORDER BY id")) {
         Candidate& cand = (*cands)[by_token[*r[0]]];
         cand.key = r[1];
         cand.value = r[2];
         cand.timestamp_ms = std::stoll(*r[3]);
+        cand.reason = *r[4];
       }
     }
     asio::post(io_, [this, cands, done] { handle(cands, done); });
@@ -145,11 +149,18 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
   *decide = [this, cands, finish] {
     auto summary = std::make_shared<ReconcileSummary>();
     summary->examined = cands->size();
-    std::vector<size_t> resolve, redrive;
+    std::vector<size_t> resolve, redrive, not_applied;
     for (size_t i = 0; i < cands->size(); ++i) {
       const Candidate& c = (*cands)[i];
+      // Unknown because its attempts ran out (or it kept killing hosts)
+      // after a call that may have applied it: the record has had its
+      // chances, so "never happened" settles it as failed.
+      const bool spent =
+          c.reason == dlq::to_string(dlq::Reason::MaybeApplied) || c.reason == dlq::to_string(dlq::Reason::CrashLoop);
       if (c.answer == IDEMSINK_OUTCOME_OK) {
         resolve.push_back(i);
+      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && spent) {
+        not_applied.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && c.value) {
         redrive.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT) {
@@ -163,10 +174,14 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
       }
     }
     // 1. Applied: done, with the receipt the remote returned.
-    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, summary, finish](Connection& c) {
+    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, not_applied, summary, finish](Connection& c) {
       for (size_t i : resolve) {
         const Candidate& cand = (*cands)[i];
         if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) ++summary->applied;
+      }
+      for (size_t i : not_applied) {
+        const Candidate& cand = (*cands)[i];
+        if (store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) ++summary->failed;
       }
       // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
       //    no other host re-drives it meanwhile) and run it once more. The row

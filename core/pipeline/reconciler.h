@@ -7,8 +7,10 @@
 // For each, the route's plugin is asked through its reconcile hook whether
 // the effect happened (by idem_token):
 //   applied            -> the row becomes done with the receipt
-//   not applied        -> an unknown row is re-driven once (same token, the
-//                         payload kept in the DLQ outbox) while it stays
+//   not applied        -> an unknown row that already spent its attempts
+//                         (maybe_applied, crash_loop) becomes failed; any
+//                         other unknown row is re-driven once (same token,
+//                         the payload kept in the DLQ outbox) while it stays
 //                         `unknown` under a lease, then becomes done or
 //                         failed; a stuck row is left for its record or an
 //                         operator (logged)

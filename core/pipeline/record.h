@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/claim/claim_store.h"
+#include "core/common/util.h"
 #include "core/config/config.h"
 #include "core/dlq/reason.h"
 #include "core/kafka/client.h"
@@ -80,21 +81,32 @@ struct Record {
   uint32_t attempt = 0;
   std::string token;
   uint32_t calls = 0;
+  // The effect may already have happened: calls (this record's, an earlier
+  // tier's or an earlier claim's) with an uncertain outcome, or a claim
+  // taken over from an owner that died holding it.
+  uint32_t uncertain_calls = 0;
+  bool owner_died = false;
   std::string receipt;
   dlq::Reason refuse_reason = dlq::Reason::Permanent;  // DeadLettering only
   std::string last_error;
+  // The database refused this record's row once (MariaDB's error): its next
+  // write is stripped to what cannot be refused.
+  std::string db_error;
   int64_t first_failure_ms = 0;
   int64_t last_failure_ms = 0;
   uint64_t call_id = 0;
   std::chrono::steady_clock::time_point call_started;
   std::unique_ptr<boost::asio::steady_timer> timer;
 
-  void note_failure(std::string error) {
-    last_error = std::move(error);
+  /// Plugins' error texts may hold any bytes: kept as valid UTF-8 (for the
+  /// claim's text column, the DLQ header and the log), at most 1,024 bytes.
+  void note_failure(std::string_view error) {
+    last_error = sanitize_utf8(error, 1024);
     last_failure_ms = wall_clock_ms();
     if (first_failure_ms == 0) first_failure_ms = last_failure_ms;
   }
-  claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, receipt, last_error}; }
+  bool maybe_applied() const { return uncertain_calls > 0 || owner_died; }
+  claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
 };
 
 }  // namespace idemsink::pipeline

@@ -47,7 +47,7 @@ ClaimRequest req(const std::string& key, const std::string& payload = "p", int64
 }
 
 claim::Outcome outcome(const claim::ClaimResult& r, std::string receipt = "R") {
-  return claim::Outcome{r.row, r.attempt, 1, std::move(receipt), "boom"};
+  return claim::Outcome{r.row, r.attempt, 1, 0, std::move(receipt), "boom"};
 }
 
 }  // namespace
@@ -317,8 +317,8 @@ BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_onc
   mine.insert(*db.conn, std::vector{d});
   mine.insert(*db.conn, std::vector{d});  // a re-run job or a redelivery adds nothing
   BOOST_TEST(mine.pending(*db.conn) == 1u);
-  BOOST_TEST(theirs.take(*db.conn, 10).empty());  // ours while our lease holds
-  auto taken = mine.take(*db.conn, 10);
+  BOOST_TEST(theirs.take(*db.conn, 10, 1 << 20).empty());  // ours while our lease holds
+  auto taken = mine.take(*db.conn, 10, 1 << 20);
   BOOST_REQUIRE(taken.size() == 1u);
   BOOST_TEST(*taken[0].value == std::string("v\0v", 3));
   BOOST_TEST(taken[0].headers.size() == 2u);
@@ -327,7 +327,70 @@ BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_onc
   BOOST_TEST(taken[0].first_failure_ms == kNov2026);
   mine.mark_published(*db.conn, std::vector<uint64_t>{taken[0].id});
   BOOST_TEST(mine.pending(*db.conn) == 0u);
-  BOOST_TEST(mine.take(*db.conn, 10).empty());
+  BOOST_TEST(mine.take(*db.conn, 10, 1 << 20).empty());
+}
+
+// A record forwarded to a retry topic and dead-lettered later from the same
+// source position keeps both rows; so do two routes reading one topic.
+BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_route_purpose_and_position) {
+  Db db("claim_outbox_keys");
+  dlq::Outbox box("host-a#1", 60s);
+  dlq::Letter forward;
+  forward.purpose = dlq::Purpose::Forward;
+  forward.route = "waybill";
+  forward.topic = "orders.retry.1";
+  forward.reason = "retry";
+  forward.src_topic = "orders";
+  forward.src_offset = 5;
+  forward.first_failure_ms = forward.last_failure_ms = kNov2026;
+  forward.host = "host-a";
+  dlq::Letter dead = forward;
+  dead.purpose = dlq::Purpose::DeadLetter;
+  dead.topic = "orders.dlq";
+  dead.reason = "permanent";
+  dlq::Letter other_route = dead;
+  other_route.route = "sms";
+  box.insert(*db.conn, std::vector{forward});
+  box.insert(*db.conn, std::vector{dead, other_route});
+  box.insert(*db.conn, std::vector{forward, dead});  // re-runs add nothing
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 3);
+  auto taken = box.take(*db.conn, 10, 1 << 20);
+  BOOST_REQUIRE(taken.size() == 3u);
+  BOOST_TEST((taken[0].purpose == dlq::Purpose::Forward));
+  BOOST_TEST((taken[1].purpose == dlq::Purpose::DeadLetter));
+}
+
+// Published rows (with their payloads) are deleted after the retention, in
+// batches; unpublished and unpublishable rows are kept.
+BOOST_AUTO_TEST_CASE(published_outbox_rows_are_purged_after_the_retention) {
+  Db db("claim_outbox_purge");
+  dlq::Outbox box("host-a#1", 60s);
+  std::vector<dlq::Letter> letters;
+  for (int i = 0; i < 25; ++i) {
+    dlq::Letter d;
+    d.route = "waybill";
+    d.topic = "orders.dlq";
+    d.reason = "permanent";
+    d.src_topic = "orders";
+    d.src_offset = i;
+    d.value = std::string(1000, 'v');
+    d.first_failure_ms = d.last_failure_ms = kNov2026;
+    d.host = "host-a";
+    letters.push_back(d);
+  }
+  box.insert(*db.conn, letters);
+  std::vector<uint64_t> ids;
+  for (const auto& d : box.take(*db.conn, 100, 1 << 20)) ids.push_back(d.id);
+  BOOST_REQUIRE(ids.size() == 25u);
+  box.mark_published(*db.conn, std::vector<uint64_t>(ids.begin(), ids.begin() + 20));  // 5 stay unpublished
+  box.mark_unpublishable(*db.conn, ids[24], "MSG_SIZE_TOO_LARGE");
+  db.conn->execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3) - INTERVAL 8 DAY WHERE src_offset < 15");
+  BOOST_TEST(box.purge_published(*db.conn, std::chrono::hours(24 * 7), 10) == 10u);
+  BOOST_TEST(box.purge_published(*db.conn, std::chrono::hours(24 * 7), 10) == 5u);
+  BOOST_TEST(box.purge_published(*db.conn, std::chrono::hours(24 * 7), 10) == 0u);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 10);  // 5 recent, 5 unpublished
+  BOOST_TEST(box.unpublishable(*db.conn) == 1u);
+  BOOST_TEST(box.pending(*db.conn) == 4u);
 }
 
 BOOST_AUTO_TEST_CASE(pool_survives_the_database_going_away_mid_job) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "core/common/util.h"
 #include "devkit/mariadb_server.h"
@@ -155,6 +156,11 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
   BOOST_TEST(metrics.find("idemsink_offset_gaps_total{topic=\"orders\",partition=\"0\"} 3") != std::string::npos,
              metrics);
   BOOST_TEST(metrics.find("idemsink_offset_gaps_total{topic=\"orders\",partition=\"1\"} 1") != std::string::npos);
+  // A family declared twice makes Prometheus reject the whole scrape.
+  std::istringstream lines(metrics);
+  std::set<std::string> families;
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("# TYPE ", 0) == 0) BOOST_TEST(families.insert(line).second, "declared twice: " << line);
   BOOST_TEST(host.stop() == 0);
   std::string audit_out;
   BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 0, audit_out);

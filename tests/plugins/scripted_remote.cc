@@ -5,6 +5,9 @@
 //   uncertainN-...  uncertain for the first N calls, then ok ("uncertain-": always)
 //   hang-...        never reports (the host's call_timeout must catch it)
 //   throw-...       throws from invoke (the SDK turns it into uncertain)
+//   bigreceipt-...  ok, with a 5,000-byte receipt (the column holds 1,024)
+//   badtext-...     permanent, with an error text utf8mb4 refuses (overlong
+//                   form, a byte above F4, a surrogate)
 //   anything else   ok after `delay`
 // Every call appends one line to the `log` file before reporting:
 //   route \t hex(biz_key) \t idem_token \t attempt \t outcome \t unix ms
@@ -72,7 +75,7 @@ class Scripted {
   void invoke(const Record& rec, Completion done) {
     const std::string_view key = rec.biz_key();
     idemsink_outcome outcome = IDEMSINK_OUTCOME_OK;
-    if (key.starts_with("perm-")) outcome = IDEMSINK_OUTCOME_PERMANENT;
+    if (key.starts_with("perm-") || key.starts_with("badtext-")) outcome = IDEMSINK_OUTCOME_PERMANENT;
     if (key.starts_with("retry") && static_cast<int>(rec.attempt()) <= leading_count(key, "retry"))
       outcome = IDEMSINK_OUTCOME_RETRYABLE;
     if (key.starts_with("uncertain") && static_cast<int>(rec.attempt()) <= leading_count(key, "uncertain"))
@@ -97,9 +100,14 @@ class Scripted {
     }
     if (key.starts_with("throw-")) throw std::runtime_error("scripted failure");
     std::string receipt = "r-" + std::string(rec.idem_token());
+    if (key.starts_with("bigreceipt-")) receipt += std::string(5000 - receipt.size(), 'x');
+    std::string detail = receipt;
+    if (outcome != IDEMSINK_OUTCOME_OK)
+      detail = key.starts_with("badtext-") ? std::string("bad \xC0\xAF byte \xF5\x80\x80\x80 and \xED\xA0\x80 end")
+                                           : "scripted outcome";
     {
       std::lock_guard lk(mu_);
-      queue_.emplace(std::chrono::steady_clock::now() + delay_, Pending{std::move(done), outcome, receipt});
+      queue_.emplace(std::chrono::steady_clock::now() + delay_, Pending{std::move(done), outcome, detail});
     }
     cv_.notify_one();
   }
@@ -125,8 +133,7 @@ class Scripted {
       Pending p = std::move(queue_.begin()->second);
       queue_.erase(queue_.begin());
       lk.unlock();
-      const std::string detail = p.outcome == IDEMSINK_OUTCOME_OK ? p.detail : "scripted outcome";
-      p.done.report(p.outcome, detail);
+      p.done.report(p.outcome, p.detail);
       lk.lock();
     }
   }

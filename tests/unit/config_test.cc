@@ -197,7 +197,7 @@ BOOST_AUTO_TEST_CASE(defaults_come_from_the_declarations) {
   BOOST_TEST(r.concurrency == 0);
   BOOST_TEST(r.call_timeout.count() == 30000);
   BOOST_TEST(r.payload_check);
-  BOOST_TEST(r.max_record_bytes == 1048576);
+  BOOST_TEST(r.max_record_bytes == 983040);
   BOOST_TEST(r.retry.backoff_initial.count() == 200);
   BOOST_TEST(r.retry.backoff_max.count() == 30000);
   BOOST_TEST(r.retry.topics.empty());
@@ -325,4 +325,34 @@ BOOST_AUTO_TEST_CASE(admin_listen_must_be_an_address_and_a_port) {
   for (const char* bad : {"127.0.0.1:70000", "127.0.0.1:65536", "127.0.0.1", "127.0.0.1:", ":9464", "127.0.0.1:94x4",
                           "localhost:9464", "::1:9464", "[::1]", "127.0.0.1:-1"})
     expect_error(kMinimal + "\n[host]\nadmin_listen = \"" + bad + "\"\n", {"test.toml:13:", "host.admin_listen", bad});
+}
+
+// What the relay publishes (up to max_record_bytes of payload plus the DLQ
+// headers) must fit the producer's message.max.bytes, or it never could be.
+BOOST_AUTO_TEST_CASE(records_too_large_for_the_dlq_producer_are_refused_at_check_config) {
+  const std::string base = R"(
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+[database]
+database = "x"
+[[route]]
+name = "waybill"
+topic = "orders"
+plugin = "/dev/null"
+)";
+  BOOST_CHECK_NO_THROW(idemsink::config::load_string(base, "ok.toml"));
+  try {
+    idemsink::config::load_string(base + "max_record_bytes = 1048576\n", "big.toml");
+    BOOST_FAIL("a 1 MiB record limit passed with the producer's 1,000,000-byte messages");
+  } catch (const idemsink::config::ConfigError& e) {
+    const std::string what = e.what();
+    BOOST_TEST(what.find("big.toml:10:20: route.max_record_bytes:") == 0, what);
+    BOOST_TEST(what.find("message.max.bytes (1000000)") != std::string::npos, what);
+  }
+  // Raising the producer's limit makes room.
+  BOOST_CHECK_NO_THROW(idemsink::config::load_string(
+      base + "max_record_bytes = 1048576\n[kafka.producer]\n\"message.max.bytes\" = \"2000000\"\n", "raised.toml"));
+  // A route that publishes nothing is not limited by the producer.
+  BOOST_CHECK_NO_THROW(
+      idemsink::config::load_string(base + "max_record_bytes = 5000000\n[route.dlq]\nenabled = false\n", "nodlq.toml"));
 }

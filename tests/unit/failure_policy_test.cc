@@ -35,8 +35,8 @@ constexpr idemsink_kind kKinds[] = {IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_KI
 BOOST_AUTO_TEST_CASE(ok_is_done_and_permanent_is_failed_for_every_kind) {
   for (auto kind : kKinds) {
     BOOST_TEST_CONTEXT("kind " << kind) {
-      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_OK, 1, 0, in_place(5)).action == Action::Done));
-      const Decision perm = decide_after_call(kind, IDEMSINK_OUTCOME_PERMANENT, 1, 0, in_place(5));
+      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_OK, 1, 0, in_place(5), false).action == Action::Done));
+      const Decision perm = decide_after_call(kind, IDEMSINK_OUTCOME_PERMANENT, 1, 0, in_place(5), false);
       BOOST_TEST((perm.action == Action::End));
       BOOST_TEST((perm.status == Status::Failed));
       BOOST_TEST((perm.reason == Reason::Permanent));
@@ -48,9 +48,9 @@ BOOST_AUTO_TEST_CASE(retryable_retries_until_max_attempts_then_fails) {
   for (auto kind : kKinds) {
     BOOST_TEST_CONTEXT("kind " << kind) {
       for (uint32_t calls = 1; calls < 3; ++calls)
-        BOOST_TEST(
-            (decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, calls, 0, in_place(3)).action == Action::Retry));
-      const Decision last = decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 3, 0, in_place(3));
+        BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, calls, 0, in_place(3), false).action ==
+                    Action::Retry));
+      const Decision last = decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 3, 0, in_place(3), false);
       BOOST_TEST((last.action == Action::End));
       BOOST_TEST((last.status == Status::Failed));
       BOOST_TEST((last.reason == Reason::RetriesExhausted));
@@ -61,14 +61,14 @@ BOOST_AUTO_TEST_CASE(retryable_retries_until_max_attempts_then_fails) {
 BOOST_AUTO_TEST_CASE(uncertain_is_retried_with_the_same_token_except_at_most_once) {
   // Idempotent remotes de-duplicate the token; a local_tx write that did not
   // report ok was rolled back: both are retried.
-  BOOST_TEST(
-      (decide_after_call(IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5)).action ==
-       Action::Retry));
-  BOOST_TEST((decide_after_call(IDEMSINK_KIND_LOCAL_TX, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5)).action ==
+  BOOST_TEST((
+      decide_after_call(IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5), false).action ==
+      Action::Retry));
+  BOOST_TEST((decide_after_call(IDEMSINK_KIND_LOCAL_TX, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5), false).action ==
               Action::Retry));
   // An at-most-once call that may have happened is never made again.
   const Decision d =
-      decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5));
+      decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, in_place(5), false);
   BOOST_TEST((d.action == Action::End));
   BOOST_TEST((d.status == Status::Unknown));
   BOOST_TEST((d.reason == Reason::Uncertain));
@@ -79,20 +79,41 @@ BOOST_AUTO_TEST_CASE(retry_topics_forward_tier_by_tier_then_fail) {
   for (auto kind : {IDEMSINK_KIND_REMOTE_IDEMPOTENT, IDEMSINK_KIND_LOCAL_TX}) {
     BOOST_TEST_CONTEXT("kind " << kind) {
       // Attempts do not matter with retry topics: the tiers do.
-      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 9, 0, retry).action == Action::Forward));
-      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_UNCERTAIN, 1, 1, retry).action == Action::Forward));
-      const Decision last = decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 1, 2, retry);
+      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 9, 0, retry, false).action == Action::Forward));
+      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_UNCERTAIN, 1, 1, retry, false).action == Action::Forward));
+      const Decision last = decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 1, 2, retry, false);
       BOOST_TEST((last.action == Action::End));
       BOOST_TEST((last.reason == Reason::RetriesExhausted));
     }
   }
-  BOOST_TEST((decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, retry).status ==
-              Status::Unknown));
-  BOOST_TEST((decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_PERMANENT, 1, 0, retry).status ==
-              Status::Failed));
+  BOOST_TEST(
+      (decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_UNCERTAIN, 1, 0, retry, false).status ==
+       Status::Unknown));
+  BOOST_TEST(
+      (decide_after_call(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, IDEMSINK_OUTCOME_PERMANENT, 1, 0, retry, false).status ==
+       Status::Failed));
 }
 
-BOOST_AUTO_TEST_CASE(after_a_claim_crash_loops_fail_and_vanished_owners_park_at_most_once) {
+BOOST_AUTO_TEST_CASE(a_record_that_may_have_been_applied_never_ends_failed) {
+  for (auto kind : kKinds) {
+    BOOST_TEST_CONTEXT("kind " << kind) {
+      // Out of attempts, or rejected, after a call that may have applied it.
+      for (auto d : {decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 5, 0, in_place(5), true),
+                     decide_after_call(kind, IDEMSINK_OUTCOME_PERMANENT, 2, 0, in_place(5), true),
+                     decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 1, 2, by_topics(2), true)}) {
+        BOOST_TEST((d.action == Action::End));
+        BOOST_TEST((d.status == Status::Unknown));
+        BOOST_TEST((d.reason == Reason::MaybeApplied));
+      }
+      // Retries go on as before, and ok is done.
+      BOOST_TEST(
+          (decide_after_call(kind, IDEMSINK_OUTCOME_RETRYABLE, 1, 0, in_place(5), true).action == Action::Retry));
+      BOOST_TEST((decide_after_call(kind, IDEMSINK_OUTCOME_OK, 5, 0, in_place(5), true).action == Action::Done));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(after_a_claim_crash_loops_and_vanished_owners_park_as_unknown) {
   claim::ClaimResult fresh;
   fresh.verdict = claim::Verdict::Owned;
   for (auto kind : kKinds) BOOST_TEST((decide_on_claim(kind, fresh, 5).action == Action::Proceed));
@@ -109,8 +130,9 @@ BOOST_AUTO_TEST_CASE(after_a_claim_crash_loops_fail_and_vanished_owners_park_at_
 
   taken.takeovers = 5;
   for (auto kind : kKinds) {
+    // The dead owners may have called: reconciliation asks the remote.
     const Decision loop = decide_on_claim(kind, taken, 5);
-    BOOST_TEST((loop.status == Status::Failed));
+    BOOST_TEST((loop.status == Status::Unknown));
     BOOST_TEST((loop.reason == Reason::CrashLoop));
     BOOST_TEST(loop.error.find("5 times") != std::string::npos);
   }

@@ -87,6 +87,19 @@ BOOST_AUTO_TEST_CASE(sanitize_keeps_utf8_and_replaces_garbage) {
   BOOST_TEST(sanitize_utf8("订单", 4) == "订");
 }
 
+// What utf8mb4 columns refuse (MariaDB error 1366) never gets through.
+BOOST_AUTO_TEST_CASE(sanitize_refuses_overlongs_surrogates_and_beyond_unicode) {
+  BOOST_TEST(sanitize_utf8("\xC0\xAF", 100) == "??");                        // overlong '/'
+  BOOST_TEST(sanitize_utf8("\xE0\x80\xAF", 100) == "???");                   // overlong, 3 bytes
+  BOOST_TEST(sanitize_utf8("\xF0\x80\x80\xAF", 100) == "????");              // overlong, 4 bytes
+  BOOST_TEST(sanitize_utf8("\xED\xA0\x80", 100) == "???");                   // a surrogate (U+D800)
+  BOOST_TEST(sanitize_utf8("\xF4\x90\x80\x80", 100) == "????");              // U+110000
+  BOOST_TEST(sanitize_utf8("\xF5\x80\x80\x80x", 100) == "????x");            // F5: no such lead byte
+  BOOST_TEST(sanitize_utf8("\xF0\x9F\x98\x80", 100) == "\xF0\x9F\x98\x80");  // U+1F600 stays
+  BOOST_TEST(sanitize_utf8("\xED\x9F\xBF", 100) == "\xED\x9F\xBF");          // U+D7FF stays
+  BOOST_TEST(sanitize_utf8("\xE4\xB8", 100) == "??");                        // truncated sequence
+}
+
 BOOST_AUTO_TEST_CASE(buckets_are_utc_months_of_the_record_timestamp) {
   BOOST_TEST(claim::bucket_of(0) == "1970-01-01");
   BOOST_TEST(claim::bucket_of(1796083199999LL) == "2026-11-01");  // 2026-11-30T23:59:59.999Z

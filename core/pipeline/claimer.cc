@@ -1,0 +1,113 @@
+#include "core/pipeline/claimer.h"
+
+#include <span>
+
+#include "core/common/fault.h"
+#include "core/common/log.h"
+#include "core/db/isolate.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+
+namespace {
+constexpr int kMaxClaimJobs = 2;
+}
+
+Claimer::Claimer(asio::io_context& io, db::Pool& pool, claim::ClaimStore& store, const config::Config& cfg, Find find,
+                 std::function<void(const Claimed&)> on_claimed)
+    : io_(io),
+      pool_(pool),
+      store_(store),
+      cfg_(cfg),
+      find_(std::move(find)),
+      on_claimed_(std::move(on_claimed)),
+      queue_(kMaxClaimJobs),
+      recheck_(io) {}
+
+void Claimer::start() {
+  recheck_.start(cfg_.claim.wait_recheck, [this] {
+    for (uint64_t id : std::exchange(waiting_, {}))
+      if (Record* r = find_(id); r && r->stage == Stage::Busy) claim(*r);
+  });
+}
+
+void Claimer::stop() { recheck_.stop(); }
+
+void Claimer::claim(Record& r) {
+  r.stage = Stage::Claim;
+  queue_.push(r.id);
+  if (queue_.schedule())
+    asio::post(io_, [this] {
+      queue_.flushing();
+      flush();
+    });
+}
+
+void Claimer::claim_later(Record& r) {
+  r.stage = Stage::Busy;
+  waiting_.push_back(r.id);
+}
+
+void Claimer::flush() {
+  const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
+  for (auto ids = queue_.take(batch_max); !ids.empty(); ids = queue_.take(batch_max)) {
+    std::vector<uint64_t> live;
+    std::vector<claim::ClaimRequest> reqs;
+    for (uint64_t id : ids) {
+      Record* r = find_(id);
+      if (r == nullptr || r->stage != Stage::Claim) continue;  // ended meanwhile (revoked)
+      r->stage = Stage::Claiming;
+      live.push_back(id);
+      claim::ClaimRequest q;
+      q.key = claim::RowKey{r->route->cfg.name, r->biz_key, claim::bucket_of(r->timestamp_ms)};
+      q.payload_hash = r->payload_hash;
+      q.check_payload = r->route->cfg.payload_check;
+      q.src_topic = r->part->tp.topic;
+      q.src_partition = r->part->tp.partition;
+      q.src_offset = r->offset;
+      reqs.push_back(std::move(q));
+    }
+    if (live.empty()) {
+      queue_.job_done();
+      continue;
+    }
+    run_job(std::move(live), std::move(reqs));
+  }
+}
+
+void Claimer::run_job(std::vector<uint64_t> ids, std::vector<claim::ClaimRequest> reqs) {
+  // Kept across re-runs of the job: a re-run recognises what it wrote.
+  auto memory = std::make_shared<claim::ClaimJobMemory>();
+  pool_.submit(
+      "claim batch",
+      [this, ids, reqs = std::move(reqs), memory](db::Connection& c) {
+        Claimed out;
+        out.ids = ids;
+        out.results.resize(reqs.size());
+        auto rejected = db::write_isolating(c, reqs.size(), [&](size_t first, size_t n) {
+          auto part = store_.claim(c, std::span(reqs).subspan(first, n), *memory);
+          std::move(part.begin(), part.end(), out.results.begin() + static_cast<long>(first));
+        });
+        fault::hit("after_claim_commit");
+        for (const auto& r : rejected) out.refused[ids[r.index]] = r.error.what();
+        asio::post(io_, [this, out = std::move(out)] {
+          queue_.job_done();
+          on_claimed_(out);
+          flush();
+        });
+      },
+      [this, ids](const db::DbError& e) {
+        // Nothing claimed: the records wait and are claimed again later.
+        spdlog::error("claim batch of {} record(s) gave up ({}); they are claimed again in {}ms", ids.size(), e.what(),
+                      cfg_.claim.wait_recheck.count());
+        asio::post(io_, [this, ids] {
+          queue_.job_done();
+          for (uint64_t id : ids)
+            if (Record* r = find_(id); r && r->stage == Stage::Claiming) claim_later(*r);
+          flush();
+        });
+      });
+}
+
+}  // namespace idemsink::pipeline

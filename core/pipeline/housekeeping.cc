@@ -1,0 +1,129 @@
+#include "core/pipeline/housekeeping.h"
+
+#include "core/claim/schema.h"
+#include "core/common/log.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr int kMonthsAhead = 3;
+constexpr size_t kPurgeBatch = 1000;
+constexpr auto kPurgeEvery = std::chrono::minutes(10);
+constexpr auto kGaugesEvery = std::chrono::seconds(5);
+}  // namespace
+
+Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
+                           const claim::ClaimStore& store, const dlq::Outbox& outbox, Metrics& metrics)
+    : io_(io),
+      pool_(pool),
+      cfg_(cfg),
+      store_(store),
+      outbox_(outbox),
+      metrics_(metrics),
+      partitions_timer_(io),
+      purge_timer_(io),
+      gauges_timer_(io) {}
+
+void Housekeeping::start() {
+  // Schema changes are the DBA's when claim.apply_schema is off: then the
+  // partitions are only watched (the gauge), never changed.
+  if (cfg_.claim.apply_schema) {
+    partitions_timer_.start(cfg_.claim.maintenance_interval, [this] { maintain(false, nullptr); });
+  } else {
+    partitions_timer_.start(cfg_.claim.maintenance_interval, [this] {
+      pool_.submit("watch claim partitions", [this](db::Connection& c) {
+        const int ahead = claim::months_ahead(c, std::chrono::system_clock::now());
+        metrics_.claim_partitions_ahead.store(ahead);
+        if (ahead < 1)
+          spdlog::error(
+              "claim partitions: the newest covers {} month(s) beyond this one; records of later months "
+              "will be refused (no_claim_partition) until `idemsink schema apply` adds partitions",
+              ahead);
+      });
+    });
+  }
+  purge_outbox();
+  purge_timer_.start(kPurgeEvery, [this] { purge_outbox(); });
+  gauges_timer_.start(kGaugesEvery, [this] { refresh_gauges(); });
+}
+
+void Housekeeping::stop() {
+  stopped_ = true;
+  partitions_timer_.stop();
+  purge_timer_.stop();
+  gauges_timer_.stop();
+}
+
+void Housekeeping::ensure_partitions(std::function<void(bool)> done) {
+  waiting_.push_back(std::move(done));
+  if (ensuring_) return;
+  ensuring_ = true;
+  maintain(true, [this](bool ok) {
+    ensuring_ = false;
+    for (auto& fn : std::exchange(waiting_, {})) fn(ok);
+  });
+}
+
+void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) {
+  pool_.submit(
+      "claim partitions",
+      [this, wait_for_lock, done](db::Connection& c) {
+        // One host at a time: the others skip a round, or wait for it.
+        const std::string wait = wait_for_lock ? "30" : "0";
+        const bool locked = c.query("SELECT GET_LOCK('idemsink_claim_partitions', " + wait + ")").at(0).at(0) == "1";
+        claim::PartitionReport report;
+        if (locked) {
+          try {
+            report = claim::maintain_partitions(c, std::chrono::system_clock::now(),
+                                                {cfg_.claim.retention_days, kMonthsAhead});
+          } catch (...) {
+            c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+            throw;
+          }
+          c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+        } else {
+          report.months_ahead = claim::months_ahead(c, std::chrono::system_clock::now());
+        }
+        for (const auto& p : report.added) spdlog::info("claim partitions: added {}", p);
+        for (const auto& p : report.dropped) spdlog::info("claim partitions: dropped {} (past retention)", p);
+        metrics_.claim_partitions_ahead.store(report.months_ahead);
+        if (done) asio::post(io_, [done, ok = locked || !wait_for_lock] { done(ok); });
+      },
+      [this, done](const db::DbError& e) {
+        spdlog::error("claim partitions: maintenance failed: {}", e.what());
+        if (done) asio::post(io_, [done] { done(false); });
+      });
+}
+
+void Housekeeping::purge_outbox() {
+  pool_.submit("purge outbox", [this](db::Connection& c) {
+    const uint64_t n = outbox_.purge_published(c, cfg_.claim.outbox_retention, kPurgeBatch);
+    if (n > 0)
+      spdlog::info("DLQ outbox: purged {} row(s) published more than {}h ago", n,
+                   cfg_.claim.outbox_retention.count() / 3'600'000);
+    // A full batch: more are old enough; go on in another short job.
+    if (n == kPurgeBatch)
+      asio::post(io_, [this] {
+        if (!stopped_) purge_outbox();
+      });
+  });
+}
+
+void Housekeeping::refresh_gauges() {
+  if (gauges_running_) return;  // the last round is still waiting for the database
+  gauges_running_ = true;
+  pool_.submit(
+      "gauges",
+      [this](db::Connection& c) {
+        metrics_.dlq_pending.store(static_cast<int64_t>(outbox_.pending(c)));
+        metrics_.dlq_unpublishable.store(static_cast<int64_t>(outbox_.unpublishable(c)));
+        metrics_.stuck_pending.store(static_cast<int64_t>(store_.count_stuck(c, cfg_.claim.stuck_after)));
+        asio::post(io_, [this] { gauges_running_ = false; });
+      },
+      [this](const db::DbError&) { asio::post(io_, [this] { gauges_running_ = false; }); });
+}
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,60 @@
+// What a host that runs for months must do on its own, on timers:
+//   - the claim table's monthly partitions: created three months ahead and
+//     dropped past retention, every
+//     claim.maintenance_interval, by one host at a time (a MariaDB named
+//     lock); a record whose month has no partition asks for it at once;
+//   - published DLQ outbox rows (payloads included): deleted after
+//     claim.outbox_retention, in small batches that hold no long locks;
+//   - the gauges only the database knows (DLQ backlog, letters set aside,
+//     stuck claims), every 5 s.
+// Jobs run on the database pool; results come back on the engine thread.
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <functional>
+#include <vector>
+
+#include "core/claim/claim_store.h"
+#include "core/config/config.h"
+#include "core/db/pool.h"
+#include "core/dlq/outbox.h"
+#include "core/pipeline/metrics.h"
+#include "core/pipeline/periodic.h"
+
+namespace idemsink::pipeline {
+
+class Housekeeping {
+ public:
+  Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
+               const dlq::Outbox& outbox, Metrics& metrics);
+
+  void start();
+  void stop();
+
+  /// Creates the claim partitions the calendar needs now (waiting for
+  /// another host's maintenance if one runs), then calls `done` with whether
+  /// it could (engine thread).
+  void ensure_partitions(std::function<void(bool ok)> done);
+
+ private:
+  void maintain(bool wait_for_lock, std::function<void(bool ok)> done);
+  void purge_outbox();
+  void refresh_gauges();
+
+  boost::asio::io_context& io_;
+  db::Pool& pool_;
+  const config::Config& cfg_;
+  const claim::ClaimStore& store_;
+  const dlq::Outbox& outbox_;
+  Metrics& metrics_;
+  bool stopped_ = false;
+  bool ensuring_ = false;
+  bool gauges_running_ = false;
+  std::vector<std::function<void(bool)>> waiting_;  // ensure_partitions callers
+  Periodic partitions_timer_;
+  Periodic purge_timer_;
+  Periodic gauges_timer_;
+};
+
+}  // namespace idemsink::pipeline
