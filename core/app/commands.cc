@@ -135,6 +135,9 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
               << " (it may be done, failed, or still held by a live host)\n";
     return 1;
   }
+  // Settled by a person: a DLQ entry held back for reconciliation is not sent.
+  const std::vector<std::string> tokens{token};
+  dlq::Outbox::settle_held(c, tokens);
   std::cout << "claim " << token << " resolved as " << as << "\n";
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <ctime>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "core/common/fault.h"
@@ -18,7 +19,8 @@ using db::Connection;
 // Column list of every read; keep in sync with parse_existing().
 constexpr std::string_view kReadColumns =
     "namespace, biz_key, bucket, status, attempt, idem_token, owner, "
-    "(lease_until IS NULL OR lease_until < NOW(3)), payload_hash, receipt, takeovers, uncertain_calls";
+    "(lease_until IS NULL OR lease_until < NOW(3)), payload_hash, receipt, takeovers, uncertain_calls, "
+    "call_started IS NOT NULL";
 
 std::string date_literal(const std::string& bucket) { return "DATE'" + bucket + "'"; }
 
@@ -88,6 +90,7 @@ struct ClaimStore::Existing {
   std::string receipt;
   uint32_t takeovers;
   uint32_t uncertain_calls;
+  bool maybe_called;
 };
 
 const char* to_string(Status s) {
@@ -146,6 +149,7 @@ std::vector<ClaimStore::Existing> ClaimStore::fetch(Connection& c, std::span<con
     e.receipt = r[9].value_or("");
     e.takeovers = static_cast<uint32_t>(std::stoul(*r[10]));
     e.uncertain_calls = static_cast<uint32_t>(std::stoul(*r[11]));
+    e.maybe_called = *r[12] == "1";
     out.push_back(std::move(e));
   }
   return out;
@@ -231,6 +235,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     res.receipt = e.receipt;
     res.takeovers = e.takeovers;
     res.uncertain_calls = e.uncertain_calls;
+    res.maybe_called = e.maybe_called;
     if (reqs[i].check_payload && e.payload_hash != reqs[i].payload_hash) {
       res.verdict = Verdict::Conflict;
       continue;
@@ -296,6 +301,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
       res.receipt = cur.receipt;
       res.takeovers = cur.takeovers;
       res.uncertain_calls = cur.uncertain_calls;
+      res.maybe_called = cur.maybe_called;
       if (cur.status == Status::Pending && cur.attempt == t.e->attempt + 1 && cur.verdict == Verdict::Owned) {
         res.verdict = Verdict::Owned;
         res.taken_over = true;
@@ -312,8 +318,8 @@ std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey>
   std::vector<ClaimResult> out;
   if (keys.empty()) return out;
   const std::string sql =
-      "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers, uncertain_calls "
-      "FROM idemsink_claim WHERE " +
+      "SELECT namespace, biz_key, bucket, status, attempt, idem_token, owner, receipt, takeovers, uncertain_calls, "
+      "call_started IS NOT NULL FROM idemsink_claim WHERE " +
       where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; }) + " ORDER BY bucket";
   for (auto& r : c.query(sql)) {
     ClaimResult res;
@@ -324,6 +330,7 @@ std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey>
     res.receipt = r[7].value_or("");
     res.takeovers = static_cast<uint32_t>(std::stoul(*r[8]));
     res.uncertain_calls = static_cast<uint32_t>(std::stoul(*r[9]));
+    res.maybe_called = *r[10] == "1";
     switch (res.status) {
       case Status::Done: res.verdict = Verdict::Done; break;
       case Status::Failed:
@@ -404,18 +411,44 @@ std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome>
 }
 
 void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const {
-  // One statement per distinct count of uncertain calls (almost always one:
-  // none).
-  std::map<uint32_t, std::vector<Outcome>> by_uncertain;
-  for (const auto& o : outcomes) by_uncertain[o.uncertain_calls].push_back(o);
-  for (const auto& [uncertain, group] : by_uncertain) {
-    const std::string keep = uncertain == 0
-                                 ? std::string()
-                                 : ", uncertain_calls = GREATEST(uncertain_calls, " + std::to_string(uncertain) + ")";
-    c.execute("UPDATE idemsink_claim SET owner = NULL, lease_until = NULL" + keep +
-              ", updated_at = NOW(3) WHERE status = 1 AND owner = " + c.quote(owner_) + " AND (" + where_epochs(group) +
-              ")");
+  // One statement per distinct (uncertain calls, mark cleared) (almost always
+  // one: none, cleared).
+  std::map<std::pair<uint32_t, bool>, std::vector<Outcome>> groups;
+  for (const auto& o : outcomes) groups[{o.uncertain_calls, o.calls > 0 && o.uncertain_calls == 0}].push_back(o);
+  for (const auto& [what, group] : groups) {
+    const auto [uncertain, calls_all_certain] = what;
+    std::string set = "owner = NULL, lease_until = NULL";
+    if (uncertain > 0) set += ", uncertain_calls = GREATEST(uncertain_calls, " + std::to_string(uncertain) + ")";
+    if (calls_all_certain) set += ", call_started = NULL";
+    c.execute("UPDATE idemsink_claim SET " + set + ", updated_at = NOW(3) WHERE status = 1 AND owner = " +
+              c.quote(owner_) + " AND (" + where_epochs(group) + ")");
   }
+}
+
+std::vector<bool> ClaimStore::confirm_calls(Connection& c, std::span<const Outcome> outcomes, bool mark_calling) const {
+  std::vector<bool> ours(outcomes.size(), false);
+  if (outcomes.empty()) return ours;
+  const std::string where =
+      " WHERE status = 1 AND owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")";
+  const uint64_t affected = c.execute("UPDATE idemsink_claim SET lease_until = " + lease_expr() +
+                                      (mark_calling ? ", call_started = NOW(3)" : "") + where);
+  if (affected == outcomes.size()) {
+    ours.assign(outcomes.size(), true);
+    return ours;
+  }
+  // Some were taken over (or the statement changed nothing on a re-run in
+  // the same millisecond): the rows still ours at their epoch say which.
+  auto epoch = [](const std::string& ns, const std::string& k, const std::string& b, const std::string& attempt) {
+    return ns + '\0' + k + '\0' + b + '\0' + attempt;
+  };
+  std::set<std::string> held;
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket, attempt FROM idemsink_claim" + where))
+    held.insert(epoch(*r[0], *r[1], *r[2], *r[3]));
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const auto& o = outcomes[i];
+    ours[i] = held.count(epoch(o.row.ns, o.row.biz_key, o.row.bucket, std::to_string(o.attempt))) != 0;
+  }
+  return ours;
 }
 
 namespace {
@@ -434,17 +467,29 @@ constexpr std::string_view kLetGo =
 
 }  // namespace
 
-std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::span<const std::string> namespaces,
+std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::span<const Namespace> namespaces,
                                                          std::chrono::milliseconds stuck_after, size_t limit,
                                                          bool include_leased) const {
-  std::string where =
-      include_leased ? "(status = 4" : "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3)))";
-  where += " OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
-           std::to_string(stuck_after.count() * 1000) + " MICROSECOND))";
-  if (!namespaces.empty()) {
-    std::string list;
-    for (const auto& ns : namespaces) list += (list.empty() ? "" : ", ") + Connection::hex(ns);
-    where = "namespace IN (" + list + ") AND " + where;
+  auto older_than = [](std::string_view column, std::chrono::milliseconds age) {
+    return std::string(column) + " < NOW(3) - INTERVAL " + std::to_string(age.count() * 1000) + " MICROSECOND";
+  };
+  // Unknown rows of one route: no re-drive holding them, and (for the
+  // reconciler) their newest call began long enough ago to have landed.
+  auto unknown = [&](std::chrono::milliseconds reconcile_after) {
+    std::string w = include_leased ? "status = 4" : "status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))";
+    if (reconcile_after.count() > 0) w += " AND " + older_than("IFNULL(call_started, updated_at)", reconcile_after);
+    return "(" + w + ")";
+  };
+  const std::string stuck =
+      "(status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND " + older_than("updated_at", stuck_after) + ")";
+  std::string where;
+  if (namespaces.empty()) {
+    where = "(" + unknown(std::chrono::milliseconds(0)) + " OR " + stuck + ")";
+  } else {
+    for (const auto& n : namespaces)
+      where += (where.empty() ? "(" : " OR ") + ("(namespace = " + Connection::hex(n.ns) + " AND (" +
+                                                 unknown(n.reconcile_after) + " OR " + stuck + "))");
+    where += ")";
   }
   std::vector<Unsettled> out;
   for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, calls, idem_token, src_topic, "
@@ -479,12 +524,21 @@ bool ClaimStore::resolve_not_applied(Connection& c, const RowKey& row, uint32_t 
                    std::to_string(attempt) + " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
 }
 
+void ClaimStore::note_undecided(Connection& c, std::span<const Outcome> rows) const {
+  if (rows.empty()) return;
+  c.execute(
+      "UPDATE idemsink_claim SET updated_at = NOW(3) WHERE status = 4 AND (lease_until IS NULL OR lease_until < "
+      "NOW(3)) AND (" +
+      where_epochs(rows) + ")");
+}
+
 bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t attempt,
                                   std::chrono::milliseconds hold) const {
-  return c.execute("UPDATE idemsink_claim SET attempt = attempt + 1, owner = " + c.quote(owner_) +
-                   ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
-                   " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " +
-                   std::to_string(attempt) + " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
+  return c.execute(
+             "UPDATE idemsink_claim SET attempt = attempt + 1, call_started = NOW(3), owner = " + c.quote(owner_) +
+             ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
+             " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " + std::to_string(attempt) +
+             " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
 }
 
 bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,

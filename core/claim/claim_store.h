@@ -98,6 +98,9 @@ struct ClaimResult {
   /// The previous owner did not release the row (crashed, or its lease ran
   /// out): a call may have been made under it.
   bool previous_owner_vanished = false;
+  /// An at-most-once call of this row may have started and its outcome was
+  /// never learnt (the mark written before every at-most-once call).
+  bool maybe_called = false;
 };
 
 /// A completion to record: the claim epoch we hold and what happened.
@@ -156,9 +159,19 @@ class ClaimStore {
 
   /// Gives up claims we hold but are not calling (revocation, shutdown, a
   /// forward to a retry topic): owner and lease are cleared so the next owner
-  /// may proceed at once, and knows no call is outstanding under this claim.
-  /// Uncertain calls made so far stay recorded in the row.
+  /// may proceed at once. Uncertain calls made so far stay recorded in the
+  /// row, and so does a call mark unless this claim made calls and every one
+  /// of them certainly did not apply (`calls` > 0, `uncertain_calls` 0): a
+  /// mark left by an owner that vanished outlives any release.
   void release(db::Connection& c, std::span<const Outcome> outcomes) const;
+
+  /// Confirms, right before their calls, that we still hold these claims
+  /// (owner and attempt unchanged) and extends their leases; with
+  /// `mark_calling` it also writes the call mark (at-most-once routes: a
+  /// takeover then knows the call may have gone out, and never calls again).
+  /// One statement for the whole wave. Returns, per outcome, whether the
+  /// claim is ours: only those may be called.
+  std::vector<bool> confirm_calls(db::Connection& c, std::span<const Outcome> outcomes, bool mark_calling) const;
 
   /// Extends the lease of every pending row we own. Returns rows touched.
   uint64_t renew(db::Connection& c) const;
@@ -185,10 +198,20 @@ class ClaimStore {
     std::string last_error;
     std::string updated_at;
   };
+  /// A route to reconcile, and how old its newest call must be before an
+  /// unknown row of it may be asked about (0: at once).
+  struct Namespace {
+    std::string ns;
+    std::chrono::milliseconds reconcile_after{0};
+  };
   /// Unknown claims (only those no re-drive holds, unless `include_leased`)
-  /// and stuck pending ones, of `namespaces` (all when empty), oldest first.
-  std::vector<Unsettled> unsettled(db::Connection& c, std::span<const std::string> namespaces,
+  /// and stuck pending ones, of `namespaces` (all when empty, at any age),
+  /// oldest first.
+  std::vector<Unsettled> unsettled(db::Connection& c, std::span<const Namespace> namespaces,
                                    std::chrono::milliseconds stuck_after, size_t limit, bool include_leased) const;
+  /// Unknown rows the hook could not settle this round go to the back of the
+  /// queue (updated_at), so the next round asks about others first.
+  void note_undecided(db::Connection& c, std::span<const Outcome> rows) const;
   /// The effect happened: an unknown or stuck row at `attempt` becomes done
   /// with the receipt. False if the row moved on meanwhile.
   bool resolve_applied(db::Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const;
@@ -196,7 +219,8 @@ class ClaimStore {
   /// nobody holds becomes failed. False if the row moved on meanwhile.
   bool resolve_not_applied(db::Connection& c, const RowKey& row, uint32_t attempt, std::string_view why) const;
   /// Takes an unknown row at `attempt` that nobody holds for one re-drive:
-  /// attempt+1, owned by us, leased for `hold`; it stays unknown meanwhile.
+  /// attempt+1, owned by us, leased for `hold`, call mark written (the call
+  /// starts next); it stays unknown meanwhile.
   bool take_for_redrive(db::Connection& c, const RowKey& row, uint32_t attempt, std::chrono::milliseconds hold) const;
   enum class RedriveResult {
     Applied,    ///< done with the receipt

@@ -63,6 +63,7 @@ constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim
   calls         INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'handler calls made, recorded on the final transition',
   takeovers     INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'times taken from an owner that had not released it (crash-loop guard)',
   uncertain_calls INT UNSIGNED  NOT NULL DEFAULT 0 COMMENT 'calls with an uncertain outcome: the effect may have happened',
+  call_started  DATETIME(3)     NULL COMMENT 'at-most-once: a call may have started (written before it goes out); kept until its outcome is known',
   src_topic     VARCHAR(249)    NOT NULL,
   src_partition INT             NOT NULL,
   src_offset    BIGINT          NOT NULL,
@@ -98,6 +99,9 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
   c.execute(
       "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "
       "'calls with an uncertain outcome: the effect may have happened' AFTER takeovers");
+  c.execute(
+      "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS call_started DATETIME(3) NULL COMMENT 'at-most-once: a "
+      "call may have started (written before it goes out); kept until its outcome is known' AFTER uncertain_calls");
 
   return maintain_partitions(c, now, opt);
 }

@@ -80,6 +80,8 @@ struct ClaimConfig {
   Millis flush_linger{};
   Millis stuck_after{};
   Millis reconcile_interval{};
+  Millis reconcile_after{};  // 0: per route, see Config::reconcile_after
+  Millis unknown_dlq_after{};
   Millis outbox_retention{};
   Millis maintenance_interval{};
 };
@@ -140,6 +142,11 @@ struct Config {
 
   const RouteConfig* route_for_topic(const std::string& topic) const;
   const RouteConfig* route_by_name(const std::string& name) const;
+  /// How long after a call began its outcome may be asked about: claim.reconcile_after,
+  /// or the route's call_timeout plus 10s.
+  Millis reconcile_after(const RouteConfig& route) const {
+    return claim.reconcile_after.count() > 0 ? claim.reconcile_after : route.call_timeout + Millis(10000);
+  }
 };
 
 /// Reads and validates a config file. Throws ConfigError.

@@ -203,6 +203,15 @@ constexpr Setting kSettings[] = {
     field<&ClaimConfig::reconcile_interval>(
         "claim.reconcile_interval", "1m", false, 0, 86400000,
         "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."),
+    field<&ClaimConfig::reconcile_after>(
+        "claim.reconcile_after", "0s", false, 0, 86400000,
+        "An unknown claim is put to the reconcile hook no earlier than this after its last call began, so a call "
+        "still on its way is never taken for one that did not happen (and re-driven). \"0s\": the route's "
+        "call_timeout plus 10s."),
+    field<&ClaimConfig::unknown_dlq_after>(
+        "claim.unknown_dlq_after", "1h", false, 0, 86400000 * 30LL,
+        "An unknown record of a route whose plugin can reconcile reaches the DLQ only if the hook still cannot tell "
+        "after this long; settled ones never do. Routes without a reconcile hook dead-letter unknowns at once."),
     field<&ClaimConfig::maintenance_interval>(
         "claim.maintenance_interval", "1h", false, 1000, 86400000,
         "How often the claim table's monthly partitions are created ahead (3 months) and dropped past retention, by "

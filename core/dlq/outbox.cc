@@ -94,6 +94,7 @@ const char* Outbox::schema() {
   published_at    DATETIME(3)     NULL,
   unpublishable_at DATETIME(3)    NULL COMMENT 'Kafka refused it for good: set aside for an operator',
   publish_error   VARCHAR(255)    NULL,
+  held_until      DATETIME(3)     NULL COMMENT 'an unknown record left to reconciliation: published only if still unknown after this',
   PRIMARY KEY (id),
   UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset),
   KEY idx_unpublished (published_at, unpublishable_at, lease_until)
@@ -107,7 +108,9 @@ void Outbox::migrate(Connection& c) {
       "AFTER route, "
       "ADD COLUMN IF NOT EXISTS unpublishable_at DATETIME(3) NULL COMMENT 'Kafka refused it for good: set aside for "
       "an operator' AFTER published_at, "
-      "ADD COLUMN IF NOT EXISTS publish_error VARCHAR(255) NULL AFTER unpublishable_at");
+      "ADD COLUMN IF NOT EXISTS publish_error VARCHAR(255) NULL AFTER unpublishable_at, "
+      "ADD COLUMN IF NOT EXISTS held_until DATETIME(3) NULL COMMENT 'an unknown record left to reconciliation: "
+      "published only if still unknown after this' AFTER publish_error");
   // The first version's unique key (source position only) dropped a second
   // row for the same record: a forward and its later dead letter.
   if (!c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_source'").empty()) {
@@ -123,7 +126,7 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   const std::string head =
       "INSERT IGNORE INTO idemsink_dlq_outbox (route, purpose, dlq_topic, biz_key, reason, error, src_topic, "
       "src_partition, src_offset, msg_key, msg_value, msg_headers, msg_timestamp, idem_token, calls, first_failure, "
-      "last_failure, host, owner, lease_until, created_at) VALUES ";
+      "last_failure, host, owner, lease_until, held_until, created_at) VALUES ";
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
   std::string sql;
@@ -136,7 +139,9 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
         std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
         std::to_string(d.calls) + ", FROM_UNIXTIME(" + std::to_string(d.first_failure_ms / 1000.0) +
         "), FROM_UNIXTIME(" + std::to_string(d.last_failure_ms / 1000.0) + "), " + c.quote(sanitize_utf8(d.host, 128)) +
-        ", " + owner + ", " + lease + ", NOW(3))";
+        ", " + owner + ", " + lease + ", " +
+        (d.hold.count() > 0 ? "NOW(3) + INTERVAL " + std::to_string(d.hold.count() * 1000) + " MICROSECOND" : "NULL") +
+        ", NOW(3))";
     // Sized by bytes, not rows: a statement above the server's packet size
     // would never be sent, however often it is retried.
     if (!sql.empty() && sql.size() + row.size() + 2 > c.statement_budget()) {
@@ -151,8 +156,12 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
 std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget) const {
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
+  // A held row goes out once its hold is over, and only while its claim is
+  // still unknown: one reconciliation settled is never a dead letter.
   const std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
-                           " OR owner IS NULL OR lease_until < NOW(3))";
+                           " OR owner IS NULL OR lease_until < NOW(3)) AND (held_until IS NULL OR (held_until < "
+                           "NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
+                           "idemsink_dlq_outbox.idem_token AND c.status = 4)))";
   std::vector<uint64_t> candidates;
   uint64_t bytes = 0;
   for (auto& r : c.query("SELECT id, IFNULL(LENGTH(msg_key), 0) + IFNULL(LENGTH(msg_value), 0) FROM "
@@ -218,9 +227,21 @@ void Outbox::mark_unpublishable(Connection& c, uint64_t id, std::string_view err
 }
 
 uint64_t Outbox::pending(Connection& c) const {
-  auto rows =
-      c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL");
+  auto rows = c.query(
+      "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL AND "
+      "(held_until IS NULL OR (held_until < NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
+      "idemsink_dlq_outbox.idem_token AND c.status = 4)))");
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
+}
+
+uint64_t Outbox::settle_held(Connection& c, std::span<const std::string> tokens) {
+  if (tokens.empty()) return 0;
+  std::string list;
+  for (const auto& t : tokens) list += (list.empty() ? "" : ", ") + c.quote(t);
+  return c.execute(
+      "UPDATE idemsink_dlq_outbox SET published_at = NOW(3), publish_error = 'settled by reconciliation: not "
+      "published', owner = NULL, lease_until = NULL WHERE idem_token IN (" +
+      list + ") AND held_until IS NOT NULL AND published_at IS NULL");
 }
 
 uint64_t Outbox::unpublishable(Connection& c) const {

@@ -7,6 +7,10 @@
 //                beyond the replay horizon) gets only the row
 //   forward      a record moving on to its next retry topic gets its row in
 //                the transaction that releases its claim
+//   held         an unknown record of a route whose plugin can reconcile: its
+//                row (the payload a re-drive needs) is held back for
+//                claim.unknown_dlq_after, and published only if the claim is
+//                still unknown then; settled, it is stamped and never sent
 //
 // The relay (relay.h) publishes unpublished rows to Kafka and stamps them; if
 // Kafka refuses, the rows wait and the source partition keeps flowing. A row
@@ -64,6 +68,8 @@ struct Letter {
   int64_t first_failure_ms = 0;
   int64_t last_failure_ms = 0;
   std::string host;
+  /// Held back from publishing this long (0: publish at once).
+  std::chrono::milliseconds hold{0};
 };
 
 std::string encode_headers(const std::vector<StoredHeader>& headers);
@@ -110,8 +116,12 @@ class Outbox {
   /// Sets a row aside: Kafka refused it for good.
   void mark_unpublishable(db::Connection& c, uint64_t id, std::string_view error) const;
 
-  /// Unpublished rows waiting for the relay, all hosts.
+  /// Unpublished rows waiting for the relay, all hosts (held ones only once
+  /// their hold is over).
   uint64_t pending(db::Connection& c) const;
+  /// The held rows of these claims (settled by reconciliation) are stamped
+  /// and never published. Returns rows stamped.
+  static uint64_t settle_held(db::Connection& c, std::span<const std::string> idem_tokens);
   /// Rows set aside as unpublishable, all hosts.
   uint64_t unpublishable(db::Connection& c) const;
   std::vector<Unpublishable> list_unpublishable(db::Connection& c, size_t limit) const;

@@ -79,11 +79,13 @@ void Claimer::flush() {
 void Claimer::run_job(std::vector<uint64_t> ids, std::vector<claim::ClaimRequest> reqs) {
   // Kept across re-runs of the job: a re-run recognises what it wrote.
   auto memory = std::make_shared<claim::ClaimJobMemory>();
+  const auto sent = std::chrono::steady_clock::now();
   pool_.submit(
       "claim batch",
-      [this, ids, reqs = std::move(reqs), memory](db::Connection& c) {
+      [this, ids, reqs = std::move(reqs), memory, sent](db::Connection& c) {
         Claimed out;
         out.ids = ids;
+        out.sent = sent;
         out.results.resize(reqs.size());
         auto rejected = db::write_isolating(c, reqs.size(), [&](size_t first, size_t n) {
           auto part = store_.claim(c, std::span(reqs).subspan(first, n), *memory);

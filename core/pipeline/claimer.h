@@ -29,9 +29,10 @@ namespace idemsink::pipeline {
 class Claimer {
  public:
   struct Claimed {
-    std::vector<uint64_t> ids;                // records of the job, in request order
-    std::vector<claim::ClaimResult> results;  // one per id
-    std::map<uint64_t, std::string> refused;  // ids whose row the database refused, with its error
+    std::vector<uint64_t> ids;                   // records of the job, in request order
+    std::vector<claim::ClaimResult> results;     // one per id
+    std::map<uint64_t, std::string> refused;     // ids whose row the database refused, with its error
+    std::chrono::steady_clock::time_point sent;  // when the job was submitted: every lease it set runs from later
   };
   using Find = std::function<Record*(uint64_t)>;
 

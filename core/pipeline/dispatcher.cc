@@ -8,13 +8,25 @@ namespace idemsink::pipeline {
 
 namespace asio = boost::asio;
 
-Dispatcher::Dispatcher(asio::io_context& io, int max_in_flight, FindFn find, ResultFn on_result,
+namespace {
+constexpr int kMaxConfirmJobs = 2;
+constexpr size_t kConfirmBatch = 500;
+}  // namespace
+
+Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
+                       std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
                        LocalTxRunner& local_tx)
     : io_(io),
+      pool_(pool),
+      store_(store),
       max_in_flight_(max_in_flight),
+      lease_(lease),
       find_(std::move(find)),
       on_result_(std::move(on_result)),
-      local_tx_(local_tx) {}
+      on_fenced_(std::move(on_fenced)),
+      local_tx_(local_tx),
+      confirmations_(kMaxConfirmJobs),
+      confirm_retry_(io) {}
 
 void Dispatcher::make_ready(Record& r) {
   r.stage = Stage::Ready;
@@ -32,12 +44,101 @@ void Dispatcher::pump() {
         lane.ready.pop_front();
         Record* r = find_(id);
         if (r == nullptr || r->stage != Stage::Ready) continue;
-        dispatch(*r);
+        take_slot(*r);
+        if (needs_confirmation(*r)) {
+          r->stage = Stage::Confirming;
+          confirmations_.push(id);
+        } else {
+          dispatch(*r);
+        }
         progressed = true;
         break;
       }
     }
   }
+  flush_confirmations();
+}
+
+bool Dispatcher::needs_confirmation(const Record& r) const {
+  const idemsink_kind kind = r.route->handler->kind();
+  if (kind == IDEMSINK_KIND_LOCAL_TX) return false;  // its transaction locks the claim row
+  if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE) return true;
+  // A quarter of the lease to spare: renewals run every third of it.
+  return std::chrono::steady_clock::now() + lease_ / 4 >= r.lease_from + lease_;
+}
+
+void Dispatcher::take_slot(Record& r) {
+  ++lanes_[r.route].in_flight;
+  ++in_flight_;
+  r.route->metrics->in_flight.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Dispatcher::flush_confirmations() {
+  for (auto ids = confirmations_.take(kConfirmBatch); !ids.empty(); ids = confirmations_.take(kConfirmBatch)) {
+    std::vector<claim::Outcome> mark, confirm;
+    std::vector<uint64_t> mark_ids, confirm_ids;
+    for (uint64_t id : ids) {
+      Record* r = find_(id);
+      if (r == nullptr || r->stage != Stage::Confirming) continue;
+      const bool at_most_once = r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE;
+      (at_most_once ? mark : confirm).push_back(r->outcome());
+      (at_most_once ? mark_ids : confirm_ids).push_back(id);
+    }
+    const auto sent = std::chrono::steady_clock::now();
+    pool_.submit(
+        "confirm claims before calls",
+        [this, mark = std::move(mark), confirm = std::move(confirm), mark_ids = std::move(mark_ids),
+         confirm_ids = std::move(confirm_ids), sent](db::Connection& c) {
+          // The mark commits before any of these calls starts: a crash from
+          // here on leaves "may have been sent", never "certainly not".
+          std::vector<bool> ours = store_.confirm_calls(c, mark, true);
+          const std::vector<bool> confirmed_too = store_.confirm_calls(c, confirm, false);
+          ours.insert(ours.end(), confirmed_too.begin(), confirmed_too.end());
+          std::vector<uint64_t> ids = mark_ids;
+          ids.insert(ids.end(), confirm_ids.begin(), confirm_ids.end());
+          asio::post(io_, [this, ids = std::move(ids), ours = std::move(ours), sent] {
+            confirmations_.job_done();
+            confirmed(ids, ours, sent);
+          });
+        },
+        [this, ids](const db::DbError& e) {
+          // Not confirmed, not called: the records wait for their call slot again.
+          spdlog::error("confirming {} claim(s) before their calls gave up ({}); trying again shortly", ids.size(),
+                        e.what());
+          asio::post(io_, [this, ids] {
+            confirmations_.job_done();
+            for (uint64_t id : ids)
+              if (Record* r = find_(id); r && r->stage == Stage::Confirming) {
+                end_call(*r, false);
+                make_ready(*r);
+              }
+            confirm_retry_.expires_after(std::chrono::seconds(1));
+            confirm_retry_.async_wait([this](boost::system::error_code ec) {
+              if (!ec) pump();
+            });
+          });
+        });
+  }
+}
+
+void Dispatcher::confirmed(const std::vector<uint64_t>& ids, const std::vector<bool>& ours,
+                           std::chrono::steady_clock::time_point sent) {
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Record* r = find_(ids[i]);
+    if (r == nullptr || r->stage != Stage::Confirming) continue;
+    if (!ours[i]) {
+      spdlog::warn("route {}: claim on key {} was taken over before its call; not calling it", r->route->cfg.name,
+                   printable(r->biz_key));
+      end_call(*r, false);
+      on_fenced_(*r);
+      continue;
+    }
+    r->lease_from = sent;
+    r->lease_known = now;
+    dispatch(*r);
+  }
+  pump();
 }
 
 void Dispatcher::end_call(Record& r, bool observe_latency) {
@@ -81,9 +182,6 @@ void Dispatcher::dispatch(Record& r) {
   Route& route = *r.route;
   r.stage = Stage::Calling;
   ++r.calls;
-  ++lanes_[&route].in_flight;
-  ++in_flight_;
-  route.metrics->in_flight.fetch_add(1, std::memory_order_relaxed);
   r.call_started = std::chrono::steady_clock::now();
   if (route.handler->kind() == IDEMSINK_KIND_LOCAL_TX) {
     local_tx_.add(r);

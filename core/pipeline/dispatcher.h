@@ -4,6 +4,13 @@
 // (route.call_timeout). Thousands of calls in flight need no threads: the
 // plugin reports through a call id, on any thread, and the report is posted
 // back here. local_tx records go to the LocalTxRunner instead.
+//
+// Before a remote call goes out, the claim is confirmed in the database when
+// it must be: always for an at-most-once route (the same statement writes the
+// call mark, so a host taking the claim over knows the call may have gone
+// out), and for any route when our lease is not known to be fresh (renewals
+// have been failing: another host may own the record by now). One statement
+// per wave of calls; a record found taken over is not called.
 #pragma once
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
@@ -14,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "core/claim/claim_store.h"
+#include "core/db/pool.h"
+#include "core/pipeline/batch_queue.h"
 #include "core/pipeline/local_tx.h"
 #include "core/pipeline/record.h"
 
@@ -25,8 +35,13 @@ class Dispatcher {
   /// A call's result (or its deadline passing, as uncertain), on the engine
   /// thread; the call's slot is already free.
   using ResultFn = std::function<void(Record&, idemsink_outcome, std::string detail)>;
+  /// A record whose claim turned out to be taken over before its call; it
+  /// was not called.
+  using FencedFn = std::function<void(Record&)>;
 
-  Dispatcher(boost::asio::io_context& io, int max_in_flight, FindFn find, ResultFn on_result, LocalTxRunner& local_tx);
+  Dispatcher(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
+             std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
+             LocalTxRunner& local_tx);
 
   /// Queues a claimed record for a call slot.
   void make_ready(Record& r);
@@ -43,16 +58,27 @@ class Dispatcher {
     int in_flight = 0;
     std::deque<uint64_t> ready;
   };
+  bool needs_confirmation(const Record& r) const;
+  void take_slot(Record& r);
+  void flush_confirmations();
+  void confirmed(const std::vector<uint64_t>& ids, const std::vector<bool>& ours,
+                 std::chrono::steady_clock::time_point sent);
   void dispatch(Record& r);
   void on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail);
 
   boost::asio::io_context& io_;
+  db::Pool& pool_;
+  const claim::ClaimStore& store_;
   const int max_in_flight_;
+  const std::chrono::milliseconds lease_;
   FindFn find_;
   ResultFn on_result_;
+  FencedFn on_fenced_;
   LocalTxRunner& local_tx_;
   std::map<Route*, Lane> lanes_;  // ordered: routes take turns in a stable order
   int in_flight_ = 0;
+  BatchQueue<uint64_t> confirmations_;
+  boost::asio::steady_timer confirm_retry_;
 };
 
 }  // namespace idemsink::pipeline

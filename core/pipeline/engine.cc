@@ -34,8 +34,12 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
           io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
           [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
       dispatcher_(
-          io, cfg.host.max_in_flight, [this](uint64_t id) { return find(id); },
+          io, pool, store_, cfg.host.max_in_flight, cfg.claim.lease, [this](uint64_t id) { return find(id); },
           [this](Record& r, idemsink_outcome o, std::string detail) { on_call_result(r, o, std::move(detail)); },
+          [this](Record& r) {
+            r.route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
+            claimer_.claim(r);
+          },
           local_tx_),
       writer_(
           io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
@@ -88,10 +92,17 @@ void Engine::start(kafka::Consumer* consumer) {
     renew_running_ = true;
     // A relay cycle waiting for the broker keeps its outbox rows too.
     const bool relay_waiting = relay_.waiting_for_broker();
-    pool_.submit("renew leases", [this, relay_waiting](db::Connection& c) {
+    const auto sent = std::chrono::steady_clock::now();
+    pool_.submit("renew leases", [this, relay_waiting, sent](db::Connection& c) {
       store_.renew(c);
       if (relay_waiting) outbox_.renew(c);
-      asio::post(io_, [this] { renew_running_ = false; });
+      asio::post(io_, [this, sent] {
+        renew_running_ = false;
+        // Every claim known before the renewal was sent is leased from then on
+        // (dispatch checks it: no call on a lease that may have run out).
+        for (auto& [id, rec] : records_)
+          if (rec->lease_known <= sent && rec->lease_from < sent) rec->lease_from = sent;
+      });
     });
   });
   relay_timer_.start(2s, [this] { relay_.kick(); });
@@ -255,7 +266,7 @@ void Engine::end_record(Record& r, bool durable) {
 // ---------------------------------------------------------------- claims
 
 void Engine::on_claimed(const Claimer::Claimed& claimed) {
-  const auto& [ids, results, refused] = claimed;
+  const auto& [ids, results, refused, sent] = claimed;
   std::vector<claim::Outcome> to_release;
   std::vector<uint64_t> no_partition;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -282,8 +293,13 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
         r->row = res.row;
         r->attempt = res.attempt;
         r->token = res.idem_token;
+        r->lease_from = sent;
+        r->lease_known = std::chrono::steady_clock::now();
         r->uncertain_calls = std::max(r->uncertain_calls, res.uncertain_calls);
-        r->owner_died = res.takeovers > 0;
+        // An owner that died holding the claim may have called; for an
+        // at-most-once route the call mark says whether one did.
+        r->owner_died =
+            r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE ? res.maybe_called : res.takeovers > 0;
         m.claimed.fetch_add(1, std::memory_order_relaxed);
         if (res.taken_over) m.takeovers.fetch_add(1, std::memory_order_relaxed);
         const Decision d = decide_on_claim(r->route->handler->kind(), res, cfg_.claim.max_takeovers);

@@ -10,16 +10,23 @@ using claim::Status;
 using dlq::Reason;
 
 Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, int max_takeovers) {
-  if (claim.taken_over && claim.takeovers >= static_cast<uint32_t>(max_takeovers))
-    return {Action::End, Status::Unknown, Reason::CrashLoop,
-            "claim was taken over from a vanished owner " + std::to_string(claim.takeovers) +
-                " times (claim.max_takeovers): the record may be killing its host, and a call may have gone out"};
-  if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && claim.uncertain_calls > 0)
+  const bool at_most_once = kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE;
+  if (claim.taken_over && claim.takeovers >= static_cast<uint32_t>(max_takeovers)) {
+    const std::string why = "claim was taken over from a vanished owner " + std::to_string(claim.takeovers) +
+                            " times (claim.max_takeovers): the record may be killing its host";
+    // An at-most-once record carries a call mark: without one, no call ever started.
+    if (at_most_once && !claim.maybe_called && claim.uncertain_calls == 0)
+      return {Action::End, Status::Failed, Reason::CrashLoop, why + "; it was never called"};
+    return {Action::End, Status::Unknown, Reason::CrashLoop, why + ", and a call may have gone out"};
+  }
+  if (at_most_once && claim.uncertain_calls > 0)
     return {Action::End, Status::Unknown, Reason::MaybeApplied,
             "an earlier claim's call may have sent it; an at-most-once handler is never called twice"};
-  if (kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && claim.previous_owner_vanished)
+  // The call mark is written before every at-most-once call and kept through
+  // releases: a row without it was certainly never sent, whoever held it.
+  if (at_most_once && claim.maybe_called)
     return {Action::End, Status::Unknown, Reason::OwnerVanished,
-            "the previous owner vanished while holding the claim; the effect may or may not have happened and an "
+            "a call may have started under an owner that vanished; the effect may or may not have happened and an "
             "at-most-once handler is never called twice"};
   return {Action::Proceed};
 }

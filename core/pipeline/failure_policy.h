@@ -50,9 +50,11 @@ struct Decision {
 /// After a claim was won. A record whose claim was taken over
 /// claim.max_takeovers times from owners that died holding it may be what
 /// kills them: it ends (crash_loop), unknown since those owners may have
-/// called. An at-most-once record taken over
-/// from a vanished owner may have been sent already: it ends unknown
-/// (owner_vanished), never called again.
+/// called (failed for an at-most-once record that was never called). An
+/// at-most-once record whose call mark is set (a call may have started under
+/// an owner that vanished, or was released since) may have been sent: it
+/// ends unknown (owner_vanished), never called again. One without the mark
+/// was never sent, and is called.
 Decision decide_on_claim(idemsink_kind kind, const claim::ClaimResult& claim, int max_takeovers);
 
 /// After a handler call reported `outcome`; `calls` counts the calls made so

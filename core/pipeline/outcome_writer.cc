@@ -149,6 +149,9 @@ void OutcomeWriter::flush_terminal() {
       statuses.push_back(t.status);
       outcomes.push_back(r.outcome());
       letters.push_back(letter_of(r, t.reason));
+      // An unknown that reconciliation can settle needs no person yet.
+      if (t.status == Status::Unknown && r.route->handler->can_reconcile() && cfg_.claim.reconcile_interval.count() > 0)
+        letters.back().hold = cfg_.claim.unknown_dlq_after;
     }
     pool_.submit(
         "mark failed/unknown",

@@ -2,6 +2,7 @@
 
 #include "core/common/log.h"
 #include "core/common/util.h"
+#include "core/dlq/outbox.h"
 #include "core/dlq/reason.h"
 #include "core/plugin/calls.h"
 
@@ -75,8 +76,10 @@ void Reconciler::start(std::chrono::milliseconds first_delay) {
                 "reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
                 "stuck left for an operator",
                 s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
-          // A full round means more are waiting: go again at once.
-          start(s.examined == kRoundLimit && !stopped_ ? std::chrono::milliseconds(1) : period);
+          // A full round that settled some means more are waiting: go again
+          // at once. A round of rows nobody can tell about waits its period.
+          const bool progress = s.applied + s.redriven_done + s.failed > 0;
+          start(s.examined == kRoundLimit && progress && !stopped_ ? std::chrono::milliseconds(1) : period);
         },
         kRoundLimit);
   });
@@ -94,8 +97,10 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
   }
   running_ = true;
   pool_.submit("reconcile scan", [this, done, limit](Connection& c) {
-    std::vector<std::string> routes;
-    for (const auto& [name, h] : handlers_) routes.push_back(name);
+    // An unknown is asked about only once its newest call is old enough to
+    // have landed: a call still on its way must not look like "never sent".
+    std::vector<claim::ClaimStore::Namespace> routes;
+    for (const auto& [name, h] : handlers_) routes.push_back({name, cfg_.reconcile_after(*cfg_.route_by_name(name))});
     auto cands = std::make_shared<std::vector<Candidate>>();
     for (auto& u : store_.unsettled(c, routes, cfg_.claim.stuck_after, limit, false)) {
       Candidate cand;
@@ -150,6 +155,7 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
     auto summary = std::make_shared<ReconcileSummary>();
     summary->examined = cands->size();
     std::vector<size_t> resolve, redrive, not_applied;
+    std::vector<claim::Outcome> undecided;
     for (size_t i = 0; i < cands->size(); ++i) {
       const Candidate& c = (*cands)[i];
       // Unknown because its attempts ran out (or it kept killing hosts)
@@ -171,18 +177,29 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
             c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
       } else {
         ++summary->undecided;
+        if (c.status == claim::Status::Unknown) undecided.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
       }
     }
     // 1. Applied: done, with the receipt the remote returned.
-    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, not_applied, summary, finish](Connection& c) {
+    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, not_applied, undecided, summary,
+                                       finish](Connection& c) {
+      std::vector<std::string> settled;  // their held DLQ rows are never sent
       for (size_t i : resolve) {
         const Candidate& cand = (*cands)[i];
-        if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) ++summary->applied;
+        if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) {
+          ++summary->applied;
+          settled.push_back(cand.token);
+        }
       }
       for (size_t i : not_applied) {
         const Candidate& cand = (*cands)[i];
-        if (store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) ++summary->failed;
+        if (store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) {
+          ++summary->failed;
+          settled.push_back(cand.token);
+        }
       }
+      dlq::Outbox::settle_held(c, settled);
+      store_.note_undecided(c, undecided);
       // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
       //    no other host re-drives it meanwhile) and run it once more. The row
       //    stays `unknown` until the re-drive reports: a host that dies on the
@@ -219,6 +236,7 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
                   if (--*left > 0) return;
                   // 3. Record the re-drives' results under the epoch we took.
                   pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
+                    std::vector<std::string> settled;
                     for (const auto& [idx, res] : *outcomes) {
                       const Candidate& cand = (*cands)[idx];
                       using Result = claim::ClaimStore::RedriveResult;
@@ -234,7 +252,9 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
                         ++summary->failed;
                       else
                         ++summary->undecided;
+                      if (result != Result::Undecided) settled.push_back(cand.token);
                     }
+                    dlq::Outbox::settle_held(c, settled);
                     asio::post(io_, [summary, finish] { finish(*summary); });
                   });
                 });

@@ -14,7 +14,13 @@
 //                         `unknown` under a lease, then becomes done or
 //                         failed; a stuck row is left for its record or an
 //                         operator (logged)
-//   cannot tell        -> left as it is, counted, tried again next round
+//   cannot tell        -> left as it is, counted, asked again after the others
+//
+// An unknown row is asked about only claim.reconcile_after after its newest
+// call began (a re-drive is a call too), so a call still on its way is never
+// taken for one that did not happen. A settled unknown's DLQ row, held back
+// since it went unknown (dlq/outbox.h), is stamped and never published; one
+// still undecided after claim.unknown_dlq_after is published by the relay.
 // Every change is a conditional statement on (status, attempt), so hosts
 // reconciling the same row at once cannot both act on it.
 #pragma once

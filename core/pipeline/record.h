@@ -58,6 +58,7 @@ enum class Stage {
   Claiming,       // in a claim job
   Busy,           // key held by another live host; re-checked periodically
   Ready,          // claim held; waiting for a call slot
+  Confirming,     // call slot taken; claim being confirmed (and an at-most-once call marked) before the call
   Calling,        // handler call (or local_tx apply job) in progress
   Backoff,        // retry scheduled
   Finishing,      // done / failed / unknown / forward being written
@@ -80,6 +81,10 @@ struct Record {
   claim::RowKey row;
   uint32_t attempt = 0;
   std::string token;
+  // Our lease on the claim runs at least until lease_from + claim.lease:
+  // lease_from is when the statement that last set it was sent, learnt at
+  // lease_known (a renewal sent after that covered the row too).
+  std::chrono::steady_clock::time_point lease_from, lease_known;
   uint32_t calls = 0;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim

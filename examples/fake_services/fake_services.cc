@@ -12,15 +12,17 @@
 //   GET  /stats[?detail=1]         per service: requests, effects applied,
 //                                  orders with more than one effect (double_applied)
 //   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
-//                                  "timeout_after_apply", "error_5xx", "reject_4xx"}
+//                                  "timeout_after_apply", "error_5xx", "reject_4xx",
+//                                  "record_delay_ms"}
 //   POST /admin/reset              forget everything
 //
 // Faults, per request: a 5xx *before* applying (probability error_5xx); a
 // 4xx business rejection (decided per order id, so retries get the same
 // answer); a timeout *after* applying (the effect happens, the response is
 // held back past any sane client timeout). Latency is log-normal with the
-// given mean and P99. One thread, asynchronous: thousands of concurrent
-// requests on one core.
+// given mean and P99. A slow gateway (record_delay_ms, sms) sends at once
+// but shows the message to lookups, and answers, only that much later. One thread, asynchronous: thousands of
+// concurrent requests on one core.
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -49,6 +51,7 @@ struct Faults {
   double timeout_after_apply = 0;
   double error_5xx = 0;
   double reject_4xx = 0;
+  double record_delay_ms = 0;
 };
 
 void to_json(json& j, const Faults& f) {
@@ -56,7 +59,8 @@ void to_json(json& j, const Faults& f) {
            {"latency_p99_ms", f.latency_p99_ms},
            {"timeout_after_apply", f.timeout_after_apply},
            {"error_5xx", f.error_5xx},
-           {"reject_4xx", f.reject_4xx}};
+           {"reject_4xx", f.reject_4xx},
+           {"record_delay_ms", f.record_delay_ms}};
 }
 
 void update(Faults& f, const json& j) {
@@ -65,14 +69,19 @@ void update(Faults& f, const json& j) {
   f.timeout_after_apply = j.value("timeout_after_apply", f.timeout_after_apply);
   f.error_5xx = j.value("error_5xx", f.error_5xx);
   f.reject_4xx = j.value("reject_4xx", f.reject_4xx);
+  f.record_delay_ms = j.value("record_delay_ms", f.record_delay_ms);
 }
 
 struct Service {
   Faults faults;
   uint64_t requests = 0, applied = 0, rejected = 0, errors_5xx = 0, timeouts = 0;
-  std::map<std::string, std::string> by_key;               // idempotency key -> receipt
-  std::map<std::string, int> per_order;                    // order id -> effects really applied
-  std::map<std::string, std::vector<std::string>> by_ref;  // sms client_ref -> message ids
+  std::map<std::string, std::string> by_key;  // idempotency key -> receipt
+  std::map<std::string, int> per_order;       // order id -> effects really applied
+  struct Sent {
+    std::string message_id;
+    std::chrono::steady_clock::time_point visible;  // recorded (seen by lookups) from then on
+  };
+  std::map<std::string, std::vector<Sent>> by_ref;  // sms client_ref -> messages
 };
 
 struct Reply {
@@ -117,9 +126,11 @@ class World {
     if (!post && path == "/sms/messages") {
       const auto ref = query.rfind("client_ref=", 0) == 0 ? query.substr(11) : std::string();
       auto& sms = services_["sms"];
-      auto it = sms.by_ref.find(ref);
-      return {http::status::ok,
-              {{"client_ref", ref}, {"messages", it == sms.by_ref.end() ? json::array() : json(it->second)}}};
+      json messages = json::array();
+      if (auto it = sms.by_ref.find(ref); it != sms.by_ref.end())
+        for (const auto& m : it->second)
+          if (m.visible <= std::chrono::steady_clock::now()) messages.push_back(m.message_id);
+      return {http::status::ok, {{"client_ref", ref}, {"messages", messages}}};
     }
     if (post && path == "/waybills") {
       const std::string key(req["Idempotency-Key"]);
@@ -180,7 +191,9 @@ class World {
       receipt = prefix + std::to_string(100000 + s.applied);
       ++s.per_order[order];
       ++s.applied;
-      s.by_ref[j.value("client_ref", "")].push_back(receipt);
+      const auto record_delay = std::chrono::milliseconds(static_cast<int64_t>(s.faults.record_delay_ms));
+      s.by_ref[j.value("client_ref", "")].push_back({receipt, std::chrono::steady_clock::now() + record_delay});
+      if (record_delay.count() > 0) return {http::status::ok, {{field, receipt}}, std::max(delay, record_delay)};
     }
     if (u(rng_) < s.faults.timeout_after_apply) {  // applied, but the answer comes too late
       ++s.timeouts;

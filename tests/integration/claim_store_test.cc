@@ -138,6 +138,66 @@ BOOST_AUTO_TEST_CASE(released_claims_pass_on_without_counting_as_a_vanished_owne
   BOOST_TEST(res[0].takeovers == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(the_call_mark_confirms_the_claim_and_outlives_a_release) {
+  Db db("claim_call_mark");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("sent"), req("retried"), req("never")});
+  // One statement for the wave; each claim confirmed before its call.
+  const auto before = db.scalar(
+      "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = "
+      "'Com_update'");
+  auto marked = a.confirm_calls(*db.conn, std::vector{outcome(first[0]), outcome(first[1])}, true);
+  BOOST_TEST((marked == std::vector<bool>{true, true}));
+  BOOST_TEST(db.scalar("SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = "
+                       "'Com_update'") == before + 1);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE call_started IS NOT NULL") == 2);
+
+  // "sent" is released while its call may be out (a revocation during the
+  // takeover that followed a crash): no certain calls, so the mark stays.
+  a.release(*db.conn, std::vector{claim::Outcome{first[0].row, first[0].attempt, 0, 0, {}, {}}});
+  // "retried" is released after a call that certainly did not apply.
+  a.release(*db.conn, std::vector{claim::Outcome{first[1].row, first[1].attempt, 1, 0, {}, {}}});
+  // "never" was claimed and never called; its owner vanishes.
+  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE owner IS NOT NULL");
+
+  auto second = b.claim(*db.conn, std::vector{req("sent"), req("retried"), req("never")});
+  for (const auto& r : second) BOOST_TEST((r.verdict == Verdict::Owned));
+  BOOST_TEST(second[0].maybe_called);  // never called again by anyone
+  BOOST_TEST(!second[0].previous_owner_vanished);
+  BOOST_TEST(!second[1].maybe_called);
+  BOOST_TEST(!second[2].maybe_called);  // certainly never sent: may be called
+  BOOST_TEST(second[2].previous_owner_vanished);
+
+  // The old owner cannot confirm (nor call) any more; the new one can.
+  BOOST_TEST((a.confirm_calls(*db.conn, std::vector{outcome(first[2])}, true) == std::vector<bool>{false}));
+  BOOST_TEST((b.confirm_calls(*db.conn, std::vector{outcome(second[2]), outcome(first[2])}, false) ==
+              std::vector<bool>{true, false}));
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE biz_key = 'never' AND call_started IS NULL") == 1);
+}
+
+BOOST_AUTO_TEST_CASE(unknown_claims_are_reconciled_only_once_their_call_is_old_enough) {
+  Db db("claim_reconcile_after");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("k")});
+  a.confirm_calls(*db.conn, std::vector{outcome(first[0])}, true);
+  a.mark_terminal(*db.conn, Status::Unknown, std::vector{outcome(first[0])});
+  const std::vector<ClaimStore::Namespace> waybill{{"waybill", 60s}};
+  auto listed = [&] { return a.unsettled(*db.conn, waybill, 10min, 10, false).size(); };
+  BOOST_TEST(listed() == 0u);                                           // the call began just now: it may still land
+  BOOST_TEST(a.unsettled(*db.conn, {}, 10min, 10, true).size() == 1u);  // the operator's list shows it at once
+  db.conn->execute("UPDATE idemsink_claim SET call_started = NOW(3) - INTERVAL 61 SECOND");
+  BOOST_TEST(listed() == 1u);
+
+  // A re-drive is a new call: the row waits again, whatever it answers.
+  BOOST_TEST(a.take_for_redrive(*db.conn, first[0].row, first[0].attempt, 30s));
+  BOOST_TEST(listed() == 0u);
+  BOOST_TEST(a.record_redrive(*db.conn, first[0].row, first[0].attempt + 1, 2, ClaimStore::RedriveResult::Undecided,
+                              "timeout"));
+  BOOST_TEST(listed() == 0u);
+  db.conn->execute("UPDATE idemsink_claim SET call_started = NOW(3) - INTERVAL 61 SECOND");
+  BOOST_TEST(listed() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(same_key_with_another_payload_is_a_conflict_not_a_hit) {
   Db db("claim_conflict");
   ClaimStore a("host-a", "host-a#1", 30s);
@@ -328,6 +388,43 @@ BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_onc
   mine.mark_published(*db.conn, std::vector<uint64_t>{taken[0].id});
   BOOST_TEST(mine.pending(*db.conn) == 0u);
   BOOST_TEST(mine.take(*db.conn, 10, 1 << 20).empty());
+}
+
+// An unknown left to reconciliation is held back from the DLQ; once its hold
+// is over it goes out only if its claim is still unknown.
+BOOST_AUTO_TEST_CASE(held_dead_letters_go_out_only_while_their_claim_is_still_unknown) {
+  Db db("claim_outbox_held");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  dlq::Outbox outbox("host-a#1", 60s);
+  auto claims = a.claim(*db.conn, std::vector{req("settled"), req("undecided")});
+  a.mark_terminal(*db.conn, Status::Unknown, std::vector{outcome(claims[0]), outcome(claims[1])});
+  std::vector<dlq::Letter> letters(2);
+  for (int i = 0; i < 2; ++i) {
+    dlq::Letter& d = letters[i];
+    d.route = "waybill";
+    d.topic = "orders.dlq";
+    d.reason = "uncertain";
+    d.src_topic = "orders";
+    d.src_offset = i;
+    d.idem_token = claims[i].idem_token;
+    d.first_failure_ms = d.last_failure_ms = kNov2026;
+    d.host = "host-a";
+    d.hold = 1h;
+  }
+  outbox.insert(*db.conn, letters);
+  BOOST_TEST(outbox.take(*db.conn, 10, 1 << 20).empty());  // held: reconciliation may settle them
+  BOOST_TEST(outbox.pending(*db.conn) == 0u);
+
+  db.conn->execute("UPDATE idemsink_dlq_outbox SET held_until = NOW(3) - INTERVAL 1 SECOND");  // an hour later
+  BOOST_TEST(a.resolve_applied(*db.conn, claims[0].row, claims[0].attempt, "R"));
+  BOOST_TEST(outbox.pending(*db.conn) == 1u);
+  auto taken = outbox.take(*db.conn, 10, 1 << 20);
+  BOOST_REQUIRE(taken.size() == 1u);
+  BOOST_TEST(taken[0].idem_token == claims[1].idem_token);  // still undecided: a person looks at it
+  const std::vector<std::string> settled{claims[0].idem_token};
+  BOOST_TEST(dlq::Outbox::settle_held(*db.conn, settled) == 1u);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NOT NULL AND publish_error "
+                       "LIKE 'settled by reconciliation%'") == 1);
 }
 
 // A record forwarded to a retry topic and dead-lettered later from the same

@@ -24,7 +24,10 @@ namespace {
 int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
 
 std::string with_reconcile_every_second(std::string cfg) {
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\n");
+  // Unknowns are dead-lettered at once (no hold for reconciliation), so the
+  // DLQ copies of settled records can be checked for their headers.
+  cfg.replace(cfg.find("[claim]\n"), 8,
+              "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"1s\"\nunknown_dlq_after = \"0s\"\n");
   return cfg;
 }
 

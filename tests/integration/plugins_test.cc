@@ -71,7 +71,7 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   };
   // The reconcile hook settles unknown SMS every second.
   std::string cfg = base_config(kafka, db, "host-a", "g", "max_in_flight = 400\n");
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\n");
+  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n");
   for (const auto& t : topics) cfg += route(t);
   HostProcess host(dir, "host", cfg);
 

@@ -113,29 +113,44 @@ BOOST_AUTO_TEST_CASE(a_record_that_may_have_been_applied_never_ends_failed) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(after_a_claim_crash_loops_and_vanished_owners_park_as_unknown) {
+BOOST_AUTO_TEST_CASE(after_a_claim_crash_loops_and_maybe_called_records_park_as_unknown) {
   claim::ClaimResult fresh;
   fresh.verdict = claim::Verdict::Owned;
   for (auto kind : kKinds) BOOST_TEST((decide_on_claim(kind, fresh, 5).action == Action::Proceed));
 
+  // Taken from an owner that died before the call mark: never sent, so called.
   claim::ClaimResult taken = fresh;
   taken.taken_over = true;
   taken.previous_owner_vanished = true;
   taken.takeovers = 4;
-  BOOST_TEST((decide_on_claim(IDEMSINK_KIND_REMOTE_IDEMPOTENT, taken, 5).action == Action::Proceed));
-  BOOST_TEST((decide_on_claim(IDEMSINK_KIND_LOCAL_TX, taken, 5).action == Action::Proceed));
-  const Decision vanished = decide_on_claim(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, taken, 5);
-  BOOST_TEST((vanished.status == Status::Unknown));
-  BOOST_TEST((vanished.reason == Reason::OwnerVanished));
+  for (auto kind : kKinds) BOOST_TEST((decide_on_claim(kind, taken, 5).action == Action::Proceed));
+
+  // The mark is set: the call may have gone out. Whether the owner vanished
+  // or released the row since (a revocation during the takeover) is the same.
+  for (bool vanished_owner : {true, false}) {
+    claim::ClaimResult marked = taken;
+    marked.previous_owner_vanished = vanished_owner;
+    marked.maybe_called = true;
+    BOOST_TEST((decide_on_claim(IDEMSINK_KIND_REMOTE_IDEMPOTENT, marked, 5).action == Action::Proceed));
+    const Decision vanished = decide_on_claim(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, marked, 5);
+    BOOST_TEST((vanished.status == Status::Unknown));
+    BOOST_TEST((vanished.reason == Reason::OwnerVanished));
+  }
 
   taken.takeovers = 5;
   for (auto kind : kKinds) {
-    // The dead owners may have called: reconciliation asks the remote.
-    const Decision loop = decide_on_claim(kind, taken, 5);
+    // The dead owners may have called: reconciliation asks the remote...
+    claim::ClaimResult marked = taken;
+    marked.maybe_called = true;
+    const Decision loop = decide_on_claim(kind, marked, 5);
     BOOST_TEST((loop.status == Status::Unknown));
     BOOST_TEST((loop.reason == Reason::CrashLoop));
     BOOST_TEST(loop.error.find("5 times") != std::string::npos);
   }
+  // ...unless the record is at-most-once and no call ever started.
+  const Decision never_called = decide_on_claim(IDEMSINK_KIND_REMOTE_AT_MOST_ONCE, taken, 5);
+  BOOST_TEST((never_called.status == Status::Failed));
+  BOOST_TEST((never_called.reason == Reason::CrashLoop));
 
   // Released cleanly (revoke, shutdown, forward): no call was outstanding.
   claim::ClaimResult released = fresh;
