@@ -68,7 +68,8 @@ nlohmann::json FakeServices::stats() {
 }
 
 std::pair<int, std::string> http_request(int port, const std::string& method, const std::string& target,
-                                         const std::string& body) {
+                                         const std::string& body,
+                                         const std::vector<std::pair<std::string, std::string>>& headers) {
   boost::asio::io_context io;
   beast::tcp_stream stream(io);
   stream.expires_after(std::chrono::seconds(30));
@@ -76,6 +77,7 @@ std::pair<int, std::string> http_request(int port, const std::string& method, co
       boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   req.set(http::field::host, "127.0.0.1");
+  for (const auto& [name, value] : headers) req.set(name, value);
   req.body() = body;
   req.prepare_payload();
   http::write(stream, req);

@@ -46,6 +46,7 @@ class FakeServices {
 
 /// A blocking HTTP/1.1 request to 127.0.0.1:port; returns {status, body}.
 std::pair<int, std::string> http_request(int port, const std::string& method, const std::string& target,
-                                         const std::string& body = "");
+                                         const std::string& body = "",
+                                         const std::vector<std::pair<std::string, std::string>>& headers = {});
 
 }  // namespace idemsink::devkit

@@ -2,7 +2,10 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <optional>
+#include <string_view>
 
+#include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/pipeline/engine.h"
@@ -16,52 +19,121 @@ using tcp = boost::asio::ip::tcp;
 
 namespace {
 
+// Limits for a port that may face a hostile network: requests are tiny.
+constexpr size_t kMaxConnections = 64;
+constexpr uint32_t kHeaderLimit = 8 * 1024;
+constexpr uint64_t kBodyLimit = 4 * 1024;
+constexpr auto kRequestDeadline = std::chrono::seconds(10);  // also the idle keep-alive wait
+
+// Compares without an early exit, so response time says nothing about how
+// much of a guessed token was right.
+bool same_secret(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
 // One connection: read requests, answer, until the peer closes.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, pipeline::Metrics& metrics, pipeline::Engine& engine, const std::string& host_id)
-      : stream_(std::move(socket)), metrics_(metrics), engine_(engine), host_id_(host_id) {}
+  Session(tcp::socket socket, AdminServer::Shared& shared) : stream_(std::move(socket)), shared_(shared) {
+    ++shared_.connections;
+  }
+  ~Session() { --shared_.connections; }
 
   void run() { read(); }
 
  private:
   void read() {
-    req_ = {};
-    stream_.expires_after(std::chrono::seconds(30));
-    http::async_read(stream_, buf_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return;
-      self->respond();
+    parser_.emplace();
+    parser_->header_limit(kHeaderLimit);
+    parser_->body_limit(kBodyLimit);
+    stream_.expires_after(kRequestDeadline);
+    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec == http::error::header_limit) return self->refuse(http::status::request_header_fields_too_large);
+      if (ec == http::error::body_limit) return self->refuse(http::status::payload_too_large);
+      if (ec) return;  // closed, timed out or malformed: nothing worth answering
+      self->respond(self->parser_->release());
     });
   }
 
-  void respond() {
-    auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, req_.version());
-    res->keep_alive(req_.keep_alive());
-    const std::string target(req_.target());
-    const auto method = req_.method();
+  // A request over a limit: answered, and the connection closed.
+  void refuse(http::status status) {
+    auto res = std::make_shared<http::response<http::string_body>>(status, 11);
+    res->keep_alive(false);
+    res->body() = std::string(http::obsolete_reason(status)) + "\n";
+    res->prepare_payload();
+    write(res);
+  }
+
+  void respond(http::request<http::string_body> req) {
+    auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, req.version());
+    res->keep_alive(req.keep_alive());
+    try {
+      answer(req, *res);
+    } catch (const std::exception& e) {
+      // Never past this point: an exception on the admin thread would end the host.
+      spdlog::error("admin: {} {} failed: {}", std::string(req.method_string()),
+                    printable(std::string_view(req.target().data(), req.target().size())), e.what());
+      res->result(http::status::internal_server_error);
+      res->body() = "internal error\n";
+    }
+    res->prepare_payload();
+    write(res);
+  }
+
+  void answer(const http::request<http::string_body>& req, http::response<http::string_body>& res) {
+    if (fault::once("admin_throws")) throw std::runtime_error("fault admin_throws");
+    const std::string target(req.target());
+    const auto method = req.method();
     if (method == http::verb::get && target == "/metrics") {
-      res->set(http::field::content_type, "text/plain; version=0.0.4");
-      res->body() = metrics_.prometheus();
+      res.set(http::field::content_type, "text/plain; version=0.0.4");
+      res.body() = shared_.metrics.prometheus();
     } else if (method == http::verb::get && target == "/status") {
-      res->set(http::field::content_type, "application/json");
-      res->body() = metrics_.status_json(host_id_, engine_.operator_paused());
+      res.set(http::field::content_type, "application/json");
+      res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engine.operator_paused());
     } else if (method == http::verb::get && target == "/healthz") {
       // Unreachable and failing are different pages: the first is the
       // database's, the second a job's (its error says which).
-      const bool reachable = metrics_.db_healthy.load() != 0;
-      const bool jobs_ok = metrics_.db_jobs_failing.load() == 0;
-      res->result(reachable && jobs_ok ? http::status::ok : http::status::service_unavailable);
-      res->body() = !reachable ? "database unreachable\n"
-                    : !jobs_ok ? "a database job is failing: " + metrics_.db_last_job_error() + "\n"
-                               : "ok\n";
+      const bool reachable = shared_.metrics.db_healthy.load() != 0;
+      const bool jobs_ok = shared_.metrics.db_jobs_failing.load() == 0;
+      res.result(reachable && jobs_ok ? http::status::ok : http::status::service_unavailable);
+      res.body() = !reachable ? "database unreachable\n"
+                   : !jobs_ok ? "a database job is failing: " + shared_.metrics.db_last_job_error() + "\n"
+                              : "ok\n";
     } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
-      engine_.set_operator_pause(target == "/pause");
-      res->body() = target == "/pause" ? "paused\n" : "resumed\n";
+      if (const char* why = forbidden(req)) {
+        const std::string_view reason(why);
+        res.result(reason.find("bearer token") != std::string_view::npos ? http::status::unauthorized
+                                                                         : http::status::forbidden);
+        if (res.result() == http::status::unauthorized) res.set(http::field::www_authenticate, "Bearer");
+        res.body() = std::string(why) + "\n";
+        spdlog::warn("admin: refused POST {}: {}", target, why);
+        return;
+      }
+      shared_.engine.set_operator_pause(target == "/pause");
+      res.body() = target == "/pause" ? "paused\n" : "resumed\n";
     } else {
-      res->result(http::status::not_found);
-      res->body() = "unknown endpoint; try GET /metrics, GET /status, GET /healthz, POST /pause, POST /resume\n";
+      res.result(http::status::not_found);
+      res.body() = "unknown endpoint; try GET /metrics, GET /status, GET /healthz, POST /pause, POST /resume\n";
     }
-    res->prepare_payload();
+  }
+
+  // Why a state-changing request is refused, or nullptr.
+  const char* forbidden(const http::request<http::string_body>& req) const {
+    // Browsers send Origin on cross-site requests; operators' tools do not.
+    if (req.find(http::field::origin) != req.end()) return "requests carrying an Origin header are refused";
+    if (shared_.token.empty())
+      return shared_.loopback ? nullptr : "POST needs host.admin_token_env when admin_listen is not a loopback address";
+    const auto field = req[http::field::authorization];
+    const std::string_view auth(field.data(), field.size());
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.substr(0, kBearer.size()) != kBearer) return "missing bearer token";
+    return same_secret(auth.substr(kBearer.size()), shared_.token) ? nullptr : "wrong bearer token";
+  }
+
+  void write(std::shared_ptr<http::response<http::string_body>> res) {
+    stream_.expires_after(kRequestDeadline);
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
       if (ec || !res->keep_alive()) {
         beast::error_code ignored;
@@ -74,10 +146,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   beast::flat_buffer buf_;
-  http::request<http::string_body> req_;
-  pipeline::Metrics& metrics_;
-  pipeline::Engine& engine_;
-  const std::string& host_id_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  AdminServer::Shared& shared_;
 };
 
 tcp::endpoint parse_listen(const std::string& listen) {
@@ -92,13 +162,26 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 }  // namespace
 
-AdminServer::AdminServer(const std::string& listen, pipeline::Metrics& metrics, pipeline::Engine& engine,
-                         std::string host_id)
-    : metrics_(metrics), engine_(engine), host_id_(std::move(host_id)), acceptor_(io_, parse_listen(listen)) {
+AdminServer::AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics,
+                         pipeline::Engine& engine, std::string host_id)
+    : shared_{metrics, engine, std::move(host_id), std::move(token), false, 0}, acceptor_(io_, parse_listen(listen)) {
   port_ = acceptor_.local_endpoint().port();
-  spdlog::info("admin: listening on {}:{}", acceptor_.local_endpoint().address().to_string(), port_);
+  shared_.loopback = acceptor_.local_endpoint().address().is_loopback();
+  spdlog::info("admin: listening on {}:{} (POST {})", acceptor_.local_endpoint().address().to_string(), port_,
+               !shared_.token.empty() ? "needs the bearer token"
+               : shared_.loopback     ? "from this machine"
+                                      : "refused");
   accept();
-  thread_ = std::thread([this] { io_.run(); });
+  thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("admin: {}; serving on", e.what());
+      }
+    }
+  });
 }
 
 AdminServer::~AdminServer() { stop(); }
@@ -110,7 +193,14 @@ void AdminServer::stop() {
 
 void AdminServer::accept() {
   acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
-    if (!ec) std::make_shared<Session>(std::move(socket), metrics_, engine_, host_id_)->run();
+    if (!ec) {
+      if (shared_.connections < kMaxConnections) {
+        std::make_shared<Session>(std::move(socket), shared_)->run();
+      } else {
+        beast::error_code ignored;
+        socket.close(ignored);  // at the cap: refused at once, the others keep being served
+      }
+    }
     if (acceptor_.is_open()) accept();
   });
 }

@@ -4,6 +4,11 @@
 //   GET  /healthz   200 "ok", or 503 while the database is unreachable
 //   POST /pause     stop fetching (the consumer stays in its group)
 //   POST /resume    fetch again
+// POST needs the bearer token (host.admin_token_env), or, without one, a
+// loopback listen address; a request carrying an Origin header (a browser's
+// cross-site request) is refused. At most 64 connections, 8 KiB of headers,
+// 4 KiB of body and 10 s per request; nothing thrown while answering leaves
+// the admin thread.
 #pragma once
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
@@ -23,17 +28,26 @@ class AdminServer {
  public:
   /// `listen` is "host:port" (port 0 picks a free one). Throws on a bad
   /// address or a port in use.
-  AdminServer(const std::string& listen, pipeline::Metrics& metrics, pipeline::Engine& engine, std::string host_id);
+  AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics, pipeline::Engine& engine,
+              std::string host_id);
   ~AdminServer();
   void stop();
   unsigned short port() const { return port_; }
 
+  /// What every connection reads; touched on the admin thread only.
+  struct Shared {
+    pipeline::Metrics& metrics;
+    pipeline::Engine& engine;
+    std::string host_id;
+    std::string token;  // empty: none configured
+    bool loopback;      // the listen address is loopback
+    size_t connections;
+  };
+
  private:
   void accept();
 
-  pipeline::Metrics& metrics_;
-  pipeline::Engine& engine_;
-  std::string host_id_;
+  Shared shared_;
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   unsigned short port_ = 0;

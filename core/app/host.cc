@@ -112,7 +112,8 @@ int run_host(const config::Config& cfg) {
   Reconciler reconciler(io, pool, cfg, engine.handlers(), &metrics, owner);
   std::unique_ptr<admin::AdminServer> admin;
   if (!cfg.host.admin_listen.empty())
-    admin = std::make_unique<admin::AdminServer>(cfg.host.admin_listen, metrics, engine, cfg.host.id);
+    admin =
+        std::make_unique<admin::AdminServer>(cfg.host.admin_listen, cfg.host.admin_token, metrics, engine, cfg.host.id);
 
   engine.start(&consumer);
   consumer.start();

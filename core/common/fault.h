@@ -13,6 +13,7 @@
 //   drop_fetch          the N-th record polled, and every later one of its
 //                       partition, vanish until that partition is sought
 //                       (a consumer that silently stops delivering)
+//   admin_throws        the N-th admin request throws while being answered
 // Without the variable every check is one relaxed load of a null pointer.
 #pragma once
 

@@ -2,14 +2,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <limits>
-#include <random>
+#include <system_error>
 
 namespace idemsink {
 
@@ -74,8 +76,18 @@ bool looks_secret(std::string_view name) {
 }
 
 std::string random_uuid() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  uint64_t hi = rng(), lo = rng();
+  // Straight from the kernel's CSPRNG, 122 random bits per token: no seed a
+  // second thread or host could draw again (a remote that de-duplicates by
+  // token would answer one order with another's result). No buffering, so a
+  // forked child never replays its parent's bytes.
+  uint64_t words[2];
+  for (size_t got = 0; got < sizeof words;) {
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(words) + got, sizeof words - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::system_error(errno, std::generic_category(), "getrandom");
+    got += static_cast<size_t>(n);
+  }
+  uint64_t hi = words[0], lo = words[1];
   hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
   lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // RFC 4122 variant
   char buf[37];

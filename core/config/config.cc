@@ -353,6 +353,15 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
          "must be an IP address and a port 0..65535 such as \"127.0.0.1:9464\" or \"[::1]:9464\", not \"" +
              c.host.admin_listen + "\"");
 
+  const std::string token_env = host.str("admin_token_env");
+  if (!token_env.empty()) {
+    const char* v = std::getenv(token_env.c_str());
+    if (v == nullptr || *v == '\0')
+      fail(host.pos_of_key("admin_token_env"), "host.admin_token_env",
+           "environment variable " + token_env + " is not set (or empty)");
+    c.host.admin_token = v;
+  }
+
   const Reader db = root.sub("database");
   const std::string password_env = db.str("password_env");
   if (!password_env.empty()) {

@@ -42,6 +42,7 @@ struct HostConfig {
   Millis shutdown_grace{};
   std::string log_level;
   std::string admin_listen;  // "" = no admin HTTP server
+  std::string admin_token;   // from the variable host.admin_token_env names; "" = none; never logged
 };
 
 struct KafkaConfig {

@@ -124,6 +124,10 @@ constexpr Setting kSettings[] = {
         "host.admin_listen", "", false, 0, 0,
         "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
         "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."),
+    declare("host.admin_token_env", Type::String, "", false, 0, 0,
+            "Name of an environment variable holding a bearer token: POST requests (pause, resume) must carry "
+            "`Authorization: Bearer <token>`. Without it, POST is accepted only when admin_listen is a loopback "
+            "address. GET /metrics, /status and /healthz never need it."),
 
     declare("kafka", Type::Section, "", true, 0, 0, "The Kafka cluster and consumer group."),
     field<&KafkaConfig::bootstrap_servers>("kafka.bootstrap_servers", "", true, 0, 0,

@@ -270,16 +270,46 @@ Instance::~Instance() {
   if (instance_) lib_->descriptor().destroy(instance_);
 }
 
+namespace {
+
+// A plugin not built on the SDK may let an exception out of a callback; it
+// must not end the host. The call ends uncertain (whatever it did before
+// throwing may have reached the remote) unless it reported already, in
+// which case the registry ignores this second report.
+template <class Fn>
+void guard_plugin_call(const char* what, const Library& lib, const idemsink_record& rec, uint64_t call_id, Fn fn) {
+  std::string error;
+  try {
+    fn();
+    return;
+  } catch (const std::exception& e) {
+    error = std::string("plugin threw from ") + what + ": " + e.what();
+  } catch (...) {
+    error = std::string("plugin threw a non-standard exception from ") + what;
+  }
+  spdlog::error("plugin {} ({}), route {} key {}: {}", lib.name(), lib.path().string(), rec.route ? rec.route : "?",
+                printable(std::string_view(rec.biz_key.data ? rec.biz_key.data : "", rec.biz_key.len)), error);
+  CallRegistry::complete(CallRegistry::ctx_of(call_id), IDEMSINK_OUTCOME_UNCERTAIN, error.data(), error.size());
+}
+
+}  // namespace
+
 void Instance::invoke(const idemsink_record& rec, uint64_t call_id) {
-  lib_->descriptor().invoke(instance_, &rec, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  guard_plugin_call("invoke", *lib_, rec, call_id, [&] {
+    lib_->descriptor().invoke(instance_, &rec, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  });
 }
 
 void Instance::apply(const idemsink_record& rec, idemsink_tx* tx, uint64_t call_id) {
-  lib_->descriptor().apply(instance_, &rec, tx, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  guard_plugin_call("apply", *lib_, rec, call_id, [&] {
+    lib_->descriptor().apply(instance_, &rec, tx, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  });
 }
 
 void Instance::reconcile(const idemsink_record& rec, uint64_t call_id) {
-  lib_->descriptor().reconcile(instance_, &rec, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  guard_plugin_call("reconcile", *lib_, rec, call_id, [&] {
+    lib_->descriptor().reconcile(instance_, &rec, &CallRegistry::complete, CallRegistry::ctx_of(call_id));
+  });
 }
 
 }  // namespace idemsink::plugin

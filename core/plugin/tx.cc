@@ -18,18 +18,6 @@ void write_err(char* err, size_t cap, const std::string& msg) {
   err[n] = '\0';
 }
 
-// The host owns the transaction boundary; a plugin ending it would let its
-// remaining writes commit without the claim.
-bool is_transaction_control(const char* sql) {
-  while (*sql && std::isspace(static_cast<unsigned char>(*sql))) ++sql;
-  std::string word;
-  while (*sql && std::isalpha(static_cast<unsigned char>(*sql)))
-    word.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(*sql++))));
-  static const char* kControl[] = {"COMMIT",  "ROLLBACK", "BEGIN", "START",  "SAVEPOINT",
-                                   "RELEASE", "SET",      "LOCK",  "UNLOCK", "XA"};
-  return std::any_of(std::begin(kControl), std::end(kControl), [&](const char* k) { return word == k; });
-}
-
 std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, size_t n) {
   std::vector<db::Connection::Param> out(n);
   for (size_t i = 0; i < n; ++i) {
@@ -65,8 +53,12 @@ int guarded(idemsink_tx* tx, const char* sql, char* err, size_t cap, Body&& body
     write_err(err, cap, "transaction already aborted: " + tx->broken_message);
     return static_cast<int>(tx->broken_code);
   }
-  if (sql == nullptr || is_transaction_control(sql)) {
-    write_err(err, cap, "transaction control and SET statements are not allowed in a local_tx handler");
+  if (sql == nullptr) {
+    write_err(err, cap, "no SQL given");
+    return ER_NOT_SUPPORTED_YET;
+  }
+  if (const std::string why = refused_in_claim_tx(sql); !why.empty()) {
+    write_err(err, cap, why);
     return ER_NOT_SUPPORTED_YET;
   }
   try {
@@ -103,6 +95,38 @@ int tx_query(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params,
 }
 
 }  // namespace
+
+std::string refused_in_claim_tx(std::string_view sql) {
+  // Skip whitespace and comments; MariaDB runs the body of /*! */ and /*M! */.
+  size_t i = 0;
+  for (;;) {
+    while (i < sql.size() && std::isspace(static_cast<unsigned char>(sql[i]))) ++i;
+    if (sql.substr(i, 3) == "/*!" || sql.substr(i, 4) == "/*M!")
+      return "executable comments are not allowed in a local_tx statement";
+    if (sql.substr(i, 2) == "/*") {
+      const size_t end = sql.find("*/", i + 2);
+      if (end == std::string_view::npos) return "unterminated comment in a local_tx statement";
+      i = end + 2;
+    } else if (sql.substr(i, 2) == "--" || sql.substr(i, 1) == "#") {
+      const size_t end = sql.find('\n', i);
+      if (end == std::string_view::npos) return "a local_tx statement holds only a comment";
+      i = end + 1;
+    } else {
+      break;
+    }
+  }
+  std::string word;
+  while (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i])))
+    word.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i++]))));
+  static const char* kAllowed[] = {"INSERT", "UPDATE", "DELETE", "REPLACE", "SELECT"};
+  if (std::any_of(std::begin(kAllowed), std::end(kAllowed), [&](const char* k) { return word == k; })) return {};
+  std::string shown(sql.substr(0, 80));
+  for (char& c : shown)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return "only INSERT, UPDATE, DELETE, REPLACE and SELECT run in the claim transaction of a local_tx handler (the "
+         "host owns its boundary); refused: \"" +
+         shown + (sql.size() > 80 ? "...\"" : "\"");
+}
 
 void install_tx_api(idemsink_host_api& api) {
   api.tx_execute = &tx_execute;

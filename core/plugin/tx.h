@@ -4,6 +4,9 @@
 
 #include <idemsink/plugin_abi.h>
 
+#include <string>
+#include <string_view>
+
 #include "core/db/connection.h"
 
 /// Opaque to plugins (plugin_abi.h); defined here for the host.
@@ -20,5 +23,12 @@ namespace idemsink::plugin {
 
 /// Fills the tx_execute / tx_query members of a host API table.
 void install_tx_api(idemsink_host_api& api);
+
+/// Why `sql` may not run inside the claim transaction, or empty if it may.
+/// Only data statements run there (INSERT, UPDATE, DELETE, REPLACE, SELECT,
+/// after leading comments): anything else could end the transaction (COMMIT,
+/// DDL's implicit commit, a procedure, a savepoint, an executable comment)
+/// and let the effect commit without its claim, to be applied again.
+std::string refused_in_claim_tx(std::string_view sql);
 
 }  // namespace idemsink::plugin

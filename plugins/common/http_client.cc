@@ -188,7 +188,15 @@ void HttpClient::request(const std::string& method, const std::string& target, s
   for (auto& [k, v] : headers) call->req.set(k, v);
   call->req.body() = std::move(body);
   call->req.prepare_payload();
-  call->done = std::move(done);
+  // Nothing a callback throws may leave the client's thread (it would end
+  // the host); the plugins' callbacks catch their own (remote.h: guarded),
+  // and a completion dropped here is reported uncertain by the SDK.
+  call->done = [done = std::move(done)](HttpResult r) {
+    try {
+      done(std::move(r));
+    } catch (...) {
+    }
+  };
   asio::post(impl_->io, [impl = impl_.get(), call] { impl->start(call); });
 }
 

@@ -5,8 +5,13 @@
 
 #include <idemsink/sdk.h>
 
+#include <algorithm>
+#include <boost/beast/core/detail/base64.hpp>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "plugins/common/http_client.h"
 
@@ -29,10 +34,100 @@ inline HttpClient::Options client_options(const sdk::Options& o) {
   return c;
 }
 
-/// The record value as JSON when it is JSON, as a string otherwise.
+/// Deepest nesting of arrays and objects a record value may have: the JSON
+/// library serialises recursively, so a hostile value nested 200,000 deep
+/// would overflow the stack.
+constexpr size_t kMaxJsonDepth = 128;
+
+/// Nesting depth of the JSON-looking text `s` (brackets outside strings).
+inline size_t json_depth(std::string_view s) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+/// Whether `s` is valid UTF-8, as the JSON library checks it when writing.
+inline bool valid_utf8(std::string_view s) {
+  try {
+    (void)nlohmann::json(std::string(s)).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
+/// Why a record cannot be sent to a JSON service at all (decided before
+/// sending, so the answer is permanent, never "maybe sent"), or nothing.
+inline std::optional<std::string> unsendable(const sdk::Record& rec) {
+  if (!valid_utf8(rec.biz_key()))
+    return std::string("the biz_key is not valid UTF-8 and cannot be carried in a JSON request");
+  if (const size_t depth = json_depth(rec.value()); depth > kMaxJsonDepth)
+    return "the record value nests " + std::to_string(depth) + " levels deep (at most " +
+           std::to_string(kMaxJsonDepth) + ")";
+  return std::nullopt;
+}
+
+/// The record value as JSON when it is JSON, as a string when it is other
+/// text, and as {"value_base64": ...} when it is not UTF-8 (binary).
 inline nlohmann::json order_payload(const sdk::Record& rec) {
   auto j = nlohmann::json::parse(rec.value(), nullptr, false);
-  return j.is_discarded() ? nlohmann::json(std::string(rec.value())) : j;
+  if (!j.is_discarded()) return j;
+  if (valid_utf8(rec.value())) return nlohmann::json(std::string(rec.value()));
+  std::string b64(boost::beast::detail::base64::encoded_size(rec.value().size()), '\0');
+  b64.resize(boost::beast::detail::base64::encode(b64.data(), rec.value().data(), rec.value().size()));
+  return nlohmann::json{{"value_base64", b64}};
+}
+
+/// An HTTP callback that never lets an exception out: one thrown while
+/// reading the answer is logged with the route and key, and the call ends
+/// with `on_throw` (for a call: what the HTTP status says; for a reconcile
+/// question: cannot tell).
+template <class Fn>
+std::function<void(HttpResult)> guarded(const sdk::Host& host, const sdk::Record& rec, sdk::SharedCompletion done,
+                                        Fn fn, std::function<idemsink_outcome(const HttpResult&)> on_throw) {
+  std::string what =
+      "route " + std::string(rec.route()) + " key " +
+      nlohmann::json(std::string(rec.biz_key())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return [host, what = std::move(what), done = std::move(done), fn = std::move(fn),
+          on_throw = std::move(on_throw)](HttpResult r) {
+    try {
+      fn(done, r);
+    } catch (const std::exception& e) {
+      host.error(what + ": reading the answer failed: " + e.what());
+      done.report(on_throw(r), std::string("unreadable answer: ") + e.what());
+    }
+  };
+}
+
+/// The callback for a call's answer.
+template <class Fn>
+std::function<void(HttpResult)> guarded_call(const sdk::Host& host, const sdk::Record& rec, sdk::Completion done,
+                                             Fn fn) {
+  return guarded(host, rec, sdk::SharedCompletion(std::move(done)), std::move(fn),
+                 [](const HttpResult& r) { return classify(r); });
+}
+
+/// The callback for a reconcile answer.
+template <class Fn>
+std::function<void(HttpResult)> guarded_question(const sdk::Host& host, const sdk::Record& rec, sdk::Completion done,
+                                                 Fn fn) {
+  return guarded(host, rec, sdk::SharedCompletion(std::move(done)), std::move(fn),
+                 [](const HttpResult&) { return IDEMSINK_OUTCOME_RETRYABLE; });
 }
 
 /// Reports an HTTP result; on success the receipt is `field` of the JSON body.
@@ -49,14 +144,16 @@ inline void report(const sdk::SharedCompletion& done, const HttpResult& r, const
 /// The reconcile answer of a service that can be asked "what did you make
 /// for this key?": 404 = certainly not applied, 2xx = applied (receipt in
 /// `field`), anything else = cannot tell now.
-inline void lookup_receipt(HttpClient& http, const std::string& target, const char* field, const std::string& not_found,
-                           sdk::Completion done) {
-  // HTTP callbacks are std::function, which must be copyable: share the completion.
-  http.request("GET", target, "", {}, [done = sdk::SharedCompletion(std::move(done)), field, not_found](HttpResult r) {
-    if (r.failure == HttpResult::Failure::None && r.status == 404) return done.permanent(not_found);
-    if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
-    report(done, r, field);
-  });
+inline void lookup_receipt(const sdk::Host& host, HttpClient& http, const sdk::Record& rec, const std::string& target,
+                           const char* field, const std::string& not_found, sdk::Completion done) {
+  http.request("GET", target, "", {},
+               guarded_question(host, rec, std::move(done),
+                                [field, not_found](const sdk::SharedCompletion& done, const HttpResult& r) {
+                                  if (r.failure == HttpResult::Failure::None && r.status == 404)
+                                    return done.permanent(not_found);
+                                  if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
+                                  report(done, r, field);
+                                }));
 }
 
 }  // namespace idemsink::plugins

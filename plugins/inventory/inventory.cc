@@ -11,22 +11,26 @@ constexpr idemsink_option_decl kOptions[] = {IDEMSINK_REMOTE_OPTIONS("http://127
 
 class Inventory {
  public:
-  Inventory(const sdk::Host&, const sdk::Options& o) : http_(client_options(o)) {}
+  Inventory(const sdk::Host& host, const sdk::Options& o) : host_(host), http_(client_options(o)) {}
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
+    if (auto why = unsendable(rec)) return done.permanent(*why);
     nlohmann::json body{{"request_id", std::string(rec.idem_token())},
                         {"order_id", std::string(rec.biz_key())},
                         {"order", order_payload(rec)}};
     http_.request("POST", "/inventory/reserve", body.dump(), {},
-                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "reservation_id"); });
+                  guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
+                    report(done, r, "reservation_id");
+                  }));
   }
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
-    lookup_receipt(http_, "/inventory/reservations/" + std::string(rec.idem_token()), "reservation_id",
+    lookup_receipt(host_, http_, rec, "/inventory/reservations/" + std::string(rec.idem_token()), "reservation_id",
                    "no reservation was made with this request id", std::move(done));
   }
 
  private:
+  sdk::Host host_;
   HttpClient http_;
 };
 

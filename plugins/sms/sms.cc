@@ -19,10 +19,13 @@ constexpr idemsink_option_decl kOptions[] = {
 
 class Sms {
  public:
-  Sms(const sdk::Host&, const sdk::Options& o)
-      : http_(client_options(o)), text_(o.str("text")), phone_field_(o.str("phone_field")) {}
+  Sms(const sdk::Host& host, const sdk::Options& o)
+      : host_(host), http_(client_options(o)), text_(o.str("text")), phone_field_(o.str("phone_field")) {}
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
+    // Decided before sending: a record that cannot be sent is refused, never
+    // "maybe sent".
+    if (auto why = unsendable(rec)) return done.permanent(*why);
     const std::string order(rec.biz_key());
     std::string text = text_;
     if (auto pos = text.find("{order_id}"); pos != std::string::npos) text.replace(pos, 10, order);
@@ -33,22 +36,28 @@ class Sms {
     nlohmann::json body{
         {"client_ref", std::string(rec.idem_token())}, {"order_id", order}, {"to", phone}, {"text", text}};
     http_.request("POST", "/sms/send", body.dump(), {},
-                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "message_id"); });
+                  guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
+                    report(done, r, "message_id");
+                  }));
   }
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
-    http_.request("GET", "/sms/messages?client_ref=" + std::string(rec.idem_token()), "", {},
-                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) {
-                    if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
-                    auto j = nlohmann::json::parse(r.body, nullptr, false);
-                    if (j.is_discarded() || !j.contains("messages") || !j["messages"].is_array())
-                      return done.retryable("unreadable gateway answer: " + r.body.substr(0, 200));
-                    if (j["messages"].empty()) return done.permanent("the gateway never sent this message");
-                    done.ok(j["messages"][0].get<std::string>());
-                  });
+    http_.request(
+        "GET", "/sms/messages?client_ref=" + std::string(rec.idem_token()), "", {},
+        guarded_question(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
+          if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
+          auto j = nlohmann::json::parse(r.body, nullptr, false);
+          if (j.is_discarded() || !j.contains("messages") || !j["messages"].is_array())
+            return done.retryable("unreadable gateway answer: " + r.body.substr(0, 200));
+          if (j["messages"].empty()) return done.permanent("the gateway never sent this message");
+          // Sent: the first message id is the receipt (any JSON value the gateway uses).
+          const auto& first = j["messages"][0];
+          done.ok(first.is_string() ? first.get<std::string>() : first.dump());
+        }));
   }
 
  private:
+  sdk::Host host_;
   HttpClient http_;
   std::string text_;
   std::string phone_field_;

@@ -14,21 +14,25 @@ constexpr idemsink_option_decl kOptions[] = {IDEMSINK_REMOTE_OPTIONS("http://127
 
 class Waybill {
  public:
-  Waybill(const sdk::Host&, const sdk::Options& o) : http_(client_options(o)) {}
+  Waybill(const sdk::Host& host, const sdk::Options& o) : host_(host), http_(client_options(o)) {}
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
+    if (auto why = unsendable(rec)) return done.permanent(*why);
     nlohmann::json body{{"order_id", std::string(rec.biz_key())}, {"order", order_payload(rec)}};
     http_.request("POST", "/waybills", body.dump(), {{"Idempotency-Key", std::string(rec.idem_token())}},
-                  [done = sdk::SharedCompletion(std::move(done))](HttpResult r) { report(done, r, "waybill_no"); });
+                  guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
+                    report(done, r, "waybill_no");
+                  }));
   }
 
   // Did a waybill with this idempotency key get created?
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
-    lookup_receipt(http_, "/waybills/by-key/" + std::string(rec.idem_token()), "waybill_no",
+    lookup_receipt(host_, http_, rec, "/waybills/by-key/" + std::string(rec.idem_token()), "waybill_no",
                    "no waybill was created with this key", std::move(done));
   }
 
  private:
+  sdk::Host host_;
   HttpClient http_;
 };
 

@@ -114,6 +114,29 @@ BOOST_AUTO_TEST_CASE(create_failure_carries_the_plugin_message) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(an_exception_out_of_a_raw_plugin_ends_the_call_not_the_host) {
+  auto lib = plugin::Library::load(fixture("throws_from_invoke"));
+  plugin::Instance inst(lib, route_with({}));
+  auto& reg = plugin::CallRegistry::instance();
+  std::vector<std::pair<idemsink_outcome, std::string>> seen;
+  const uint64_t id = reg.add([&](idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
+  idemsink_record rec{};
+  rec.struct_size = sizeof rec;
+  rec.route = "r";
+  rec.biz_key = {"k", 1};
+  inst.invoke(rec, id);  // throws inside: caught at the boundary
+  BOOST_REQUIRE(seen.size() == 1u);
+  BOOST_TEST((seen[0].first == IDEMSINK_OUTCOME_UNCERTAIN));
+  BOOST_TEST(seen[0].second == "plugin threw from invoke: boom");
+
+  // A report made before the throw stands.
+  const uint64_t reported = reg.add([&](idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
+  rec.biz_key = {"reported-1", 10};
+  inst.invoke(rec, reported);
+  BOOST_REQUIRE(seen.size() == 2u);
+  BOOST_TEST((seen[1].first == IDEMSINK_OUTCOME_OK));
+}
+
 BOOST_AUTO_TEST_CASE(a_second_completion_is_ignored) {
   using T = config::OptionValue::TomlType;
   auto lib = plugin::Library::load(fixture("double_complete"));

@@ -133,3 +133,42 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   BOOST_TEST(check.first == 1, check.second);
   BOOST_TEST(check.second.find("1 problem(s)") != std::string::npos, check.second);
 }
+
+// The records that used to kill the host (issue: a 400 KB value nested
+// 200,000 deep, a key that is not UTF-8) are refused before sending, with a
+// reason; a binary value is carried as base64. The host runs on.
+BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_the_host) {
+  FakeServices services(fake_services_binary());
+  auto db = MariaDbServer::shared().fresh_database("plugins_hostile");
+  MockKafka kafka;
+  for (const std::string t : {"orders", "orders.dlq", "sms", "sms.dlq"}) kafka.create_topic(t, 1);
+  kafka.produce("orders", {{"deep", std::string(200000, '[') + std::string(200000, ']')},
+                           {"binary", std::string("\xFF\x00\x80 raw", 7)},
+                           {"plain", "{\"order_id\":\"plain\"}"}});
+  kafka.produce("sms", {{std::string("S\xC0\xAF"), "{\"phone\":\"1\"}"}, {"S2", "{\"phone\":\"2\"}"}});
+  ScratchDir dir("plugins");
+  auto route = [&](const std::string& name, const std::string& topic) {
+    return route_config({name, topic, shipped_plugin(name), "", {{"endpoint", "\"" + services.url() + "\""}}});
+  };
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") + route("waybill", "orders") + route("sms", "sms"));
+  wait_committed(kafka, "g", {{"orders", 1}, {"sms", 1}}, host);
+  auto conn = MariaDbServer::shared().connect("plugins_hostile");
+  std::map<std::string, std::string> status;
+  for (const auto& r : conn->query("SELECT biz_key, status FROM idemsink_claim")) status[*r[0]] = *r[1];
+  BOOST_TEST(status["deep"] == "3");  // failed: refused, never sent
+  BOOST_TEST(status["binary"] == "2");
+  BOOST_TEST(status["plain"] == "2");
+  BOOST_TEST(status[std::string("S\xC0\xAF")] == "3");  // failed, not unknown: certainly not sent
+  BOOST_TEST(status["S2"] == "2");
+  const auto stats = services.stats();
+  BOOST_TEST(stats["waybill"]["applied"].get<int>() == 2);
+  BOOST_TEST(stats["sms"]["requests"].get<int>() == 1);
+  auto dlq = kafka.read_all("orders.dlq", 1);
+  BOOST_REQUIRE(dlq.size() == 1u);
+  BOOST_TEST(dlq[0].headers["idemsink.reason"] == "permanent");
+  BOOST_TEST(dlq[0].headers["idemsink.error"].find("200000 levels deep") != std::string::npos,
+             dlq[0].headers["idemsink.error"]);
+  BOOST_TEST(host.running());
+  BOOST_TEST(host.stop() == 0);
+}

@@ -1,7 +1,12 @@
 #define BOOST_TEST_MODULE util
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "core/claim/claim_store.h"
 #include "core/common/util.h"
@@ -56,16 +61,42 @@ BOOST_AUTO_TEST_CASE(secret_looking_names) {
     BOOST_TEST(!looks_secret(name), name);
 }
 
-BOOST_AUTO_TEST_CASE(uuids_are_v4_and_distinct) {
-  std::set<std::string> seen;
-  for (int i = 0; i < 1000; ++i) {
-    std::string u = random_uuid();
-    BOOST_TEST(u.size() == 36u);
-    BOOST_TEST(u[14] == '4');
-    BOOST_TEST(std::string("89ab").find(u[19]) != std::string::npos);
-    seen.insert(u);
-  }
-  BOOST_TEST(seen.size() == 1000u);
+// idem_tokens come from the OS CSPRNG: 16 threads drawing at once (as claim
+// jobs and hosts do) never repeat one another, and every token is a
+// well-formed v4 UUID.
+BOOST_AUTO_TEST_CASE(uuids_from_16_threads_are_v4_and_distinct) {
+  constexpr int kThreads = 16, kEach = 100000;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> drawn(kThreads);
+  std::atomic<int> malformed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      drawn[t].reserve(kEach);
+      for (int i = 0; i < kEach; ++i) {
+        const std::string u = random_uuid();
+        bool ok = u.size() == 36 && u[8] == '-' && u[13] == '-' && u[18] == '-' && u[23] == '-' && u[14] == '4' &&
+                  std::string_view("89ab").find(u[19]) != std::string_view::npos;
+        std::string hex;
+        for (size_t k = 0; k < u.size(); ++k)
+          if (k != 8 && k != 13 && k != 18 && k != 23) {
+            ok = ok && std::isxdigit(static_cast<unsigned char>(u[k])) &&
+                 !std::isupper(static_cast<unsigned char>(u[k]));
+            hex += u[k];
+          }
+        if (!ok || hex.size() != 32) {
+          ++malformed;
+          continue;
+        }
+        drawn[t].emplace_back(std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16));
+      }
+    });
+  for (auto& th : threads) th.join();
+  BOOST_TEST(malformed.load() == 0);
+  std::vector<std::pair<uint64_t, uint64_t>> all;
+  for (auto& d : drawn) all.insert(all.end(), d.begin(), d.end());
+  std::sort(all.begin(), all.end());
+  BOOST_TEST((std::adjacent_find(all.begin(), all.end()) == all.end()));
+  BOOST_TEST(all.size() == static_cast<size_t>(kThreads) * kEach);
 }
 
 BOOST_AUTO_TEST_CASE(payload_hash_is_16_bytes_and_content_sensitive) {

@@ -1,0 +1,70 @@
+// Hostile input for the shipped remote plugins, decided before anything is
+// sent: values nested deeper than the JSON writer can take and keys that are
+// not UTF-8 are refused (permanent, never "maybe sent"), binary values are
+// carried as base64, and an exception while reading an answer is that call's
+// failure, logged with the route and key, never the end of the host.
+#define BOOST_TEST_MODULE remote_plugins
+#include <boost/test/unit_test.hpp>
+#include <idemsink/testing.h>
+
+#include "plugins/common/remote.h"
+
+using namespace idemsink;
+using namespace idemsink::plugins;
+using sdk::testing::FakeHost;
+using sdk::testing::RecordBuilder;
+using sdk::testing::RecordingCompletion;
+
+BOOST_AUTO_TEST_CASE(deeply_nested_values_and_non_utf8_keys_are_unsendable) {
+  RecordBuilder deep;
+  deep.route("waybill").biz_key("K1").value(std::string(200000, '[') + std::string(200000, ']'));
+  const auto why = unsendable(deep.record());
+  BOOST_REQUIRE(why.has_value());
+  BOOST_TEST(why->find("200000 levels") != std::string::npos, *why);
+
+  RecordBuilder fine;
+  fine.route("waybill").biz_key("K2").value("{\"a\":[[[\"]]]]]]\"]]]}");  // brackets inside strings do not count
+  BOOST_TEST(!unsendable(fine.record()).has_value());
+
+  RecordBuilder bad_key;
+  bad_key.route("sms").biz_key("K\xC0\xAF").value("{}");
+  BOOST_TEST(unsendable(bad_key.record()).value_or("").find("not valid UTF-8") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(binary_values_travel_as_base64) {
+  RecordBuilder bin;
+  bin.route("waybill").biz_key("K3").value(std::string("\xFF\x00\x80zz", 5));
+  const auto payload = order_payload(bin.record());
+  BOOST_TEST(payload.dump() == "{\"value_base64\":\"/wCAeno=\"}");
+  RecordBuilder text;
+  text.route("waybill").biz_key("K4").value("plain text");
+  BOOST_TEST(order_payload(text.record()).dump() == "\"plain text\"");
+}
+
+BOOST_AUTO_TEST_CASE(an_exception_reading_an_answer_is_that_calls_failure) {
+  FakeHost host;
+  RecordBuilder rec;
+  rec.route("sms").biz_key("K5").value("{}");
+  const HttpResult ok{HttpResult::Failure::None, 200, "{\"messages\":[1]}", ""};
+  auto throwing = [](const sdk::SharedCompletion&, const HttpResult& r) {
+    (void)nlohmann::json::parse(r.body)["messages"][0].get<std::string>();  // throws: 1 is not a string
+  };
+  {
+    RecordingCompletion done;
+    guarded_question(host.host(), rec.record(), done.completion(), throwing)(ok);
+    BOOST_TEST((done.outcome() == IDEMSINK_OUTCOME_RETRYABLE));  // cannot tell, asked again later
+    BOOST_TEST(done.detail().find("unreadable answer") != std::string::npos, done.detail());
+  }
+  {
+    RecordingCompletion done;
+    guarded_call(host.host(), rec.record(), done.completion(), throwing)(ok);
+    BOOST_TEST((done.outcome() == IDEMSINK_OUTCOME_OK));  // a 2xx: the effect happened
+  }
+  {
+    RecordingCompletion done;
+    const HttpResult unavailable{HttpResult::Failure::None, 503, "{}", ""};
+    guarded_call(host.host(), rec.record(), done.completion(), throwing)(unavailable);
+    BOOST_TEST((done.outcome() == IDEMSINK_OUTCOME_RETRYABLE));
+  }
+  BOOST_TEST(host.logged("route sms key \"K5\": reading the answer failed"));
+}
