@@ -22,7 +22,8 @@ MariaDbServer& MariaDbServer::shared() {
   return server;
 }
 
-MariaDbServer::MariaDbServer() : dir_("mariadb") {
+MariaDbServer::MariaDbServer(std::vector<std::string> extra_args, bool grant_tables)
+    : dir_("mariadb"), extra_args_(std::move(extra_args)), grant_tables_(grant_tables) {
   const std::string install = find_binary({"/usr/bin/mariadb-install-db", "/usr/bin/mysql_install_db"});
   Process init({install, "--no-defaults", "--datadir=" + (dir_ / "data").string(), "--user=root",
                 "--auth-root-authentication-method=normal", "--skip-test-db"},
@@ -45,17 +46,24 @@ MariaDbServer::~MariaDbServer() {
 
 void MariaDbServer::start() {
   const std::string mariadbd = find_binary({"/usr/sbin/mariadbd", "/usr/sbin/mysqld"});
-  server_ = std::make_unique<Process>(
-      std::vector<std::string>{mariadbd, "--no-defaults", "--datadir=" + (dir_ / "data").string(),
-                               "--socket=" + socket_, "--port=" + std::to_string(port_), "--bind-address=127.0.0.1",
-                               "--user=root", "--skip-grant-tables", "--skip-name-resolve",
-                               "--innodb-buffer-pool-size=256M", "--max-connections=1000",
-                               "--pid-file=" + (dir_ / "mysqld.pid").string()},
-      dir_ / "server.out", dir_ / "server.err");
+  std::vector<std::string> args{mariadbd,
+                                "--no-defaults",
+                                "--datadir=" + (dir_ / "data").string(),
+                                "--socket=" + socket_,
+                                "--port=" + std::to_string(port_),
+                                "--bind-address=127.0.0.1",
+                                "--user=root",
+                                "--skip-name-resolve",
+                                "--innodb-buffer-pool-size=256M",
+                                "--max-connections=1000",
+                                "--pid-file=" + (dir_ / "mysqld.pid").string()};
+  if (!grant_tables_) args.push_back("--skip-grant-tables");
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  server_ = std::make_unique<Process>(args, dir_ / "server.out", dir_ / "server.err");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     try {
-      db::Connection c(database(""));
+      db::Connection c(root_over_socket());
       return;
     } catch (const db::DbError&) {
     }
@@ -87,8 +95,14 @@ config::DatabaseConfig MariaDbServer::database(const std::string& name) const {
   return cfg;
 }
 
+config::DatabaseConfig MariaDbServer::root_over_socket() const {
+  config::DatabaseConfig cfg = database("");
+  cfg.socket = socket_;
+  return cfg;
+}
+
 config::DatabaseConfig MariaDbServer::fresh_database(const std::string& name) {
-  db::Connection c(database(""));
+  db::Connection c(root_over_socket());
   c.execute("DROP DATABASE IF EXISTS `" + name + "`");
   c.execute("CREATE DATABASE `" + name + "` CHARACTER SET utf8mb4");
   return database(name);

@@ -5,7 +5,7 @@
 
 #include <memory>
 #include <string>
-
+#include <vector>
 #include "core/config/config.h"
 #include "core/db/connection.h"
 #include "devkit/process.h"
@@ -17,7 +17,9 @@ class MariaDbServer {
   /// One server per process, started on first use.
   static MariaDbServer& shared();
 
-  MariaDbServer();
+  /// `extra_args` go to mariadbd (e.g. TLS settings). Without
+  /// `grant_tables` every client is root and no privilege is checked.
+  explicit MariaDbServer(std::vector<std::string> extra_args = {}, bool grant_tables = false);
   ~MariaDbServer();
 
   /// Settings for a fresh, empty database `name` (dropped and recreated).
@@ -31,12 +33,18 @@ class MariaDbServer {
   void kill();
   void restart();
 
+  /// root over the Unix socket: works whatever the server demands of TCP
+  /// clients (TLS, a user's privileges).
+  config::DatabaseConfig root_over_socket() const;
+
   int port() const { return port_; }
   const std::string& socket() const { return socket_; }
 
  private:
   void start();
   ScratchDir dir_;
+  std::vector<std::string> extra_args_;
+  bool grant_tables_;
   int port_ = 0;
   std::string socket_;
   std::unique_ptr<Process> server_;

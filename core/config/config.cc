@@ -372,6 +372,24 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
     c.database.password = v;
   }
 
+  static const std::set<std::string> kTlsModes{"disabled", "preferred", "required", "verify"};
+  if (!kTlsModes.count(c.database.tls_mode))
+    fail(db.pos_of_key("tls_mode"), "database.tls_mode", "must be one of disabled, preferred, required, verify");
+  if (c.database.tls_mode == "verify" && c.database.tls_ca.empty())
+    fail(db.pos_of_key("tls_mode"), "database.tls_mode",
+         "\"verify\" needs database.tls_ca: the CA the server's certificate must chain to");
+  if (c.database.tls_cert.empty() != c.database.tls_key.empty())
+    fail(db.pos_of_key(c.database.tls_cert.empty() ? "tls_key" : "tls_cert"), "database.tls_cert",
+         "tls_cert and tls_key go together");
+  for (const char* key : {"tls_ca", "tls_cert", "tls_key"}) {
+    const std::string path = db.str(key);
+    if (path.empty()) continue;
+    if (c.database.tls_mode == "disabled")
+      fail(db.pos_of_key(key), std::string("database.") + key, "is set but database.tls_mode is \"disabled\"");
+    if (!std::filesystem::is_regular_file(path))
+      fail(db.pos_of_key(key), std::string("database.") + key, "no such file: " + path);
+  }
+
   const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)
     fail(claim.pos_of_key("horizon_margin_days"), "claim.horizon_margin_days", "must be smaller than retention_days");

@@ -68,6 +68,10 @@ struct DatabaseConfig {
   Millis connect_timeout{};
   Millis reconnect_backoff_max{};
   Millis job_give_up_after{};
+  std::string tls_mode;  // disabled | preferred | required | verify
+  std::string tls_ca;    // PEM file of the CA(s) that signed the server's certificate
+  std::string tls_cert;  // client certificate (PEM), with tls_key
+  std::string tls_key;
 };
 
 struct ClaimConfig {

@@ -172,6 +172,17 @@ constexpr Setting kSettings[] = {
         "database.job_give_up_after", "1m", false, 1000, 86400000,
         "A job failing for another reason than a lost connection (an unexpected server error) is retried this long, "
         "then given up: its records are released, never wedged. A lost connection is waited out however long."),
+    field<&DatabaseConfig::tls_mode>(
+        "database.tls_mode", "disabled", false, 0, 0,
+        "TLS to the server: disabled; preferred (TLS when the server offers it, else plain); required (TLS, the "
+        "certificate not checked); verify (TLS, the certificate checked against tls_ca and the host name). Not used "
+        "over a Unix socket."),
+    field<&DatabaseConfig::tls_ca>("database.tls_ca", "", false, 0, 0,
+                                   "PEM file of the CA certificate(s) the server's certificate must chain to; "
+                                   "required with tls_mode = \"verify\" and used only then."),
+    field<&DatabaseConfig::tls_cert>("database.tls_cert", "", false, 0, 0,
+                                     "Client certificate (PEM) for servers that require one; with tls_key."),
+    field<&DatabaseConfig::tls_key>("database.tls_key", "", false, 0, 0, "Private key (PEM) of tls_cert."),
     field<&DatabaseConfig::reconnect_backoff_max>(
         "database.reconnect_backoff_max", "5s", false, 10, 600000,
         "Longest wait between reconnect attempts while the database is gone."),

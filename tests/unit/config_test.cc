@@ -356,3 +356,21 @@ plugin = "/dev/null"
   BOOST_CHECK_NO_THROW(
       idemsink::config::load_string(base + "max_record_bytes = 5000000\n[route.dlq]\nenabled = false\n", "nodlq.toml"));
 }
+
+BOOST_AUTO_TEST_CASE(database_tls_settings_are_checked_by_name) {
+  // kMinimal's [database] section comes before [[route]]: TLS lines go right after its header.
+  auto with_db = [](const std::string& lines) {
+    std::string text = kMinimal;
+    text.replace(text.find("[database]\n"), 11, "[database]\n" + lines);
+    return text;
+  };
+  expect_error(with_db("tls_mode = \"on\"\n"), {"database.tls_mode", "disabled, preferred, required, verify"});
+  expect_error(with_db("tls_mode = \"verify\"\n"), {"database.tls_mode", "needs database.tls_ca"});
+  expect_error(with_db("tls_mode = \"verify\"\ntls_ca = \"/no/such/ca.pem\"\n"),
+               {"database.tls_ca", "no such file: /no/such/ca.pem"});
+  expect_error(with_db("tls_mode = \"required\"\ntls_cert = \"/etc/passwd\"\n"), {"tls_cert and tls_key go together"});
+  expect_error(with_db("tls_ca = \"/etc/passwd\"\n"), {"database.tls_ca", "tls_mode is \"disabled\""});
+  Config c = load_string(with_db("tls_mode = \"verify\"\ntls_ca = \"/etc/passwd\"\n"), "test.toml");
+  BOOST_TEST(c.database.tls_mode == "verify");
+  BOOST_TEST(c.database.tls_ca == "/etc/passwd");
+}

@@ -1,0 +1,131 @@
+// TLS to the business database: a scratch MariaDB that takes TCP clients only
+// over TLS (require_secure_transport), with a CA and a server certificate made
+// here by openssl. The host connects with verification; a wrong CA is refused
+// with an error naming TLS; a plain connection is refused by the server.
+#define BOOST_TEST_MODULE tls
+#include <boost/test/unit_test.hpp>
+
+#include "core/db/connection.h"
+#include "devkit/mariadb_server.h"
+#include "tests/support/host_fixture.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace idemsink::devkit;
+using namespace std::chrono_literals;
+
+namespace {
+
+void openssl(const ScratchDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), "/usr/bin/openssl");
+  Process p(args, dir / "openssl.out", dir / "openssl.err");
+  auto rc = p.wait(60s);
+  if (!rc || *rc != 0) throw std::runtime_error("openssl failed: " + p.err());
+}
+
+// A CA, and a server certificate it signed for 127.0.0.1; a second, unrelated CA.
+struct Certificates {
+  ScratchDir dir{"tls"};
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  Certificates() {
+    for (const std::string ca : {"ca", "other-ca"})
+      openssl(dir, {"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", path(ca + ".key"), "-out",
+                    path(ca + ".pem"), "-days", "2", "-subj", "/CN=idemsink test " + ca});
+    openssl(dir, {"req", "-newkey", "rsa:2048", "-nodes", "-keyout", path("server.key"), "-out", path("server.csr"),
+                  "-subj", "/CN=127.0.0.1"});
+    write_file(dir / "san.cnf", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+    openssl(dir, {"x509", "-req", "-in", path("server.csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"),
+                  "-CAcreateserial", "-out", path("server.pem"), "-days", "2", "-extfile", path("san.cnf")});
+  }
+};
+
+// Privileges checked, TCP only over TLS, and the application's user made to
+// require it too.
+struct TlsServer {
+  Certificates certs;
+  MariaDbServer server{{"--ssl-ca=" + certs.path("ca.pem"), "--ssl-cert=" + certs.path("server.pem"),
+                        "--ssl-key=" + certs.path("server.key"), "--require-secure-transport=ON"},
+                       true};
+  TlsServer() {
+    db::Connection root(server.root_over_socket());
+    root.execute("CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY 'app-pw' REQUIRE SSL");
+    root.execute("GRANT ALL PRIVILEGES ON *.* TO 'app'@'%'");
+  }
+  config::DatabaseConfig app(const std::string& dbname) {
+    auto cfg = server.fresh_database(dbname);
+    cfg.user = "app";
+    cfg.password = "app-pw";
+    cfg.tls_mode = "verify";
+    cfg.tls_ca = certs.path("ca.pem");
+    return cfg;
+  }
+};
+
+TlsServer& tls_server() {
+  static TlsServer s;
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(verify_mode_connects_over_tls_and_refuses_a_wrong_ca) {
+  auto& s = tls_server();
+  auto cfg = s.app("tls_modes");
+  {
+    db::Connection c(cfg);
+    const auto cipher = c.query("SHOW SESSION STATUS LIKE 'Ssl_cipher'");
+    BOOST_REQUIRE(cipher.size() == 1u);
+    BOOST_TEST(!cipher[0][1].value_or("").empty());
+  }
+
+  auto wrong = cfg;
+  wrong.tls_ca = s.certs.path("other-ca.pem");
+  try {
+    db::Connection c(wrong);
+    BOOST_FAIL("connected although the server's certificate is not signed by tls_ca");
+  } catch (const db::DbError& e) {
+    const std::string what = e.what();
+    BOOST_TEST(what.find("tls_mode verify") != std::string::npos, what);
+    BOOST_TEST(what.find("other-ca.pem") != std::string::npos, what);
+  }
+
+  // Required: TLS without checking the certificate (any CA, or none).
+  auto required = wrong;
+  required.tls_mode = "required";
+  BOOST_CHECK_NO_THROW(db::Connection{required});
+
+  // Disabled: the server refuses a plain TCP client.
+  auto plain = cfg;
+  plain.tls_mode = "disabled";
+  plain.tls_ca.clear();
+  try {
+    db::Connection c(plain);
+    BOOST_FAIL("a plain connection was accepted although the server requires secure transport");
+  } catch (const db::DbError& e) {
+    const std::string what = e.what();
+    BOOST_TEST((what.find("insecure transport") != std::string::npos || what.find("Access denied") != std::string::npos),
+               what);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
+  auto& s = tls_server();
+  const auto db = s.app("tls_host");
+  MockKafka kafka;
+  kafka.create_topic("orders", 2);
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 50; ++i) msgs.push_back({"t-" + std::to_string(i), "v"});
+  kafka.produce("orders", msgs);
+  ScratchDir dir("tls");
+  std::string cfg = base_config(kafka, db, "host-a", "g") +
+                    route_config({"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
+  cfg.replace(cfg.find("[database]\n"), 11,
+              "[database]\npassword = \"app-pw\"\ntls_mode = \"verify\"\ntls_ca = \"" + s.certs.path("ca.pem") + "\"\n");
+  HostProcess host(dir, "host", cfg);
+  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  BOOST_TEST(host.stop() == 0);
+  BOOST_TEST(read_call_log(dir / "calls.log").size() == 50u);
+  db::Connection c(db);
+  BOOST_TEST(*c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0] == "50");
+}
