@@ -15,6 +15,7 @@
 //                                  "timeout_after_apply", "error_5xx", "reject_4xx",
 //                                  "record_delay_ms"}
 //   POST /admin/reset              forget everything
+// With --require-token T, the services answer 401 without "Authorization: Bearer T".
 //
 // Faults, per request: a 5xx *before* applying (probability error_5xx); a
 // 4xx business rejection (decided per order id, so retries get the same
@@ -92,7 +93,8 @@ struct Reply {
 
 class World {
  public:
-  World(uint64_t seed, std::chrono::milliseconds hold) : rng_(seed), hold_(hold) {
+  World(uint64_t seed, std::chrono::milliseconds hold, std::string token)
+      : rng_(seed), hold_(hold), token_(std::move(token)) {
     for (const char* s : {"waybill", "inventory", "sms"}) services_[s];
   }
 
@@ -108,6 +110,9 @@ class World {
     const bool post = req.method() == http::verb::post;
     if (path == "/healthz") return {http::status::ok, {{"ok", true}}};
     if (path == "/stats") return {http::status::ok, stats(query.find("detail=1") != std::string::npos)};
+    // The services (not /stats, /admin) want the bearer token when one is set.
+    if (!token_.empty() && path.rfind("/admin/", 0) != 0 && req[http::field::authorization] != "Bearer " + token_)
+      return {http::status::unauthorized, {{"error", "missing or wrong bearer token"}}};
     if (post && path == "/admin/reset") {
       for (auto& [n, s] : services_) s = Service{s.faults, 0, 0, 0, 0, 0, {}, {}, {}};
       return {http::status::ok, {{"reset", true}}};
@@ -242,6 +247,7 @@ class World {
   std::map<std::string, Service> services_;
   std::mt19937_64 rng_;
   std::chrono::milliseconds hold_;
+  std::string token_;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -319,6 +325,8 @@ int main(int argc, char** argv) {
                                                  "address to listen on (port 0 picks one)")(
       "seed", po::value<uint64_t>()->default_value(42), "random seed for latencies and faults")(
       "hold", po::value<int>()->default_value(30000), "ms a timed-out-after-apply response is held back")(
+      "require-token", po::value<std::string>()->default_value(""),
+      "answer 401 to service requests without \"Authorization: Bearer TOKEN\"")(
       "faults", po::value<std::vector<std::string>>()->composing(),
       "SERVICE:key=value,... e.g. waybill:latency_mean_ms=50,latency_p99_ms=350,timeout_after_apply=0.1,"
       "error_5xx=0.05,reject_4xx=0.01 (repeatable)");
@@ -330,7 +338,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
-    World world(vm["seed"].as<uint64_t>(), std::chrono::milliseconds(vm["hold"].as<int>()));
+    World world(vm["seed"].as<uint64_t>(), std::chrono::milliseconds(vm["hold"].as<int>()),
+                vm["require-token"].as<std::string>());
     if (vm.count("faults"))
       for (const auto& f : vm["faults"].as<std::vector<std::string>>()) apply_fault_flag(world, f);
     const std::string listen = vm["listen"].as<std::string>();

@@ -4,7 +4,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <deque>
+#include <string_view>
 #include <stdexcept>
 #include <thread>
 
@@ -54,6 +56,34 @@ Endpoint parse_url(const std::string& url) {
   return e;
 }
 
+std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto trim = [](std::string s) {
+    const auto a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+  };
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string entry = trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    if (entry.empty()) continue;
+    const auto colon = entry.find(':');
+    const std::string name = trim(entry.substr(0, colon));
+    if (colon == std::string::npos || name.empty())
+      throw std::invalid_argument("headers: expected \"Name: value\", got an entry without a name and colon");
+    for (unsigned char c : name)
+      if (!(std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
+        throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
+    const std::string value = trim(entry.substr(colon + 1));
+    for (unsigned char c : value)
+      if (c == '\r' || c == '\n' || c == 0) throw std::invalid_argument("headers: the value of " + name + " holds a line break");
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
 struct HttpClient::Impl {
   struct Call {
     http::request<http::string_body> req;
@@ -77,6 +107,8 @@ struct HttpClient::Impl {
   std::thread thread;
 
   explicit Impl(Options o) : opt(std::move(o)) {
+    // Resolved once here so a name that does not resolve is a start-up
+    // error; every new connection resolves it again (connect()).
     for (const auto& e : resolver.resolve(opt.endpoint.host, std::to_string(opt.endpoint.port))) endpoints.push_back(e);
     if (endpoints.empty()) throw std::invalid_argument("cannot resolve " + opt.endpoint.host);
     thread = std::thread([this] { io.run(); });
@@ -100,20 +132,33 @@ struct HttpClient::Impl {
       send(conn, call, /*reused=*/true);
     } else if (open < opt.max_connections) {
       ++open;
-      auto conn = std::make_shared<Conn>(io);
-      conn->stream.expires_after(opt.timeout);
-      conn->stream.async_connect(endpoints, [this, conn, call](beast::error_code ec, const tcp::endpoint&) {
-        if (ec) {
-          --open;
-          call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "connect: " + ec.message()});
-          next();
-          return;
-        }
-        send(conn, call, false);
-      });
+      connect(call);
     } else {
       waiting.push_back(std::move(call));
     }
+  }
+
+  // A new connection resolves the name again: a service that moved (a new
+  // load balancer address) is found without a restart. If resolving fails
+  // the addresses last seen are tried.
+  void connect(std::shared_ptr<Call> call) {
+    resolver.async_resolve(opt.endpoint.host, std::to_string(opt.endpoint.port),
+                           [this, call](beast::error_code ec, tcp::resolver::results_type results) {
+                             if (!ec && !results.empty()) endpoints.assign(results.begin(), results.end());
+                             auto conn = std::make_shared<Conn>(io);
+                             conn->stream.expires_after(opt.timeout);
+                             conn->stream.async_connect(
+                                 endpoints, [this, conn, call](beast::error_code ec, const tcp::endpoint&) {
+                                   if (ec) {
+                                     --open;
+                                     call->done(HttpResult{
+                                         HttpResult::Failure::BeforeSend, 0, {}, "connect: " + ec.message()});
+                                     next();
+                                     return;
+                                   }
+                                   send(conn, call, false);
+                                 });
+                           });
   }
 
   void send(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call, bool reused) {
@@ -185,6 +230,7 @@ void HttpClient::request(const std::string& method, const std::string& target, s
   call->req.set(http::field::host, impl_->opt.endpoint.host);
   call->req.set(http::field::content_type, "application/json");
   call->req.keep_alive(true);
+  for (const auto& [k, v] : impl_->opt.headers) call->req.set(k, v);
   for (auto& [k, v] : headers) call->req.set(k, v);
   call->req.body() = std::move(body);
   call->req.prepare_payload();

@@ -42,6 +42,10 @@ struct Endpoint {
 };
 /// Parses "http://host:port/base"; throws std::invalid_argument.
 Endpoint parse_url(const std::string& url);
+/// Parses "Name: value; Name2: value2" (the plugins' `headers` option);
+/// throws std::invalid_argument naming the bad entry. Values never appear in
+/// the message (they are often secrets).
+std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& text);
 
 class HttpClient {
  public:
@@ -49,8 +53,10 @@ class HttpClient {
     Endpoint endpoint;
     std::chrono::milliseconds timeout{2000};
     size_t max_connections = 64;
+    std::vector<std::pair<std::string, std::string>> headers;  // sent with every request (e.g. Authorization)
   };
   using Headers = std::vector<std::pair<std::string, std::string>>;
+
 
   explicit HttpClient(Options opt);
   ~HttpClient();

@@ -18,10 +18,13 @@
 namespace idemsink::plugins {
 
 /// endpoint / timeout / max_connections, declared the same way by every remote plugin.
-#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                                \
-  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http://host:port[/path]"},    \
-      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"}, { \
-    "max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"              \
+#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                                  \
+  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http://host:port[/path]"},      \
+      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"},     \
+      {"max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"},         \
+  {                                                                                                                \
+    "headers", IDEMSINK_OPTION_STRING, "",                                                                         \
+        "extra request headers, \"Name: value\" separated by \";\" (e.g. \"Authorization: Bearer ${API_TOKEN}\")" \
   }
 
 inline HttpClient::Options client_options(const sdk::Options& o) {
@@ -31,6 +34,7 @@ inline HttpClient::Options client_options(const sdk::Options& o) {
   const auto n = o.integer("max_connections");
   if (n < 1 || n > 10000) throw std::invalid_argument("max_connections must be between 1 and 10000");
   c.max_connections = static_cast<size_t>(n);
+  c.headers = parse_headers(o.str("headers"));
   return c;
 }
 

@@ -172,3 +172,32 @@ BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_
   BOOST_TEST(host.running());
   BOOST_TEST(host.stop() == 0);
 }
+
+// The `headers` option carries an API token from the environment on every
+// request; a route without it is refused by the service (401: permanent).
+BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
+  FakeServices services(fake_services_binary(), {"--require-token", "t0ken-from-env"});
+  auto db = MariaDbServer::shared().fresh_database("plugins_headers");
+  MockKafka kafka;
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 10; ++i) msgs.push_back({"H" + std::to_string(i), "{}"});
+  kafka.produce("orders", msgs);
+  kafka.produce("stock", msgs);
+  ScratchDir dir("plugins");
+  const std::string endpoint = "\"" + services.url() + "\"";
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill", "orders", shipped_plugin("waybill"), "",
+                                     {{"endpoint", endpoint}, {"headers", "\"Authorization: Bearer ${API_TOKEN}\""}}}) +
+                       route_config({"inventory", "stock", shipped_plugin("inventory"), "", {{"endpoint", endpoint}}}),
+                   {{"API_TOKEN", "t0ken-from-env"}});
+  wait_committed(kafka, "g", {{"orders", 1}, {"stock", 1}}, host);
+  BOOST_TEST(host.stop() == 0);
+  BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 10);
+  BOOST_TEST(services.stats()["inventory"]["applied"].get<int>() == 0);
+  auto conn = MariaDbServer::shared().connect("plugins_headers");
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3") == 10);
+  BOOST_TEST(host.log().find("t0ken-from-env") == std::string::npos);
+}

@@ -68,3 +68,21 @@ BOOST_AUTO_TEST_CASE(an_exception_reading_an_answer_is_that_calls_failure) {
   }
   BOOST_TEST(host.logged("route sms key \"K5\": reading the answer failed"));
 }
+
+BOOST_AUTO_TEST_CASE(extra_headers_parse_and_bad_ones_are_refused_without_their_value) {
+  const auto h = parse_headers(" Authorization: Bearer abc ; X-Tenant:shop-1;");
+  BOOST_REQUIRE(h.size() == 2u);
+  BOOST_TEST(h[0].first == "Authorization");
+  BOOST_TEST(h[0].second == "Bearer abc");
+  BOOST_TEST(h[1].second == "shop-1");
+  BOOST_TEST(parse_headers("").empty());
+  for (const char* bad : {"no colon here", ": value", "Bad Name: x", "X-Ok: line\r\nInjected: 1"}) {
+    try {
+      parse_headers(bad);
+      BOOST_FAIL("accepted: " << bad);
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(std::string(e.what()).find("headers:") == 0u, e.what());
+      BOOST_TEST(std::string(e.what()).find("Injected") == std::string::npos);  // the value is not echoed
+    }
+  }
+}
