@@ -9,6 +9,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 
 namespace idemsink::devkit {
 
@@ -60,7 +61,14 @@ FakeServices::FakeServices(const std::string& binary, std::vector<std::string> f
   const auto colon = line.rfind(':');
   if (line.rfind("listening on ", 0) != 0 || colon == std::string::npos)
     throw std::runtime_error("fake services did not start: " + line + read_file(dir_ / "err"));
-  port_ = std::stoi(line.substr(colon + 1));
+  port_ = std::stoi(line.substr(line.find(':') + 1));
+  if (std::find(flags.begin(), flags.end(), "--tls-cert") != flags.end()) {
+    wait_until([&] { return read_file(dir_ / "out").find("tls listening on ") != std::string::npos; },
+               std::chrono::seconds(10), "fake services to listen for HTTPS");
+    const std::string out = read_file(dir_ / "out");
+    const std::string tls_line = out.substr(out.find("tls listening on "));
+    tls_port_ = std::stoi(tls_line.substr(tls_line.find(':') + 1));
+  }
 }
 
 nlohmann::json FakeServices::stats() {

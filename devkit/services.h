@@ -34,6 +34,8 @@ class FakeServices {
   /// `flags` are extra command-line flags, e.g. {"--faults", "waybill:error_5xx=0.05"}.
   FakeServices(const std::string& binary, std::vector<std::string> flags = {});
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  /// The same services over HTTPS (started with --tls-cert and --tls-key).
+  std::string tls_url() const { return "https://127.0.0.1:" + std::to_string(tls_port_); }
   int port() const { return port_; }
   /// GET /stats?detail=1
   nlohmann::json stats();
@@ -42,6 +44,7 @@ class FakeServices {
   ScratchDir dir_;
   std::unique_ptr<Process> proc_;
   int port_ = 0;
+  int tls_port_ = 0;
 };
 
 /// A blocking HTTP/1.1 request to 127.0.0.1:port; returns {status, body}.

@@ -15,7 +15,8 @@
 //                                  "timeout_after_apply", "error_5xx", "reject_4xx",
 //                                  "record_delay_ms"}
 //   POST /admin/reset              forget everything
-// With --require-token T, the services answer 401 without "Authorization: Bearer T".
+// With --require-token T, the services answer 401 without "Authorization: Bearer T";
+// with --tls-cert/--tls-key they are also served over HTTPS on a second port.
 //
 // Faults, per request: a 5xx *before* applying (probability error_5xx); a
 // 4xx business rejection (decided per order id, so retries get the same
@@ -28,6 +29,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <iostream>
@@ -36,6 +39,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <type_traits>
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -250,16 +254,30 @@ class World {
   std::string token_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+// One connection, plain (Stream = beast::tcp_stream) or TLS
+// (beast::ssl_stream over it).
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket s, World& world) : stream_(std::move(s)), world_(world), timer_(stream_.get_executor()) {}
-  void run() { read(); }
+  template <class... TlsContext>
+  Session(tcp::socket s, World& world, TlsContext&... tls)
+      : stream_(std::move(s), tls...), world_(world), timer_(stream_.get_executor()) {}
+  void run() {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      read();
+    } else {
+      beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(30));
+      stream_.async_handshake(asio::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (!ec) self->read();
+      });
+    }
+  }
 
  private:
   void read() {
     req_ = {};
-    stream_.expires_after(std::chrono::minutes(10));
-    http::async_read(stream_, buf_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::minutes(10));
+    http::async_read(stream_, buf_, req_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       if (!ec) self->respond();
     });
   }
@@ -271,29 +289,36 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = r.body.dump();
     res->prepare_payload();
     timer_.expires_after(r.delay);
-    timer_.async_wait([self = shared_from_this(), res](beast::error_code) {
-      self->stream_.expires_after(std::chrono::minutes(1));
+    timer_.async_wait([self = this->shared_from_this(), res](beast::error_code) {
+      beast::get_lowest_layer(self->stream_).expires_after(std::chrono::minutes(1));
       http::async_write(self->stream_, *res, [self, res](beast::error_code ec, size_t) {
         if (ec || !res->keep_alive()) {
           beast::error_code ignored;
-          self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+          beast::get_lowest_layer(self->stream_).socket().shutdown(tcp::socket::shutdown_send, ignored);
           return;
         }
         self->read();
       });
     });
   }
-  beast::tcp_stream stream_;
+  Stream stream_;
   World& world_;
   asio::steady_timer timer_;
   beast::flat_buffer buf_;
   http::request<http::string_body> req_;
 };
 
-void accept(tcp::acceptor& acceptor, World& world) {
-  acceptor.async_accept([&](beast::error_code ec, tcp::socket s) {
-    if (!ec) std::make_shared<Session>(std::move(s), world)->run();
-    accept(acceptor, world);
+// `tls` null: plain HTTP.
+void accept(tcp::acceptor& acceptor, World& world, asio::ssl::context* tls) {
+  acceptor.async_accept([&acceptor, &world, tls](beast::error_code ec, tcp::socket s) {
+    if (!ec) {
+      if (tls) {
+        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(std::move(s), world, *tls)->run();
+      } else {
+        std::make_shared<Session<beast::tcp_stream>>(std::move(s), world)->run();
+      }
+    }
+    accept(acceptor, world, tls);
   });
 }
 
@@ -325,6 +350,9 @@ int main(int argc, char** argv) {
                                                  "address to listen on (port 0 picks one)")(
       "seed", po::value<uint64_t>()->default_value(42), "random seed for latencies and faults")(
       "hold", po::value<int>()->default_value(30000), "ms a timed-out-after-apply response is held back")(
+      "tls-cert", po::value<std::string>()->default_value(""),
+      "also serve HTTPS, on a second loopback port, with this certificate chain (PEM)")(
+      "tls-key", po::value<std::string>()->default_value(""), "private key of --tls-cert (PEM)")(
       "require-token", po::value<std::string>()->default_value(""),
       "answer 401 to service requests without \"Authorization: Bearer TOKEN\"")(
       "faults", po::value<std::vector<std::string>>()->composing(),
@@ -351,7 +379,19 @@ int main(int argc, char** argv) {
               << acceptor.local_endpoint().port() << std::endl;
     asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](auto, int) { io.stop(); });
-    accept(acceptor, world);
+    accept(acceptor, world, nullptr);
+    // HTTPS on a second port: the same services (the plain port keeps
+    // /stats and /admin reachable for tests' plain clients).
+    std::unique_ptr<asio::ssl::context> tls;
+    std::unique_ptr<tcp::acceptor> tls_acceptor;
+    if (!vm["tls-cert"].as<std::string>().empty()) {
+      tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+      tls->use_certificate_chain_file(vm["tls-cert"].as<std::string>());
+      tls->use_private_key_file(vm["tls-key"].as<std::string>(), asio::ssl::context::pem);
+      tls_acceptor = std::make_unique<tcp::acceptor>(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+      std::cout << "tls listening on 127.0.0.1:" << tls_acceptor->local_endpoint().port() << std::endl;
+      accept(*tls_acceptor, world, tls.get());
+    }
     io.run();
     return 0;
   } catch (const std::exception& e) {

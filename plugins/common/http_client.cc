@@ -4,6 +4,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cctype>
 #include <deque>
 #include <string_view>
@@ -15,6 +17,7 @@ namespace idemsink::plugins {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 idemsink_outcome classify(const HttpResult& r) {
@@ -35,10 +38,17 @@ std::string describe(const HttpResult& r) {
 }
 
 Endpoint parse_url(const std::string& url) {
-  const std::string scheme = "http://";
-  if (url.rfind(scheme, 0) != 0) throw std::invalid_argument("endpoint must start with http://, got " + url);
-  std::string rest = url.substr(scheme.size());
   Endpoint e;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    e.tls = true;
+    e.port = 443;
+  } else {
+    throw std::invalid_argument("endpoint must start with http:// or https://, got " + url);
+  }
   const auto slash = rest.find('/');
   if (slash != std::string::npos) {
     e.base_path = rest.substr(slash);
@@ -74,11 +84,13 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
     if (colon == std::string::npos || name.empty())
       throw std::invalid_argument("headers: expected \"Name: value\", got an entry without a name and colon");
     for (unsigned char c : name)
-      if (!(std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
+      if (!(std::isalnum(c) ||
+            std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
         throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
     const std::string value = trim(entry.substr(colon + 1));
     for (unsigned char c : value)
-      if (c == '\r' || c == '\n' || c == 0) throw std::invalid_argument("headers: the value of " + name + " holds a line break");
+      if (c == '\r' || c == '\n' || c == 0)
+        throw std::invalid_argument("headers: the value of " + name + " holds a line break");
     out.emplace_back(name, value);
   }
   return out;
@@ -89,9 +101,27 @@ struct HttpClient::Impl {
     http::request<http::string_body> req;
     std::function<void(HttpResult)> done;
   };
+  // One connection: plain TCP, or TLS over it (https endpoints).
   struct Conn {
-    explicit Conn(asio::io_context& io) : stream(io) {}
-    beast::tcp_stream stream;
+    Conn(asio::io_context& io, ssl::context* tls) {
+      if (tls) {
+        secure = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(io, *tls);
+      } else {
+        plain = std::make_unique<beast::tcp_stream>(io);
+      }
+    }
+    beast::tcp_stream& tcp() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
+    /// Runs `fn` with the stream requests are written to and read from.
+    template <class Fn>
+    void with_stream(Fn&& fn) {
+      if (secure) {
+        fn(*secure);
+      } else {
+        fn(*plain);
+      }
+    }
+    std::unique_ptr<beast::tcp_stream> plain;
+    std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
     beast::flat_buffer buf;
     http::response<http::string_body> res;
   };
@@ -99,6 +129,7 @@ struct HttpClient::Impl {
   Options opt;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<ssl::context> tls;  // https only
   tcp::resolver resolver{io};
   std::vector<tcp::endpoint> endpoints;
   std::vector<std::shared_ptr<Conn>> idle;
@@ -107,6 +138,24 @@ struct HttpClient::Impl {
   std::thread thread;
 
   explicit Impl(Options o) : opt(std::move(o)) {
+    if (opt.endpoint.tls) {
+      // Verification is on unless switched off: the system's CAs, or the
+      // given CA file; the name checked is the endpoint's host.
+      tls = std::make_unique<ssl::context>(ssl::context::tls_client);
+      tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                       ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+      if (opt.tls_verify) {
+        if (opt.tls_ca.empty()) {
+          tls->set_default_verify_paths();
+        } else {
+          tls->load_verify_file(opt.tls_ca);  // throws naming the problem: a missing or unreadable file
+        }
+        tls->set_verify_mode(ssl::verify_peer);
+        tls->set_verify_callback(ssl::host_name_verification(opt.endpoint.host));
+      } else {
+        tls->set_verify_mode(ssl::verify_none);
+      }
+    }
     // Resolved once here so a name that does not resolve is a start-up
     // error; every new connection resolves it again (connect()).
     for (const auto& e : resolver.resolve(opt.endpoint.host, std::to_string(opt.endpoint.port))) endpoints.push_back(e);
@@ -116,7 +165,7 @@ struct HttpClient::Impl {
   ~Impl() {
     work.reset();
     asio::post(io, [this] {
-      for (auto& c : idle) c->stream.close();
+      for (auto& c : idle) c->tcp().close();
       idle.clear();
     });
     io.stop();
@@ -138,46 +187,66 @@ struct HttpClient::Impl {
     }
   }
 
+  void failed_before_send(const std::shared_ptr<Call>& call, const std::string& what) {
+    --open;
+    call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, what});
+    next();
+  }
+
   // A new connection resolves the name again: a service that moved (a new
   // load balancer address) is found without a restart. If resolving fails
   // the addresses last seen are tried.
   void connect(std::shared_ptr<Call> call) {
-    resolver.async_resolve(opt.endpoint.host, std::to_string(opt.endpoint.port),
-                           [this, call](beast::error_code ec, tcp::resolver::results_type results) {
-                             if (!ec && !results.empty()) endpoints.assign(results.begin(), results.end());
-                             auto conn = std::make_shared<Conn>(io);
-                             conn->stream.expires_after(opt.timeout);
-                             conn->stream.async_connect(
-                                 endpoints, [this, conn, call](beast::error_code ec, const tcp::endpoint&) {
-                                   if (ec) {
-                                     --open;
-                                     call->done(HttpResult{
-                                         HttpResult::Failure::BeforeSend, 0, {}, "connect: " + ec.message()});
-                                     next();
-                                     return;
-                                   }
-                                   send(conn, call, false);
-                                 });
-                           });
+    resolver.async_resolve(
+        opt.endpoint.host, std::to_string(opt.endpoint.port),
+        [this, call](beast::error_code ec, tcp::resolver::results_type results) {
+          if (!ec && !results.empty()) endpoints.assign(results.begin(), results.end());
+          auto conn = std::make_shared<Conn>(io, tls.get());
+          conn->tcp().expires_after(opt.timeout);
+          conn->tcp().async_connect(endpoints, [this, conn, call](beast::error_code ec, const tcp::endpoint&) {
+            if (ec) return failed_before_send(call, "connect: " + ec.message());
+            if (!conn->secure) return send(conn, call, false);
+            // SNI: the name of the service, for servers hosting several.
+            if (!SSL_set_tlsext_host_name(conn->secure->native_handle(), opt.endpoint.host.c_str()))
+              return failed_before_send(call, "TLS: cannot set the server name");
+            conn->secure->async_handshake(ssl::stream_base::client, [this, conn, call](beast::error_code ec) {
+              // Nothing was sent yet: a refused certificate is retryable, and
+              // its reason (e.g. "certificate verify failed") is the error.
+              if (ec) {
+                conn->tcp().close();
+                return failed_before_send(call, "TLS handshake: " + ec.message());
+              }
+              send(conn, call, false);
+            });
+          });
+        });
   }
 
   void send(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call, bool reused) {
-    conn->stream.expires_after(opt.timeout);
-    http::async_write(conn->stream, call->req, [this, conn, call, reused](beast::error_code ec, size_t) {
-      if (ec) {
-        close(conn);
-        // A kept-alive connection the server already closed: nothing was
-        // processed, so resend once on a fresh connection.
-        if (reused) {
-          start(call);
+    conn->tcp().expires_after(opt.timeout);
+    conn->with_stream([&](auto& stream) {
+      http::async_write(stream, call->req, [this, conn, call, reused](beast::error_code ec, size_t) {
+        if (ec) {
+          close(conn);
+          // A kept-alive connection the server already closed: nothing was
+          // processed, so resend once on a fresh connection.
+          if (reused) {
+            start(call);
+            return;
+          }
+          call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "write: " + ec.message()});
+          next();
           return;
         }
-        call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "write: " + ec.message()});
-        next();
-        return;
-      }
-      conn->res = {};
-      http::async_read(conn->stream, conn->buf, conn->res, [this, conn, call](beast::error_code rec, size_t) {
+        receive(conn, call);
+      });
+    });
+  }
+
+  void receive(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call) {
+    conn->res = {};
+    conn->with_stream([&](auto& stream) {
+      http::async_read(stream, conn->buf, conn->res, [this, conn, call](beast::error_code rec, size_t) {
         if (rec) {
           // Sent but unanswered: the server may have acted on it. Never
           // resent here; the core decides by handler kind.
@@ -190,7 +259,7 @@ struct HttpClient::Impl {
         HttpResult r{HttpResult::Failure::None, conn->res.result_int(), std::move(conn->res.body()), {}};
         const bool keep = conn->res.keep_alive();
         if (keep) {
-          conn->stream.expires_never();
+          conn->tcp().expires_never();
           idle.push_back(conn);
         } else {
           close(conn);
@@ -203,8 +272,8 @@ struct HttpClient::Impl {
 
   void close(const std::shared_ptr<Conn>& conn) {
     beast::error_code ignored;
-    conn->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    conn->stream.close();
+    conn->tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    conn->tcp().close();
     --open;
   }
 

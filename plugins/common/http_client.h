@@ -36,11 +36,12 @@ idemsink_outcome classify(const HttpResult& r);
 std::string describe(const HttpResult& r);
 
 struct Endpoint {
+  bool tls = false;  // https
   std::string host;
-  uint16_t port = 80;
+  uint16_t port = 80;     // 443 for https
   std::string base_path;  // from the URL, without trailing slash
 };
-/// Parses "http://host:port/base"; throws std::invalid_argument.
+/// Parses "http://host:port/base" or "https://…"; throws std::invalid_argument.
 Endpoint parse_url(const std::string& url);
 /// Parses "Name: value; Name2: value2" (the plugins' `headers` option);
 /// throws std::invalid_argument naming the bad entry. Values never appear in
@@ -54,9 +55,12 @@ class HttpClient {
     std::chrono::milliseconds timeout{2000};
     size_t max_connections = 64;
     std::vector<std::pair<std::string, std::string>> headers;  // sent with every request (e.g. Authorization)
+    // https: the server's certificate is checked (chain and host name)
+    // against tls_ca, or the system's CAs when it is empty.
+    bool tls_verify = true;
+    std::string tls_ca;
   };
   using Headers = std::vector<std::pair<std::string, std::string>>;
-
 
   explicit HttpClient(Options opt);
   ~HttpClient();

@@ -18,12 +18,14 @@
 namespace idemsink::plugins {
 
 /// endpoint / timeout / max_connections, declared the same way by every remote plugin.
-#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                                  \
-  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http://host:port[/path]"},      \
-      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"},     \
-      {"max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"},         \
-  {                                                                                                                \
-    "headers", IDEMSINK_OPTION_STRING, "",                                                                         \
+#define IDEMSINK_REMOTE_OPTIONS(default_endpoint)                                                                 \
+  {"endpoint", IDEMSINK_OPTION_STRING, default_endpoint, "base URL of the service, http[s]://host:port[/path]"},  \
+      {"tls_ca", IDEMSINK_OPTION_STRING, "",                                                                      \
+       "https: CA file the service's certificate must chain to (default: the system's CAs)"},                     \
+      {"tls_verify", IDEMSINK_OPTION_BOOL, "true", "https: check the service's certificate and host name"},       \
+      {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"},    \
+      {"max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"}, {        \
+    "headers", IDEMSINK_OPTION_STRING, "",                                                                        \
         "extra request headers, \"Name: value\" separated by \";\" (e.g. \"Authorization: Bearer ${API_TOKEN}\")" \
   }
 
@@ -35,6 +37,10 @@ inline HttpClient::Options client_options(const sdk::Options& o) {
   if (n < 1 || n > 10000) throw std::invalid_argument("max_connections must be between 1 and 10000");
   c.max_connections = static_cast<size_t>(n);
   c.headers = parse_headers(o.str("headers"));
+  c.tls_ca = o.str("tls_ca");
+  c.tls_verify = o.boolean("tls_verify");
+  if (!c.endpoint.tls && !c.tls_ca.empty())
+    throw std::invalid_argument("tls_ca is set but the endpoint is not https://");
   return c;
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "tests/support/certificates.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
 #include "tests/support/mock_kafka.h"
@@ -188,7 +189,10 @@ BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   const std::string endpoint = "\"" + services.url() + "\"";
   HostProcess host(dir, "host",
                    base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", shipped_plugin("waybill"), "",
+                       route_config({"waybill",
+                                     "orders",
+                                     shipped_plugin("waybill"),
+                                     "",
                                      {{"endpoint", endpoint}, {"headers", "\"Authorization: Bearer ${API_TOKEN}\""}}}) +
                        route_config({"inventory", "stock", shipped_plugin("inventory"), "", {{"endpoint", endpoint}}}),
                    {{"API_TOKEN", "t0ken-from-env"}});
@@ -200,4 +204,47 @@ BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3") == 10);
   BOOST_TEST(host.log().find("t0ken-from-env") == std::string::npos);
+}
+
+// https:// endpoints: the service's certificate is checked against tls_ca
+// (chain and host name) with SNI; a service whose certificate another CA
+// signed is never sent anything (a retryable failure before sending).
+BOOST_AUTO_TEST_CASE(https_endpoints_verify_the_service_certificate) {
+  TestCertificates certs;
+  FakeServices services(fake_services_binary(),
+                        {"--tls-cert", certs.path("server.pem"), "--tls-key", certs.path("server.key")});
+  auto db = MariaDbServer::shared().fresh_database("plugins_https");
+  MockKafka kafka;
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 10; ++i) msgs.push_back({"T" + std::to_string(i), "{}"});
+  kafka.produce("orders", msgs);
+  kafka.produce("stock", msgs);
+  ScratchDir dir("plugins");
+  const std::string endpoint = "\"" + services.tls_url() + "\"";
+  const std::string give_up_fast = "[route.retry]\nmax_attempts = 2\nbackoff_initial = \"10ms\"\n";
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g") +
+                       route_config({"waybill",
+                                     "orders",
+                                     shipped_plugin("waybill"),
+                                     "",
+                                     {{"endpoint", endpoint}, {"tls_ca", "\"" + certs.path("ca.pem") + "\""}},
+                                     give_up_fast}) +
+                       route_config({"inventory",
+                                     "stock",
+                                     shipped_plugin("inventory"),
+                                     "",
+                                     {{"endpoint", endpoint}, {"tls_ca", "\"" + certs.path("other-ca.pem") + "\""}},
+                                     give_up_fast}));
+  wait_committed(kafka, "g", {{"orders", 1}, {"stock", 1}}, host);
+  BOOST_TEST(host.stop() == 0);
+  const auto stats = services.stats();
+  BOOST_TEST(stats["waybill"]["applied"].get<int>() == 10);
+  BOOST_TEST(stats["inventory"]["requests"].get<int>() == 0);  // nothing reached the impostor
+  auto conn = MariaDbServer::shared().connect("plugins_https");
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
+  BOOST_TEST(scalar(*conn,
+                    "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3 AND "
+                    "last_error LIKE '%certificate verify failed%'") == 10);
 }

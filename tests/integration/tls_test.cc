@@ -7,6 +7,7 @@
 
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
+#include "tests/support/certificates.h"
 #include "tests/support/host_fixture.h"
 #include "tests/support/mock_kafka.h"
 
@@ -17,33 +18,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-void openssl(const ScratchDir& dir, std::vector<std::string> args) {
-  args.insert(args.begin(), "/usr/bin/openssl");
-  Process p(args, dir / "openssl.out", dir / "openssl.err");
-  auto rc = p.wait(60s);
-  if (!rc || *rc != 0) throw std::runtime_error("openssl failed: " + p.err());
-}
-
-// A CA, and a server certificate it signed for 127.0.0.1; a second, unrelated CA.
-struct Certificates {
-  ScratchDir dir{"tls"};
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-  Certificates() {
-    for (const std::string ca : {"ca", "other-ca"})
-      openssl(dir, {"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", path(ca + ".key"), "-out",
-                    path(ca + ".pem"), "-days", "2", "-subj", "/CN=idemsink test " + ca});
-    openssl(dir, {"req", "-newkey", "rsa:2048", "-nodes", "-keyout", path("server.key"), "-out", path("server.csr"),
-                  "-subj", "/CN=127.0.0.1"});
-    write_file(dir / "san.cnf", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
-    openssl(dir, {"x509", "-req", "-in", path("server.csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"),
-                  "-CAcreateserial", "-out", path("server.pem"), "-days", "2", "-extfile", path("san.cnf")});
-  }
-};
-
 // Privileges checked, TCP only over TLS, and the application's user made to
 // require it too.
 struct TlsServer {
-  Certificates certs;
+  TestCertificates certs;
   MariaDbServer server{{"--ssl-ca=" + certs.path("ca.pem"), "--ssl-cert=" + certs.path("server.pem"),
                         "--ssl-key=" + certs.path("server.key"), "--require-secure-transport=ON"},
                        true};
@@ -104,8 +82,9 @@ BOOST_AUTO_TEST_CASE(verify_mode_connects_over_tls_and_refuses_a_wrong_ca) {
     BOOST_FAIL("a plain connection was accepted although the server requires secure transport");
   } catch (const db::DbError& e) {
     const std::string what = e.what();
-    BOOST_TEST((what.find("insecure transport") != std::string::npos || what.find("Access denied") != std::string::npos),
-               what);
+    BOOST_TEST(
+        (what.find("insecure transport") != std::string::npos || what.find("Access denied") != std::string::npos),
+        what);
   }
 }
 
@@ -118,10 +97,13 @@ BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
   for (int i = 0; i < 50; ++i) msgs.push_back({"t-" + std::to_string(i), "v"});
   kafka.produce("orders", msgs);
   ScratchDir dir("tls");
-  std::string cfg = base_config(kafka, db, "host-a", "g") +
-                    route_config({"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  cfg.replace(cfg.find("[database]\n"), 11,
-              "[database]\npassword = \"app-pw\"\ntls_mode = \"verify\"\ntls_ca = \"" + s.certs.path("ca.pem") + "\"\n");
+  std::string cfg =
+      base_config(kafka, db, "host-a", "g") +
+      route_config(
+          {"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
+  cfg.replace(
+      cfg.find("[database]\n"), 11,
+      "[database]\npassword = \"app-pw\"\ntls_mode = \"verify\"\ntls_ca = \"" + s.certs.path("ca.pem") + "\"\n");
   HostProcess host(dir, "host", cfg);
   wait_committed(kafka, "g", {{"orders", 2}}, host);
   BOOST_TEST(host.stop() == 0);
