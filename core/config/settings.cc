@@ -284,8 +284,10 @@ constexpr Setting kSettings[] = {
 // Every bound setting lives under the section its field's struct stands for.
 constexpr bool bindings_match_sections() {
   for (const auto& s : kSettings) {
-    if (s.store == nullptr) continue;
+    // Bound settings are the ones with a section (comparing the function
+    // pointer is not a constant expression in sanitizer builds).
     const std::string_view sec = s.store_section;
+    if (sec.empty()) continue;
     if (s.path.size() <= sec.size() || s.path.substr(0, sec.size()) != sec || s.path[sec.size()] != '.') return false;
   }
   return true;
