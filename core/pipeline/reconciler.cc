@@ -183,23 +183,31 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
     // 1. Applied: done, with the receipt the remote returned.
     pool_.submit("reconcile resolve", [this, cands, resolve, redrive, not_applied, undecided, summary,
                                        finish](Connection& c) {
+      // One transaction: a resolution and the stamp of its held DLQ row
+      // commit together (a host killed in between would leave the row
+      // unstamped). Counted once committed, so a re-run counts once.
       std::vector<std::string> settled;  // their held DLQ rows are never sent
+      size_t applied = 0, failed = 0;
+      c.begin();
       for (size_t i : resolve) {
         const Candidate& cand = (*cands)[i];
         if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) {
-          ++summary->applied;
+          ++applied;
           settled.push_back(cand.token);
         }
       }
       for (size_t i : not_applied) {
         const Candidate& cand = (*cands)[i];
         if (store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) {
-          ++summary->failed;
+          ++failed;
           settled.push_back(cand.token);
         }
       }
       dlq::Outbox::settle_held(c, settled);
       store_.note_undecided(c, undecided);
+      c.commit();
+      summary->applied += applied;
+      summary->failed += failed;
       // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
       //    no other host re-drives it meanwhile) and run it once more. The row
       //    stays `unknown` until the re-drive reports: a host that dies on the
@@ -237,6 +245,8 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
                   // 3. Record the re-drives' results under the epoch we took.
                   pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
                     std::vector<std::string> settled;
+                    ReconcileSummary counted;
+                    c.begin();  // results and their held rows' stamps commit together
                     for (const auto& [idx, res] : *outcomes) {
                       const Candidate& cand = (*cands)[idx];
                       using Result = claim::ClaimStore::RedriveResult;
@@ -247,14 +257,18 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
                       if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
                         continue;
                       if (result == Result::Applied)
-                        ++summary->redriven_done;
+                        ++counted.redriven_done;
                       else if (result == Result::Rejected)
-                        ++summary->failed;
+                        ++counted.failed;
                       else
-                        ++summary->undecided;
+                        ++counted.undecided;
                       if (result != Result::Undecided) settled.push_back(cand.token);
                     }
                     dlq::Outbox::settle_held(c, settled);
+                    c.commit();
+                    summary->redriven_done += counted.redriven_done;
+                    summary->failed += counted.failed;
+                    summary->undecided += counted.undecided;
                     asio::post(io_, [summary, finish] { finish(*summary); });
                   });
                 });
