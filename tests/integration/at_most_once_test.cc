@@ -21,8 +21,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
-
 int64_t scalar_or_zero(db::Connection& c, const std::string& sql) {
   try {
     return scalar(c, sql);
@@ -49,13 +47,10 @@ std::string order_value(const std::string& id) {
   return "{\"order_id\":\"" + id + "\",\"phone\":\"+86-138-" + id + "\"}";
 }
 
-void audit_clean(const ScratchDir& dir, const HostProcess& host) {
-  Process p({idemsink_binary(), "audit", "--config", host.config_path().string()}, dir / "audit.out",
-            dir / "audit.err");
-  auto rc = p.wait(120s);
-  BOOST_REQUIRE(rc.has_value());
-  BOOST_TEST(*rc == 0, p.out() + p.err());
-  BOOST_TEST(p.out().find("audit ok") != std::string::npos, p.out() + p.err());
+void audit_clean(const ScratchDir& dir, HostProcess& host) {
+  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
+  BOOST_TEST(rc == 0, out);
+  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
 }
 
 // Records that went unknown at some point: still unknown, or settled by reconciliation.

@@ -19,16 +19,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
-
-std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args) {
-  args.insert(args.begin(), idemsink_binary());
-  Process p(args, dir / (name + ".out"), dir / (name + ".err"));
-  auto rc = p.wait(120s);
-  if (!rc) throw std::runtime_error(name + " did not finish");
-  return {*rc, p.out() + p.err()};
-}
-
 void audit_clean(const ScratchDir& dir, HostProcess& host) {
   auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
   BOOST_TEST(rc == 0, out);

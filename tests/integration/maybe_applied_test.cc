@@ -21,8 +21,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
-
 std::string with_reconcile_every_second(std::string cfg) {
   // Unknowns are dead-lettered at once (no hold for reconciliation), so the
   // DLQ copies of settled records can be checked for their headers.

@@ -38,6 +38,16 @@ std::string route_config(const RouteSpec& r) {
   return os.str();
 }
 
+int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
+
+std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args) {
+  args.insert(args.begin(), idemsink_binary());
+  Process p(args, dir / (name + ".out"), dir / (name + ".err"));
+  auto rc = p.wait(std::chrono::seconds(120));
+  if (!rc) throw std::runtime_error(name + " did not finish");
+  return {*rc, p.out() + p.err()};
+}
+
 HostProcess::HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
                          std::map<std::string, std::string> env)
     : config_(dir / (name + ".toml")) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/config/config.h"
+#include "core/db/connection.h"
 #include "tests/support/mock_kafka.h"
 #include "devkit/process.h"
 
@@ -55,6 +56,12 @@ class HostProcess {
 /// every (topic, partitions); fails early, with its log, if the host exits.
 void wait_committed(MockKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
                     HostProcess& host, std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+/// The first column of the first row of `sql`, as a number.
+int64_t scalar(db::Connection& c, const std::string& sql);
+
+/// Runs `idemsink ARGS...` to the end (at most 2 minutes); {exit code, stdout + stderr}.
+std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args);
 
 /// The scripted plugin's call log, one vector of columns per call.
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);
