@@ -44,10 +44,11 @@ class Process {
 /// A TCP port that was free a moment ago on 127.0.0.1.
 int free_port();
 
-/// Polls `pred` every few milliseconds until it holds or `timeout` passes;
+/// Polls `pred` every `interval` until it holds or `timeout` passes;
 /// throws std::runtime_error naming `what` on timeout.
 template <class Pred>
-void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what);
+void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what,
+                std::chrono::milliseconds interval = std::chrono::milliseconds(10));
 
 /// A fresh scratch directory under $TMPDIR, removed at destruction unless
 /// IDEMSINK_KEEP_SCRATCH is set.

@@ -6,13 +6,14 @@
 namespace idemsink::devkit {
 
 template <class Pred>
-void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what) {
+void wait_until(Pred pred, std::chrono::milliseconds timeout, const std::string& what,
+                std::chrono::milliseconds interval) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (pred()) return;
     if (std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error("timed out after " + std::to_string(timeout.count()) + "ms waiting for " + what);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(interval);
   }
 }
 

@@ -72,17 +72,29 @@ void wait_committed(MockKafka& kafka, const std::string& group, const std::vecto
                     HostProcess& host, std::chrono::milliseconds timeout) {
   std::map<std::string, std::map<int32_t, int64_t>> hi;
   for (const auto& [topic, partitions] : topics) hi[topic] = kafka.high_watermarks(topic, partitions);
-  wait_until(
-      [&] {
-        if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
-        for (const auto& [topic, partitions] : topics) {
-          auto c = kafka.committed(group, topic, partitions);
-          for (int p = 0; p < partitions; ++p)
-            if (c[p] < hi[topic][p]) return false;
-        }
-        return true;
-      },
-      timeout, "committed offsets to reach the end");
+  std::string behind;  // "topic/partition committed/high", for the failure message
+  try {
+    wait_until(
+        [&] {
+          if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
+          behind.clear();
+          for (const auto& [topic, partitions] : topics) {
+            auto c = kafka.committed(group, topic, partitions);
+            for (int p = 0; p < partitions; ++p)
+              if (c[p] < hi[topic][p])
+                behind += " " + topic + "/" + std::to_string(p) + " " + std::to_string(c[p]) + "/" +
+                          std::to_string(hi[topic][p]);
+          }
+          return behind.empty();
+        },
+        // Each check is a consumer of its own: not too often on a 2-core machine.
+        timeout, "committed offsets to reach the end", std::chrono::milliseconds(200));
+  } catch (const std::runtime_error& e) {
+    // A flake seen only on a CI machine must carry what is needed to explain it.
+    auto log = host.log();
+    if (log.size() > 20000) log = "...\n" + log.substr(log.size() - 20000);
+    throw std::runtime_error(std::string(e.what()) + "; behind:" + behind + "\nhost log (tail):\n" + log);
+  }
 }
 
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file) {
