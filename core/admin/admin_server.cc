@@ -91,16 +91,13 @@ class Session : public std::enable_shared_from_this<Session> {
       res.body() = shared_.metrics.prometheus();
     } else if (method == http::verb::get && target == "/status") {
       res.set(http::field::content_type, "application/json");
-      res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engine.operator_paused());
+      res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engines.front()->operator_paused());
     } else if (method == http::verb::get && target == "/healthz") {
       // Unreachable and failing are different pages: the first is the
       // database's, the second a job's (its error says which).
-      const bool reachable = shared_.metrics.db_healthy.load() != 0;
-      const bool jobs_ok = shared_.metrics.db_jobs_failing.load() == 0;
-      res.result(reachable && jobs_ok ? http::status::ok : http::status::service_unavailable);
-      res.body() = !reachable ? "database unreachable\n"
-                   : !jobs_ok ? "a database job is failing: " + shared_.metrics.db_last_job_error() + "\n"
-                              : "ok\n";
+      const std::string problem = shared_.metrics.db_problem();
+      res.result(problem.empty() ? http::status::ok : http::status::service_unavailable);
+      res.body() = problem.empty() ? "ok\n" : problem;
     } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
       if (const char* why = forbidden(req)) {
         const std::string_view reason(why);
@@ -111,7 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
         spdlog::warn("admin: refused POST {}: {}", target, why);
         return;
       }
-      shared_.engine.set_operator_pause(target == "/pause");
+      for (auto* engine : shared_.engines) engine->set_operator_pause(target == "/pause");
       res.body() = target == "/pause" ? "paused\n" : "resumed\n";
     } else {
       res.result(http::status::not_found);
@@ -163,8 +160,9 @@ tcp::endpoint parse_listen(const std::string& listen) {
 }  // namespace
 
 AdminServer::AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics,
-                         pipeline::Engine& engine, std::string host_id)
-    : shared_{metrics, engine, std::move(host_id), std::move(token), false, 0}, acceptor_(io_, parse_listen(listen)) {
+                         std::vector<pipeline::Engine*> engines, std::string host_id)
+    : shared_{metrics, std::move(engines), std::move(host_id), std::move(token), false, 0},
+      acceptor_(io_, parse_listen(listen)) {
   port_ = acceptor_.local_endpoint().port();
   shared_.loopback = acceptor_.local_endpoint().address().is_loopback();
   spdlog::info("admin: listening on {}:{} (POST {})", acceptor_.local_endpoint().address().to_string(), port_,

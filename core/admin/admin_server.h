@@ -15,6 +15,7 @@
 #include <boost/asio.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 #include <thread>
 
 namespace idemsink::pipeline {
@@ -28,8 +29,8 @@ class AdminServer {
  public:
   /// `listen` is "host:port" (port 0 picks a free one). Throws on a bad
   /// address or a port in use.
-  AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics, pipeline::Engine& engine,
-              std::string host_id);
+  AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics,
+              std::vector<pipeline::Engine*> engines, std::string host_id);
   ~AdminServer();
   void stop();
   unsigned short port() const { return port_; }
@@ -37,7 +38,7 @@ class AdminServer {
   /// What every connection reads; touched on the admin thread only.
   struct Shared {
     pipeline::Metrics& metrics;
-    pipeline::Engine& engine;
+    std::vector<pipeline::Engine*> engines;  // one per database; at least one
     std::string host_id;
     std::string token;  // empty: none configured
     bool loopback;      // the listen address is loopback

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/pipeline/replay.h"
 
 namespace idemsink::app {
 
@@ -32,5 +33,9 @@ int dlq_list(const config::Config& cfg);
 int dlq_retry(const config::Config& cfg, uint64_t id);
 /// Drops an unpublishable row from the publishing queue, with a note.
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
+
+/// `idemsink replay`: dead (failed) claims of a route re-opened and their
+/// records sent back to its source topic; exit 1 if some had no payload left.
+int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter);
 
 }  // namespace idemsink::app

@@ -73,9 +73,33 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
   });
 }
 
+namespace {
+
+// The part of the host serving the routes of one database: its pool, engine,
+// consumer (a member of the same group, subscribed to those routes' topics)
+// and reconciler. A database that is down stalls only its slice.
+struct Slice {
+  config::Config cfg;  // [database] is the slice's, routes only its own
+  std::unique_ptr<db::Pool> pool;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<kafka::Consumer> consumer;
+  std::unique_ptr<Reconciler> reconciler;
+};
+
+}  // namespace
+
 int run_host(const config::Config& cfg) {
   auto libs = load_route_plugins(cfg);
-  if (cfg.claim.apply_schema) apply_schema(cfg, libs);
+  std::map<std::string, std::shared_ptr<plugin::Library>> lib_of;  // by route name
+  for (size_t i = 0; i < cfg.routes.size(); ++i) lib_of[cfg.routes[i].name] = libs[i];
+  const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg);
+  auto libs_of = [&](const config::Config& slice_cfg) {
+    std::vector<std::shared_ptr<plugin::Library>> out;
+    for (const auto& rc : slice_cfg.routes) out.push_back(lib_of[rc.name]);
+    return out;
+  };
+  if (cfg.claim.apply_schema)
+    for (const auto& sc : slice_cfgs) apply_schema(sc, libs_of(sc));
 
   // Claims are owned per run; a later run of the same host id takes over its
   // predecessor's claims at once (the predecessor is dead: ids are unique).
@@ -85,39 +109,50 @@ int run_host(const config::Config& cfg) {
   spdlog::info("{}", kafka::library_workarounds(cfg.kafka));
 
   Metrics metrics;
-  std::vector<std::unique_ptr<Route>> routes;
-  std::vector<std::string> topics;
-  for (size_t i = 0; i < cfg.routes.size(); ++i) {
-    const auto& rc = cfg.routes[i];
-    auto route = std::make_unique<Route>(
-        Route{rc, std::make_unique<plugin::Instance>(libs[i], rc), KeyExtractor(rc), &metrics.route(rc.name)});
-    spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}", rc.name, rc.topic, libs[i]->name(),
-                 libs[i]->descriptor().version, plugin::kind_name(libs[i]->kind()),
-                 rc.dlq.enabled ? rc.dlq.topic : "disabled");
-    topics.push_back(rc.topic);
-    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier) topics.push_back(rc.retry.topic_name(rc.topic, tier));
-    routes.push_back(std::move(route));
-  }
-
   asio::io_context io;
   auto work = asio::make_work_guard(io);
-  db::Pool pool(cfg.database, cfg.database.pool_size);
-  Engine engine(io, pool, cfg, std::move(routes), metrics, owner);
-  engine.relay().set_producer_factory([&cfg, &engine] {
-    return std::make_unique<kafka::Producer>(
-        cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
-  });
-  kafka::Consumer consumer(cfg.kafka, topics, engine);
+  std::vector<Slice> slices;  // after io: their timers go before it does
+  for (const auto& sc : slice_cfgs) slices.push_back(Slice{sc});
+  std::vector<Engine*> engines;
+  for (auto& s : slices) {
+    std::vector<std::unique_ptr<Route>> routes;
+    std::vector<std::string> topics;
+    for (const auto& rc : s.cfg.routes) {
+      const auto& lib = lib_of[rc.name];
+      routes.push_back(std::make_unique<Route>(
+          Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics.route(rc.name)}));
+      spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic, lib->name(),
+                   lib->descriptor().version, plugin::kind_name(lib->kind()),
+                   rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
+      topics.push_back(rc.topic);
+      for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
+        topics.push_back(rc.retry.topic_name(rc.topic, tier));
+    }
+    s.pool = std::make_unique<db::Pool>(s.cfg.database, s.cfg.database.pool_size);
+    s.engine = std::make_unique<Engine>(io, *s.pool, s.cfg, std::move(routes), metrics, owner);
+    Engine& engine = *s.engine;
+    engine.relay().set_producer_factory([&cfg, &engine] {
+      return std::make_unique<kafka::Producer>(
+          cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
+    });
+    s.consumer = std::make_unique<kafka::Consumer>(s.cfg.kafka, topics, engine);
+    s.reconciler = std::make_unique<Reconciler>(io, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner);
+    engines.push_back(&engine);
+  }
+  if (slices.size() > 1)
+    spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
+                 slices.size(), cfg.kafka.group_id);
 
-  Reconciler reconciler(io, pool, cfg, engine.handlers(), &metrics, owner);
   std::unique_ptr<admin::AdminServer> admin;
   if (!cfg.host.admin_listen.empty())
-    admin =
-        std::make_unique<admin::AdminServer>(cfg.host.admin_listen, cfg.host.admin_token, metrics, engine, cfg.host.id);
+    admin = std::make_unique<admin::AdminServer>(cfg.host.admin_listen, cfg.host.admin_token, metrics, engines,
+                                                 cfg.host.id);
 
-  engine.start(&consumer);
-  consumer.start();
-  reconciler.start(cfg.claim.reconcile_interval);
+  for (auto& s : slices) {
+    s.engine->start(s.consumer.get());
+    s.consumer->start();
+    s.reconciler->start(cfg.claim.reconcile_interval);
+  }
 
   std::thread shutdown;
   asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -127,9 +162,14 @@ int run_host(const config::Config& cfg) {
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
     shutdown = std::thread([&] {
       const auto deadline = std::chrono::steady_clock::now() + cfg.host.shutdown_grace + std::chrono::seconds(5);
-      asio::post(io, [&] { reconciler.stop(); });
-      consumer.close(deadline);  // revokes and drains every partition, commits
-      engine.quiesce(deadline);
+      asio::post(io, [&] {
+        for (auto& s : slices) s.reconciler->stop();
+      });
+      // Each consumer revokes and drains its partitions and commits.
+      std::vector<std::thread> closing;
+      for (auto& s : slices) closing.emplace_back([&s, deadline] { s.consumer->close(deadline); });
+      for (auto& t : closing) t.join();
+      for (auto& s : slices) s.engine->quiesce(deadline);
       if (admin) admin->stop();
       work.reset();
       io.stop();
@@ -137,9 +177,11 @@ int run_host(const config::Config& cfg) {
   });
   io.run();
   if (shutdown.joinable()) shutdown.join();
-  pool.stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  for (auto& s : slices) s.pool->stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
   spdlog::info("idemsink host {} stopped", cfg.host.id);
-  if (consumer.abandoned()) {
+  bool abandoned = false;
+  for (const auto& s : slices) abandoned = abandoned || s.consumer->abandoned();
+  if (abandoned) {
     // librdkafka's threads still run (docs/librdkafka.md): no destructor may
     // race them. Everything durable is written; the logs are flushed.
     spdlog::default_logger()->flush();

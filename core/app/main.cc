@@ -2,6 +2,8 @@
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage, config or plugin.
 #include <boost/program_options.hpp>
+#include <algorithm>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -30,13 +32,35 @@ commands:
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
   audit --config FILE          prove every committed offset is accounted for
-  dlq --config FILE [--list | --retry ID | --discard ID]
+    dlq --config FILE [--list | --retry ID | --discard ID]
                                DLQ outbox rows Kafka refused for good: list, publish again, drop
+  replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]
+                               re-open dead (failed) claims and drive their records again
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
   config-reference             print the configuration reference (Markdown)
 
 run `idemsink COMMAND --help` for a command's options)";
+
+// A command about one database, run against each database the routes use
+// (one, unless a route has its own [route.database]); the worst exit code wins.
+int each_database(const config::Config& cfg, const std::function<int(const config::Config&)>& command) {
+  const auto slices = config::split_by_database(cfg);
+  int rc = 0;
+  for (const auto& slice : slices) {
+    if (slices.size() > 1) std::cout << "database " << slice.database.label() << ":\n";
+    rc = std::max(rc, command(slice));
+  }
+  return rc;
+}
+
+// A command about one item (a token, an outbox id) that lives in one of the
+// databases: done by the first that has it.
+int first_database(const config::Config& cfg, const std::function<int(const config::Config&)>& command) {
+  for (const auto& slice : config::split_by_database(cfg))
+    if (command(slice) == 0) return 0;
+  return 1;
+}
 
 int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
   po::options_description common("options");
@@ -55,7 +79,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
     if (cmd == "run") return app::run(cfg);
-    if (cmd == "audit") return app::audit(cfg);
+    if (cmd == "audit") return each_database(cfg, app::audit);
     return app::check_config(cfg);
   }
   if (cmd == "schema") {
@@ -75,7 +99,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
-    return app::schema(cfg, action == "apply");
+    return each_database(cfg, [&](const config::Config& c) { return app::schema(c, action == "apply"); });
   }
   if (cmd == "reconcile") {
     po::options_description desc(common);
@@ -97,14 +121,50 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
-    if (vm.count("check")) return app::reconcile_check(cfg);
-    if (vm.count("ask")) return app::reconcile_ask(cfg);
+    if (vm.count("check")) return each_database(cfg, app::reconcile_check);
+    if (vm.count("ask")) return each_database(cfg, app::reconcile_ask);
     if (vm.count("resolve")) {
       if (!vm.count("as")) throw po::error("--resolve needs --as done|failed");
-      return app::reconcile_resolve(cfg, vm["resolve"].as<std::string>(), vm["as"].as<std::string>(),
-                                    vm["note"].as<std::string>());
+      return first_database(cfg, [&](const config::Config& c) {
+        return app::reconcile_resolve(c, vm["resolve"].as<std::string>(), vm["as"].as<std::string>(),
+                                      vm["note"].as<std::string>());
+      });
     }
-    return app::reconcile_list(cfg);
+    return each_database(cfg, app::reconcile_list);
+  }
+  if (cmd == "replay") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
+        "route", po::value<std::string>()->required(), "the route whose failed claims to replay")(
+        "reason", po::value<std::string>(), "only dead letters with this idemsink.reason (e.g. retries_exhausted)")(
+        "since", po::value<std::string>(),
+        "only claims that failed since: a duration back (\"2h\") or a UTC time (\"2026-11-30 14:00\")")(
+        "key", po::value<std::string>(), "only this biz_key")("dry-run", "list what would be replayed; change nothing");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] "
+                   "[--dry-run]\n\n"
+                << desc;
+      return 0;
+    }
+    po::notify(vm);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level);
+    pipeline::ReplayFilter f;
+    f.route = vm["route"].as<std::string>();
+    if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
+    if (vm.count("reason")) f.reason = vm["reason"].as<std::string>();
+    if (vm.count("since")) {
+      try {
+        f.since = pipeline::since_expression(vm["since"].as<std::string>());
+      } catch (const std::invalid_argument& e) {
+        throw po::error(e.what());
+      }
+    }
+    if (vm.count("key")) f.key = vm["key"].as<std::string>();
+    f.dry_run = vm.count("dry-run") != 0;
+    return app::replay(cfg, f);
   }
   if (cmd == "plugin-info") {
     po::options_description desc(common);
@@ -137,9 +197,14 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
-    if (vm.count("retry")) return app::dlq_retry(cfg, vm["retry"].as<uint64_t>());
-    if (vm.count("discard")) return app::dlq_discard(cfg, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
-    return app::dlq_list(cfg);
+    if (vm.count("retry"))
+      return first_database(cfg,
+                            [&](const config::Config& c) { return app::dlq_retry(c, vm["retry"].as<uint64_t>()); });
+    if (vm.count("discard"))
+      return first_database(cfg, [&](const config::Config& c) {
+        return app::dlq_discard(c, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
+      });
+    return each_database(cfg, app::dlq_list);
   }
   if (cmd == "dev-kafka") {
     po::options_description desc(common);

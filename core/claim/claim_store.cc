@@ -575,6 +575,15 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
                    " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))") > 0;
 }
 
+bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
+                               std::string_view note) const {
+  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(int(Status::Pending)) +
+                   ", owner = NULL, lease_until = NULL, calls = 0, takeovers = 0, last_error = " +
+                   c.quote(sanitize_utf8(std::string(note), kErrorBytes)) + ", updated_at = NOW(3) WHERE " +
+                   where_row(row) + " AND status = " + std::to_string(int(Status::Failed)) +
+                   " AND idem_token = " + c.quote(idem_token)) == 1;
+}
+
 uint64_t ClaimStore::count_stuck(Connection& c, std::chrono::milliseconds stuck_after) const {
   auto rows = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = " + std::to_string(int(Status::Pending)) +
                       " AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +

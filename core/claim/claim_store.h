@@ -231,6 +231,12 @@ class ClaimStore {
   /// our lease ran out and another host took the row (its result counts).
   bool record_redrive(db::Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,
                       RedriveResult result, std::string_view detail) const;
+  /// An operator replays a failed row (`idemsink replay`): it becomes pending
+  /// again, released (no owner, no lease), with the same idem_token and its
+  /// counters reset, so the next host to read its record claims it like a
+  /// fresh one. Only from failed, and only once when two replays race: false
+  /// if the row is no longer failed with this token.
+  bool reopen_failed(db::Connection& c, const RowKey& row, std::string_view idem_token, std::string_view note) const;
   /// An operator's decision (done or failed) for the unknown or stuck row
   /// with this token. False if no such row.
   bool resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as, std::string_view note) const;

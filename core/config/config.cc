@@ -81,6 +81,8 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
     const std::string key(k.str());
     const std::string path = prefix.empty() ? key : prefix + "." + key;
     const Setting* s = find_setting(path);
+    // [route.database] takes the keys of [database].
+    if (s == nullptr && path.starts_with("route.database.")) s = find_setting(path.substr(6));
     const SourcePos pos = pos_of(file, node);
     if (s == nullptr) {
       fail(pos, path, prefix.empty() ? "unknown section or key" : "unknown key in [" + prefix + "]");
@@ -301,6 +303,12 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   if (rc.retry.backoff_max < rc.retry.backoff_initial)
     fail(retry.table_pos(), "route.retry.backoff_max", "must not be smaller than backoff_initial");
 
+  const Reader circuit = r.sub("circuit");
+  if (rc.circuit.probe_max < rc.circuit.probe_initial)
+    fail(circuit.table_pos(), "route.circuit.probe_max", "must not be smaller than probe_initial");
+  if (rc.circuit.min_calls > rc.circuit.window)
+    fail(circuit.table_pos(), "route.circuit.min_calls", "must not be larger than window");
+
   const Reader dlq = r.sub("dlq");
   if (rc.dlq.topic.empty()) rc.dlq.topic = rc.topic + ".dlq";
   if (rc.dlq.topic == rc.topic) fail(dlq.pos_of_key("topic"), "route.dlq.topic", "must differ from the source topic");
@@ -326,6 +334,37 @@ std::string default_host_id() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "idemsink";
   return buf;
+}
+
+// password_env, and the TLS settings checked against each other, for
+// [database] or a route's [route.database] (`section`).
+void finish_database(DatabaseConfig& d, const Reader& r, const std::string& section) {
+  const toml::node* env_node = r.node("password_env");
+  if (env_node != nullptr) {
+    const std::string name = **env_node->as_string();
+    const char* v = name.empty() ? "" : std::getenv(name.c_str());
+    if (v == nullptr)
+      fail(r.pos_of_key("password_env"), section + ".password_env", "environment variable " + name + " is not set");
+    if (!name.empty()) d.password = v;
+  }
+  static const std::set<std::string> kTlsModes{"disabled", "preferred", "required", "verify"};
+  if (!kTlsModes.count(d.tls_mode))
+    fail(r.pos_of_key("tls_mode"), section + ".tls_mode", "must be one of disabled, preferred, required, verify");
+  if (d.tls_mode == "verify" && d.tls_ca.empty())
+    fail(r.pos_of_key("tls_mode"), section + ".tls_mode",
+         "\"verify\" needs " + section + ".tls_ca: the CA the server's certificate must chain to");
+  if (d.tls_cert.empty() != d.tls_key.empty())
+    fail(r.pos_of_key(d.tls_cert.empty() ? "tls_key" : "tls_cert"), section + ".tls_cert",
+         "tls_cert and tls_key go together");
+  for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"tls_ca", &d.tls_ca},
+                                  {"tls_cert", &d.tls_cert},
+                                  {"tls_key", &d.tls_key}}) {
+    if (path->empty()) continue;
+    if (d.tls_mode == "disabled")
+      fail(r.pos_of_key(key), section + "." + key, "is set but " + section + ".tls_mode is \"disabled\"");
+    if (!std::filesystem::is_regular_file(*path))
+      fail(r.pos_of_key(key), section + "." + key, "no such file: " + *path);
+  }
 }
 
 Config build(const toml::table& doc, const std::string& file, const std::filesystem::path& base_dir) {
@@ -362,33 +401,7 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
     c.host.admin_token = v;
   }
 
-  const Reader db = root.sub("database");
-  const std::string password_env = db.str("password_env");
-  if (!password_env.empty()) {
-    const char* v = std::getenv(password_env.c_str());
-    if (v == nullptr)
-      fail(db.pos_of_key("password_env"), "database.password_env",
-           "environment variable " + password_env + " is not set");
-    c.database.password = v;
-  }
-
-  static const std::set<std::string> kTlsModes{"disabled", "preferred", "required", "verify"};
-  if (!kTlsModes.count(c.database.tls_mode))
-    fail(db.pos_of_key("tls_mode"), "database.tls_mode", "must be one of disabled, preferred, required, verify");
-  if (c.database.tls_mode == "verify" && c.database.tls_ca.empty())
-    fail(db.pos_of_key("tls_mode"), "database.tls_mode",
-         "\"verify\" needs database.tls_ca: the CA the server's certificate must chain to");
-  if (c.database.tls_cert.empty() != c.database.tls_key.empty())
-    fail(db.pos_of_key(c.database.tls_cert.empty() ? "tls_key" : "tls_cert"), "database.tls_cert",
-         "tls_cert and tls_key go together");
-  for (const char* key : {"tls_ca", "tls_cert", "tls_key"}) {
-    const std::string path = db.str(key);
-    if (path.empty()) continue;
-    if (c.database.tls_mode == "disabled")
-      fail(db.pos_of_key(key), std::string("database.") + key, "is set but database.tls_mode is \"disabled\"");
-    if (!std::filesystem::is_regular_file(path))
-      fail(db.pos_of_key(key), std::string("database.") + key, "no such file: " + path);
-  }
+  finish_database(c.database, root.sub("database"), "database");
 
   const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)
@@ -397,6 +410,20 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   std::set<std::string> names, topics;
   for (const auto& elem : *doc.get("route")->as_array()) {
     RouteConfig rc = read_route(*elem.as_table(), file, base_dir);
+    if (const toml::node* own = elem.as_table()->get("database")) {
+      // Inherit [database], then apply what the route's table sets.
+      Config scratch;
+      scratch.database = c.database;
+      const toml::table& t = *own->as_table();
+      for (const auto& s : settings()) {
+        if (s.store == nullptr || !s.path.starts_with("database.")) continue;
+        if (const toml::node* n = t.get(s.path.substr(9)))
+          s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, *own)));
+      }
+
+      finish_database(scratch.database, Reader(&t, "route.database", file, pos_of(file, *own)), "route.database");
+      rc.database = std::move(scratch.database);
+    }
     if (!names.insert(rc.name).second) fail(rc.pos, "route.name", "duplicate route name \"" + rc.name + "\"");
     if (!topics.insert(rc.topic).second)
       fail(rc.pos, "route.topic", "topic \"" + rc.topic + "\" already has a route (one route per topic)");
@@ -426,6 +453,30 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   }
   return c;
 }
+
+}  // namespace
+
+std::vector<Config> split_by_database(const Config& cfg) {
+  std::vector<Config> out;
+  std::vector<std::string> ids;
+  for (const auto& rc : cfg.routes) {
+    const DatabaseConfig& db = cfg.database_of(rc);
+    const std::string id = db.label() + "|" + db.user;
+    size_t i = 0;
+    while (i < ids.size() && ids[i] != id) ++i;
+    if (i == ids.size()) {
+      ids.push_back(id);
+      Config slice = cfg;
+      slice.database = db;
+      slice.routes.clear();
+      out.push_back(std::move(slice));
+    }
+    out[i].routes.push_back(rc);
+  }
+  return out;
+}
+
+namespace {
 
 Config parse(const std::string& text, const std::string& name, const std::filesystem::path& base_dir) {
   try {

@@ -72,6 +72,9 @@ struct DatabaseConfig {
   std::string tls_ca;    // PEM file of the CA(s) that signed the server's certificate
   std::string tls_cert;  // client certificate (PEM), with tls_key
   std::string tls_key;
+
+  /// "<schema>@<host>:<port>" or "<schema>@<socket>": names the database in metrics and logs.
+  std::string label() const { return database + "@" + (socket.empty() ? host + ":" + std::to_string(port) : socket); }
 };
 
 struct ClaimConfig {
@@ -105,6 +108,17 @@ struct RetryConfig {
   }
 };
 
+/// Route health: when most of a route's recent calls fail retryable or
+/// uncertain, its circuit opens (see pipeline/circuit_breaker.h).
+struct CircuitConfig {
+  bool enabled{};
+  int window{};           // the last N calls that ended
+  int failure_percent{};  // open at this share of failures in the window...
+  int min_calls{};        // ...once at least this many calls ended
+  Millis probe_initial{};
+  Millis probe_max{};
+};
+
 struct DlqConfig {
   bool enabled{};
   std::string topic;  // loading defaults it to "<topic>.dlq"
@@ -132,7 +146,11 @@ struct RouteConfig {
   int64_t max_record_bytes{};
   SourcePos max_record_bytes_pos;
   RetryConfig retry;
+  CircuitConfig circuit;
   DlqConfig dlq;
+  /// [route.database]: this route's own database (every key inherited from
+  /// [database] unless set); empty: the route uses [database].
+  std::optional<DatabaseConfig> database;
   std::map<std::string, OptionValue> options;
   SourcePos pos;
 };
@@ -147,12 +165,21 @@ struct Config {
 
   const RouteConfig* route_for_topic(const std::string& topic) const;
   const RouteConfig* route_by_name(const std::string& name) const;
+  /// The database holding the route's claims, outbox and local_tx writes.
+  const DatabaseConfig& database_of(const RouteConfig& route) const {
+    return route.database ? *route.database : database;
+  }
   /// How long after a call began its outcome may be asked about: claim.reconcile_after,
   /// or the route's call_timeout plus 10s.
   Millis reconcile_after(const RouteConfig& route) const {
     return claim.reconcile_after.count() > 0 ? claim.reconcile_after : route.call_timeout + Millis(10000);
   }
 };
+
+/// The config split by database: one Config per distinct database the
+/// routes use, with that database as [database] and only its routes, in the
+/// order the routes first name them. One element when no route has its own.
+std::vector<Config> split_by_database(const Config& cfg);
 
 /// Reads and validates a config file. Throws ConfigError.
 Config load_file(const std::filesystem::path& path);

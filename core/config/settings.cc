@@ -41,6 +41,11 @@ struct Section<RetryConfig> {
   static RetryConfig& of(const Target& t) { return t.route->retry; }
 };
 template <>
+struct Section<CircuitConfig> {
+  static constexpr std::string_view path = "route.circuit";
+  static CircuitConfig& of(const Target& t) { return t.route->circuit; }
+};
+template <>
 struct Section<DlqConfig> {
   static constexpr std::string_view path = "route.dlq";
   static DlqConfig& of(const Target& t) { return t.route->dlq; }
@@ -273,6 +278,30 @@ constexpr Setting kSettings[] = {
         "to "
         "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
         "last it is dead-lettered. The source partition moves on at once."),
+    declare("route.circuit", Type::Section, "", false, 0, 0,
+            "Route health: a circuit breaker that stops calling a remote that is down instead of spending "
+            "records' attempts on it."),
+    field<&CircuitConfig::enabled>("route.circuit.enabled", "true", false, 0, 0,
+                                   "Open the circuit when most recent calls fail retryable or uncertain."),
+    field<&CircuitConfig::window>("route.circuit.window", "50", false, 1, 100000,
+                                  "How many of the route's most recent calls (that ended) are judged."),
+    field<&CircuitConfig::failure_percent>(
+        "route.circuit.failure_percent", "80", false, 1, 100,
+        "The circuit opens when at least this share of the calls in the window failed retryable or uncertain "
+        "(permanent answers and successes count as healthy). While open: no calls, the route's partitions stop "
+        "fetching (the host stays in its group), and failed calls do not count toward retry.max_attempts."),
+    field<&CircuitConfig::min_calls>("route.circuit.min_calls", "20", false, 1, 100000,
+                                     "Calls that must have ended in the window before it can open."),
+    field<&CircuitConfig::probe_initial>(
+        "route.circuit.probe_initial", "1s", false, 10, 3600000,
+        "While open, one call goes out as a probe after this long, then after twice as long each time it fails; "
+        "a probe that succeeds (or is answered permanent) closes the circuit."),
+    field<&CircuitConfig::probe_max>("route.circuit.probe_max", "10s", false, 10, 3600000,
+                                     "The longest wait between probes."),
+    declare("route.database", Type::Section, "", false, 0, 0,
+            "This route's own database, with the keys of [database]; each one not set here is inherited from "
+            "[database]. The route's claims, DLQ outbox and local_tx writes live there, with a pool, schema, health "
+            "and consumer of their own: one database down stalls only the routes that use it."),
     declare("route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."),
     field<&DlqConfig::enabled>("route.dlq.enabled", "true", false, 0, 0,
                                "Publish dead records to the DLQ topic (they are always recorded in the database)."),

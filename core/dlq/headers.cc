@@ -5,7 +5,9 @@
 namespace idemsink::dlq::headers {
 
 bool replaced_on_republish(std::string_view name) {
-  return name.starts_with("idemsink.") && !name.starts_with("idemsink.origin.");
+  // Where a record first came from, and how often an operator replayed it,
+  // stay with it.
+  return name.starts_with("idemsink.") && !name.starts_with("idemsink.origin.") && name != kReplayed;
 }
 
 std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name) {

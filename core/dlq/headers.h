@@ -43,10 +43,13 @@ inline constexpr const char* kOutboxId = "idemsink.outbox_id";
 // Retry-topic forwards only.
 inline constexpr const char* kRetryDueMs = "idemsink.retry.due_ms";
 inline constexpr const char* kRetryTier = "idemsink.retry.tier";
+/// How many times `idemsink replay` sent this record back to its source topic.
+inline constexpr const char* kReplayed = "idemsink.replayed";
 
 /// Headers of an earlier pass (a record replayed from a DLQ, or back from a
 /// retry topic) that a new pass replaces rather than piles up; the origin
-/// headers survive, so a retried record keeps its first position.
+/// headers survive, so a retried record keeps its first position, and so
+/// does idemsink.replayed.
 bool replaced_on_republish(std::string_view name);
 
 /// The decimal integer value of a record's last header `name`.

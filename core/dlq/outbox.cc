@@ -71,7 +71,7 @@ const char* Outbox::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
   id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   route           VARBINARY(64)   NOT NULL,
-  purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic',
+    purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic, 3 replay to the source topic',
   dlq_topic       VARCHAR(249)    NOT NULL COMMENT 'where it is published (a retry topic for a forward)',
   biz_key         VARBINARY(255)  NULL,
   reason          VARCHAR(64)     NOT NULL COMMENT 'machine-readable failure class',
@@ -97,7 +97,8 @@ const char* Outbox::schema() {
   held_until      DATETIME(3)     NULL COMMENT 'an unknown record left to reconciliation: published only if still unknown after this',
   PRIMARY KEY (id),
   UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset),
-  KEY idx_unpublished (published_at, unpublishable_at, lease_until)
+    KEY idx_unpublished (published_at, unpublishable_at, lease_until),
+  KEY idx_token (idem_token)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
 }
 
@@ -110,7 +111,8 @@ void Outbox::migrate(Connection& c) {
       "an operator' AFTER published_at, "
       "ADD COLUMN IF NOT EXISTS publish_error VARCHAR(255) NULL AFTER unpublishable_at, "
       "ADD COLUMN IF NOT EXISTS held_until DATETIME(3) NULL COMMENT 'an unknown record left to reconciliation: "
-      "published only if still unknown after this' AFTER publish_error");
+      "published only if still unknown after this' AFTER publish_error, "
+      "ADD KEY IF NOT EXISTS idx_token (idem_token)");
   // The first version's unique key (source position only) dropped a second
   // row for the same record: a forward and its later dead letter.
   if (!c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_source'").empty()) {
@@ -122,6 +124,17 @@ void Outbox::migrate(Connection& c) {
   }
 }
 
+namespace {
+const char* purpose_code(Purpose p) {
+  switch (p) {
+    case Purpose::DeadLetter: return "1";
+    case Purpose::Forward: return "2";
+    case Purpose::Replay: return "3";
+  }
+  return "1";
+}
+}  // namespace
+
 void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   const std::string head =
       "INSERT IGNORE INTO idemsink_dlq_outbox (route, purpose, dlq_topic, biz_key, reason, error, src_topic, "
@@ -132,8 +145,8 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   std::string sql;
   for (const auto& d : letters) {
     std::string row =
-        "(" + Connection::hex(d.route) + ", " + (d.purpose == Purpose::Forward ? "2" : "1") + ", " + c.quote(d.topic) +
-        ", " + opt_hex(d.biz_key) + ", " + c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " +
+        "(" + Connection::hex(d.route) + ", " + purpose_code(d.purpose) + ", " + c.quote(d.topic) + ", " +
+        opt_hex(d.biz_key) + ", " + c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " +
         c.quote(d.src_topic) + ", " + std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " +
         opt_hex(d.key) + ", " + opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
         std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
@@ -151,6 +164,13 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
     sql += sql.empty() ? head + row : ", " + row;
   }
   if (!sql.empty()) c.execute(sql);
+}
+
+void Outbox::insert_replay(Connection& c, const Letter& replay) const {
+  c.execute("DELETE FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(replay.route) +
+            " AND purpose = 3 AND src_topic = " + c.quote(replay.src_topic) + " AND src_partition = " +
+            std::to_string(replay.src_partition) + " AND src_offset = " + std::to_string(replay.src_offset));
+  insert(c, std::span<const Letter>(&replay, 1));
 }
 
 std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget) const {
@@ -202,7 +222,7 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
     d.first_failure_ms = std::stoll(*r[15]);
     d.last_failure_ms = std::stoll(*r[16]);
     d.host = *r[17];
-    d.purpose = *r[18] == "2" ? Purpose::Forward : Purpose::DeadLetter;
+    d.purpose = *r[18] == "3" ? Purpose::Replay : *r[18] == "2" ? Purpose::Forward : Purpose::DeadLetter;
     out.push_back(std::move(d));
   }
   return out;

@@ -43,6 +43,7 @@ struct StoredHeader {
 enum class Purpose {
   DeadLetter,  ///< to the route's DLQ topic
   Forward,     ///< to the route's next retry topic
+  Replay,      ///< back to the route's source topic: an operator replays a dead record
 };
 
 /// One outbox row.
@@ -101,6 +102,10 @@ class Outbox {
   /// owned by us so no other host's relay publishes them while ours is about
   /// to; as many statements as the server's packet size needs.
   void insert(db::Connection& c, std::span<const Letter> letters) const;
+  /// Inserts a replay row, replacing an earlier replay of the same source
+  /// position (published, or never published because its claim failed again
+  /// before: the new row carries the current token and headers).
+  void insert_replay(db::Connection& c, const Letter& replay) const;
 
   /// Takes unpublished rows that are ours, released, or whose owner's lease
   /// ran out: up to `limit`, and up to `byte_budget` of keys and values (at

@@ -41,9 +41,13 @@ void Dispatcher::pump() {
       const int cap = route->cfg.concurrency;
       while (!lane.ready.empty() && in_flight_ < max_in_flight_ && (cap == 0 || lane.in_flight < cap)) {
         const uint64_t id = lane.ready.front();
-        lane.ready.pop_front();
         Record* r = find_(id);
-        if (r == nullptr || r->stage != Stage::Ready) continue;
+        if (r == nullptr || r->stage != Stage::Ready) {
+          lane.ready.pop_front();
+          continue;
+        }
+        if (!route->circuit.admit(id)) break;  // the remote is down: the record waits for the circuit
+        lane.ready.pop_front();
         take_slot(*r);
         if (needs_confirmation(*r)) {
           r->stage = Stage::Confirming;
@@ -142,6 +146,8 @@ void Dispatcher::confirmed(const std::vector<uint64_t>& ids, const std::vector<b
 }
 
 void Dispatcher::end_call(Record& r, bool observe_latency) {
+  // Only a call that went out (and so has a latency) can answer a probe.
+  if (!observe_latency) r.route->circuit.call_abandoned(r.id);
   --lanes_[r.route].in_flight;
   --in_flight_;
   r.route->metrics->in_flight.fetch_sub(1, std::memory_order_relaxed);

@@ -47,7 +47,8 @@ class Dispatcher {
   void make_ready(Record& r);
   /// Starts calls while slots are free.
   void pump();
-  /// Frees the slot of a call that ended (reported, timed out, or fenced).
+  /// Frees the slot of a call that ended (reported or timed out), or, with
+  /// `observe_latency` false, of one that never went out (fenced, not confirmed).
   void end_call(Record& r, bool observe_latency = true);
 
   /// The record as handed to a plugin; `headers` backs its header array.

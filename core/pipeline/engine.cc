@@ -24,12 +24,13 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       pool_(pool),
       cfg_(cfg),
       metrics_(metrics),
+      slice_(metrics.slice(cfg.database.label())),
       owner_(owner),
       store_(cfg.host.id, owner, cfg.claim.lease),
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
       gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
-      partitions_(io, cfg, metrics, gate_),
+      partitions_(io, cfg, metrics, slice_, gate_),
       local_tx_(
           io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
           [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
@@ -47,14 +48,14 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       relay_(
           io, pool, outbox_,
           [this](size_t published, size_t failed) {
-            metrics_.dlq_published.fetch_add(published, std::memory_order_relaxed);
-            metrics_.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
+            slice_.dlq_published.fetch_add(published, std::memory_order_relaxed);
+            slice_.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
           },
-          [this](size_t refused) { metrics_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); }),
+          [this](size_t refused) { slice_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); }),
       claimer_(
           io, pool, store_, cfg, [this](uint64_t id) { return find(id); },
           [this](const Claimer::Claimed& c) { on_claimed(c); }),
-      housekeeping_(io, pool, cfg, store_, outbox_, metrics),
+      housekeeping_(io, pool, cfg, store_, outbox_, slice_),
       commit_timer_(io),
       renew_timer_(io),
       relay_timer_(io),
@@ -120,13 +121,13 @@ void Engine::start(kafka::Consumer* consumer) {
 
 void Engine::refresh_gauges() {
   partitions_.update_gauges();
-  metrics_.buffered.store(static_cast<int64_t>(gate_.buffered()));
-  metrics_.paused.store(gate_.paused_all() ? 1 : 0);
-  metrics_.db_statements.store(pool_.statements());
-  metrics_.db_reconnects.store(pool_.reconnects());
-  metrics_.db_healthy.store(pool_.healthy() ? 1 : 0);
-  metrics_.db_jobs_failing.store(pool_.failing_jobs());
-  metrics_.set_db_job_failures(pool_.failures_by_job(), pool_.last_job_error());
+  slice_.buffered.store(static_cast<int64_t>(gate_.buffered()));
+  slice_.paused.store(gate_.paused_all() ? 1 : 0);
+  slice_.db_statements.store(pool_.statements());
+  slice_.db_reconnects.store(pool_.reconnects());
+  slice_.db_healthy.store(pool_.healthy() ? 1 : 0);
+  slice_.db_jobs_failing.store(pool_.failing_jobs());
+  slice_.set_db_job_failures(pool_.failures_by_job(), pool_.last_job_error());
 }
 
 // ---------------------------------------------------------------- consumer events
@@ -389,7 +390,25 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   const idemsink_kind kind = r.route->handler->kind();
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
   if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
-  const Decision d = decide_after_call(kind, outcome, r.calls, r.tier, r.route->cfg.retry, r.maybe_applied());
+  const bool failed = outcome == IDEMSINK_OUTCOME_RETRYABLE || outcome == IDEMSINK_OUTCOME_UNCERTAIN;
+  note_health(*r.route, r.id, failed, detail);
+  if (failed && !r.route->circuit.closed() &&
+      !(outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE)) {
+    // The remote is down: the call does not count toward max_attempts and
+    // the record waits for the circuit to close (with the same idem_token).
+    ++r.uncounted_calls;
+    r.note_failure(std::move(detail));
+    if (r.part->revoked) {
+      release_claims({r.outcome()});
+      end_record(r, false);
+    } else {
+      dispatcher_.make_ready(r);
+    }
+    dispatcher_.pump();
+    return;
+  }
+  const Decision d =
+      decide_after_call(kind, outcome, r.calls - r.uncounted_calls, r.tier, r.route->cfg.retry, r.maybe_applied());
   switch (d.action) {
     case Decision::Action::Proceed: break;  // not an outcome of a call
     case Decision::Action::Done:
@@ -426,6 +445,42 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   dispatcher_.pump();
 }
 
+void Engine::note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail) {
+  CircuitBreaker& circuit = route.circuit;
+  const auto change = circuit.on_result(record_id, failed);
+  if (change == CircuitBreaker::Change::None) return;
+  const std::string& name = route.cfg.name;
+  if (change == CircuitBreaker::Change::Closed) {
+    const double open_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - route.circuit_opened).count();
+    spdlog::info("route {}: circuit closed after {:.1f}s open: the probe succeeded; calls and fetching resume", name,
+                 open_s);
+    route.probe_timer.reset();
+    route.metrics->circuit_open.store(0, std::memory_order_relaxed);
+    gate_.set_topics_paused(route.topics(), false);
+    return;  // the caller pumps
+  }
+  if (change == CircuitBreaker::Change::Opened) {
+    route.circuit_opened = std::chrono::steady_clock::now();
+    route.metrics->circuit_opens.fetch_add(1, std::memory_order_relaxed);
+    route.metrics->circuit_open.store(1, std::memory_order_relaxed);
+    gate_.set_topics_paused(route.topics(), true);
+    spdlog::error(
+        "route {}: circuit opened: {} of its last {} calls failed (last: {}); no calls and no fetching for its "
+        "partitions until a probe succeeds (first in {}ms); failed calls do not count toward max_attempts meanwhile",
+        name, circuit.window_failures(), circuit.window_calls(), printable(detail), circuit.probe_wait().count());
+  } else {
+    spdlog::warn("route {}: circuit stays open: the probe failed ({}); next probe in {}ms", name, printable(detail),
+                 circuit.probe_wait().count());
+  }
+  route.probe_timer = std::make_unique<asio::steady_timer>(io_, circuit.probe_wait());
+  route.probe_timer->async_wait([this, &route](boost::system::error_code ec) {
+    if (ec) return;
+    route.circuit.probe_due();
+    dispatcher_.pump();
+  });
+}
+
 void Engine::retry_later(Record& r) {
   const auto wait = backoff(r.route->cfg.retry, r.calls, rng_);
   spdlog::debug("route {}: key {} call {} failed ({}); retrying in {}ms", r.route->cfg.name, printable(r.biz_key),
@@ -455,6 +510,7 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
     }
     dispatcher_.end_call(*r);
     if (res.outcome == IDEMSINK_OUTCOME_OK) {
+      note_health(*r->route, r->id, false, "");
       // Applied and marked done in the same transaction.
       r->receipt = std::move(res.detail);
       r->route->metrics->done.fetch_add(1, std::memory_order_relaxed);
@@ -582,6 +638,8 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
+    for (auto& route : routes_)
+      if (route->probe_timer) route->probe_timer->cancel();
     stopped.set_value();
   });
   fut.wait();

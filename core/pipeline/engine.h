@@ -74,6 +74,9 @@ class Engine : public kafka::Consumer::Listener {
   void set_operator_pause(bool paused) { gate_.set_operator_pause(paused); }
   bool operator_paused() const { return gate_.operator_paused(); }
 
+  /// This engine's database's gauges (the reconciler of the same database reports there).
+  SliceMetrics& slice() { return slice_; }
+
   /// The DLQ relay, for the host to give it its producer.
   dlq::Relay& relay() { return relay_; }
 
@@ -105,6 +108,8 @@ class Engine : public kafka::Consumer::Listener {
   /// Ends a record failed or unknown, dead-lettered.
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
   void retry_later(Record& r);
+  /// Feeds a call's result to its route's circuit; opens or closes it.
+  void note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail);
   void on_written(const std::vector<OutcomeWriter::Written>& written);
   /// The database refused a record's row: end it another way.
   void written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error);
@@ -116,6 +121,7 @@ class Engine : public kafka::Consumer::Listener {
   db::Pool& pool_;
   const config::Config& cfg_;
   Metrics& metrics_;
+  SliceMetrics& slice_;  // this engine's database
   std::string owner_;
   claim::ClaimStore store_;
   dlq::Outbox outbox_;

@@ -49,21 +49,21 @@ void FetchGate::assigned(const std::vector<kafka::TopicPartition>& tps) {
   // tell it explicitly what a newly assigned partition should do.
   std::lock_guard lk(mu_);
   const bool all = operator_paused_ || backpressure_;
+  std::vector<kafka::TopicPartition> pause, resume;
   for (const auto& tp : tps) {
     assigned_.insert(tp);
     held_.erase(tp);
-    if (all) {
+    if (all || paused_topics_.count(tp.topic)) {
       paused_.insert(tp);
+      pause.push_back(tp);
     } else {
       paused_.erase(tp);
+      resume.push_back(tp);
     }
   }
   if (consumer_ == nullptr) return;
-  if (all) {
-    consumer_->pause(tps);
-  } else {
-    consumer_->resume(tps);
-  }
+  consumer_->pause(pause);
+  consumer_->resume(resume);
 }
 
 void FetchGate::revoked(const std::vector<kafka::TopicPartition>& tps) {
@@ -87,6 +87,18 @@ void FetchGate::release(const kafka::TopicPartition& tp) {
   apply_locked();
 }
 
+void FetchGate::set_topics_paused(const std::vector<std::string>& topics, bool paused) {
+  std::lock_guard lk(mu_);
+  for (const auto& t : topics) {
+    if (paused) {
+      paused_topics_.insert(t);
+    } else {
+      paused_topics_.erase(t);
+    }
+  }
+  apply_locked();
+}
+
 bool FetchGate::fetching(const kafka::TopicPartition& tp) const {
   std::lock_guard lk(mu_);
   return assigned_.count(tp) && !paused_.count(tp);
@@ -96,7 +108,7 @@ void FetchGate::apply_locked() {
   const bool all = operator_paused_ || backpressure_;
   std::vector<kafka::TopicPartition> pause, resume;
   for (const auto& tp : assigned_) {
-    const bool want = all || held_.count(tp);
+    const bool want = all || held_.count(tp) || paused_topics_.count(tp.topic);
     const bool is = paused_.count(tp) != 0;
     if (want && !is) {
       pause.push_back(tp);

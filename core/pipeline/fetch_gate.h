@@ -4,7 +4,8 @@
 //   - too many records are buffered: consumed, not yet durable, counted from
 //     the moment the consumer hands them over (all partitions; resumes at
 //     half the limit), or
-//   - it is a retry-topic partition held until its next record is due.
+//   - it is a retry-topic partition held until its next record is due, or
+//   - its route's circuit is open (the remote is down).
 // The host stays in its group throughout: the consumer keeps polling.
 //
 // Thread-safe: the consumer's poll thread reports new records (so a pause
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/kafka/client.h"
@@ -47,6 +49,8 @@ class FetchGate {
   /// A retry-topic partition waits for its next record to be due.
   void hold(const kafka::TopicPartition& tp);
   void release(const kafka::TopicPartition& tp);
+  /// The partitions of these topics stop (or resume) fetching: a route's circuit.
+  void set_topics_paused(const std::vector<std::string>& topics, bool paused);
   /// Whether the partition should be receiving records now.
   bool fetching(const kafka::TopicPartition& tp) const;
 
@@ -61,6 +65,7 @@ class FetchGate {
   bool backpressure_ = false;
   std::set<kafka::TopicPartition> assigned_;
   std::set<kafka::TopicPartition> held_;
+  std::set<std::string> paused_topics_;
   std::set<kafka::TopicPartition> paused_;  // what the consumer was told
 };
 

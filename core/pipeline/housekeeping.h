@@ -27,7 +27,7 @@ namespace idemsink::pipeline {
 class Housekeeping {
  public:
   Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
-               const dlq::Outbox& outbox, Metrics& metrics);
+               const dlq::Outbox& outbox, SliceMetrics& metrics);
 
   void start();
   void stop();
@@ -47,7 +47,7 @@ class Housekeeping {
   const config::Config& cfg_;
   const claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
-  Metrics& metrics_;
+  SliceMetrics& metrics_;
   bool stopped_ = false;
   bool ensuring_ = false;
   bool gauges_running_ = false;

@@ -38,16 +38,43 @@ PartitionMetrics& Metrics::partition(const std::string& topic, int32_t partition
   return *slot;
 }
 
-void Metrics::set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures,
-                                  std::string last_error) {
+SliceMetrics& Metrics::slice(const std::string& database) {
+  std::lock_guard lk(mu_);
+  for (auto& s : slices_)
+    if (s->database == database) return *s;
+  slices_.push_back(std::make_unique<SliceMetrics>(database));
+  return *slices_.back();
+}
+
+void SliceMetrics::set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures,
+                                       std::string last_error) {
   std::lock_guard lk(mu_);
   db_job_failures_ = std::move(failures);
   db_last_job_error_ = std::move(last_error);
 }
 
-std::string Metrics::db_last_job_error() const {
+std::string SliceMetrics::db_last_job_error() const {
   std::lock_guard lk(mu_);
   return db_last_job_error_;
+}
+
+std::map<std::pair<std::string, std::string>, uint64_t> SliceMetrics::db_job_failures() const {
+  std::lock_guard lk(mu_);
+  return db_job_failures_;
+}
+
+std::string Metrics::db_problem() const {
+  std::lock_guard lk(mu_);
+  std::string out;
+  for (const auto& s : slices_) {
+    const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
+    if (s->db_healthy.load() == 0) {
+      out += "database unreachable" + which + "\n";
+    } else if (s->db_jobs_failing.load() != 0) {
+      out += "a database job is failing" + which + ": " + s->db_last_job_error() + "\n";
+    }
+  }
+  return out;
 }
 
 std::string Metrics::prometheus() const {
@@ -89,6 +116,14 @@ std::string Metrics::prometheus() const {
     for (const auto& [name, m] : routes_)
       out += std::string(c.name) + "{route=\"" + name + "\"} " + std::to_string(((*m).*(c.field)).load()) + "\n";
   }
+  family("idemsink_route_circuit_open", "gauge",
+         "1 while the route's circuit is open: its remote is failing, no calls but probes, its partitions paused.");
+  for (const auto& [name, m] : routes_)
+    out += "idemsink_route_circuit_open{route=\"" + name + "\"} " + std::to_string(m->circuit_open.load()) + "\n";
+  family("idemsink_route_circuit_opens_total", "counter", "Times the route's circuit opened.");
+  for (const auto& [name, m] : routes_)
+    out +=
+        "idemsink_route_circuit_opens_total{route=\"" + name + "\"} " + std::to_string(m->circuit_opens.load()) + "\n";
   family("idemsink_in_flight", "gauge", "Handler calls in flight.");
   for (const auto& [name, m] : routes_)
     out += "idemsink_in_flight{route=\"" + name + "\"} " + std::to_string(m->in_flight.load()) + "\n";
@@ -130,48 +165,62 @@ std::string Metrics::prometheus() const {
     }
   }
 
-  auto scalar = [&](const char* name, const char* type, const char* help, auto value) {
+  // One series per slice: unlabelled with one database, database="..." with more.
+  const bool labelled = slices_.size() > 1;
+  auto slice_label = [&](const SliceMetrics& s) { return labelled ? "database=\"" + s.database + "\"" : ""; };
+  auto scalar = [&](const char* name, const char* type, const char* help, auto value_of) {
     family(name, type, help);
-    out += std::string(name) + " " + std::to_string(value) + "\n";
+    for (const auto& s : slices_) {
+      const std::string label = slice_label(*s);
+      out += std::string(name) + (label.empty() ? "" : "{" + label + "}") + " " + std::to_string(value_of(*s)) + "\n";
+    }
   };
-  scalar("idemsink_offset_commits_total", "counter", "Offset commits sent.", commits.load());
-  scalar("idemsink_offset_commit_failures_total", "counter", "Offset commits that failed.", commit_failures.load());
-  scalar("idemsink_dlq_published_total", "counter", "DLQ records published.", dlq_published.load());
+#define IDEMSINK_SLICE(field) [](const SliceMetrics& s) { return s.field.load(); }
+  scalar("idemsink_offset_commits_total", "counter", "Offset commits sent.", IDEMSINK_SLICE(commits));
+  scalar("idemsink_offset_commit_failures_total", "counter", "Offset commits that failed.",
+         IDEMSINK_SLICE(commit_failures));
+  scalar("idemsink_dlq_published_total", "counter", "DLQ records published.", IDEMSINK_SLICE(dlq_published));
   scalar("idemsink_dlq_publish_failures_total", "counter",
-         "DLQ publish attempts that failed (the record stays in the outbox).", dlq_publish_failures.load());
-  scalar("idemsink_dlq_pending", "gauge", "DLQ outbox rows not yet published (all hosts).", dlq_pending.load());
+         "DLQ publish attempts that failed (the record stays in the outbox).", IDEMSINK_SLICE(dlq_publish_failures));
+  scalar("idemsink_dlq_pending", "gauge", "DLQ outbox rows not yet published (all hosts).",
+         IDEMSINK_SLICE(dlq_pending));
   scalar("idemsink_claim_partitions_ahead", "gauge",
          "Monthly claim partitions beyond the current month (maintained at 3; alert below 1: records of a month "
          "without a partition are refused or need a partition created on the spot).",
-         claim_partitions_ahead.load());
+         IDEMSINK_SLICE(claim_partitions_ahead));
   scalar("idemsink_dlq_unpublishable", "gauge",
          "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "
          "operator (`idemsink dlq --list`), all hosts.",
-         dlq_unpublishable.load());
+         IDEMSINK_SLICE(dlq_unpublishable));
   scalar("idemsink_dlq_set_aside_total", "counter", "DLQ outbox rows this host set aside as unpublishable.",
-         dlq_set_aside.load());
-  scalar("idemsink_buffered_records", "gauge", "Consumed records not yet durable.", buffered.load());
-  scalar("idemsink_fetch_paused", "gauge", "1 while fetching is paused.", paused.load());
-  scalar("idemsink_assigned_partitions", "gauge", "Partitions assigned to this host.", assigned_partitions.load());
+         IDEMSINK_SLICE(dlq_set_aside));
+  scalar("idemsink_buffered_records", "gauge", "Consumed records not yet durable.", IDEMSINK_SLICE(buffered));
+  scalar("idemsink_fetch_paused", "gauge", "1 while fetching is paused.", IDEMSINK_SLICE(paused));
+  scalar("idemsink_assigned_partitions", "gauge", "Partitions assigned to this host.",
+         IDEMSINK_SLICE(assigned_partitions));
   scalar("idemsink_consumer_lag", "gauge", "Records between the commit point and the high watermark, summed.",
-         lag.load());
+         IDEMSINK_SLICE(lag));
   scalar("idemsink_stuck_pending", "gauge", "Pending claims nobody holds, untouched for claim.stuck_after (all hosts).",
-         stuck_pending.load());
+         IDEMSINK_SLICE(stuck_pending));
   scalar("idemsink_reconciled_done_total", "counter", "Unknown or stuck claims resolved done by reconciliation.",
-         reconciled_done.load());
+         IDEMSINK_SLICE(reconciled_done));
   scalar("idemsink_reconcile_undecided", "gauge", "Claims the last reconcile round could not settle (alert on it).",
-         reconcile_undecided.load());
-  scalar("idemsink_db_statements_total", "counter", "Statements sent to MariaDB.", db_statements.load());
-  scalar("idemsink_db_reconnects_total", "counter", "Reconnects to MariaDB.", db_reconnects.load());
-  scalar("idemsink_db_healthy", "gauge", "0 while a database worker cannot reach MariaDB.", db_healthy.load());
+         IDEMSINK_SLICE(reconcile_undecided));
+  scalar("idemsink_db_statements_total", "counter", "Statements sent to MariaDB.", IDEMSINK_SLICE(db_statements));
+  scalar("idemsink_db_reconnects_total", "counter", "Reconnects to MariaDB.", IDEMSINK_SLICE(db_reconnects));
+  scalar("idemsink_db_healthy", "gauge", "0 while a database worker cannot reach MariaDB.", IDEMSINK_SLICE(db_healthy));
   scalar("idemsink_db_jobs_failing", "gauge",
          "Database jobs failing right now for another reason than the connection (the server is reachable).",
-         db_jobs_failing.load());
+         IDEMSINK_SLICE(db_jobs_failing));
   family("idemsink_db_job_failures_total", "counter",
          "Failed runs of database jobs, by job and class (connection_lost, transient, data, unexpected).");
-  for (const auto& [key, n] : db_job_failures_)
-    out += "idemsink_db_job_failures_total{job=\"" + key.first + "\",class=\"" + key.second + "\"} " +
-           std::to_string(n) + "\n";
+  for (const auto& s : slices_) {
+    const std::string label = slice_label(*s);
+    for (const auto& [key, n] : s->db_job_failures())
+      out += "idemsink_db_job_failures_total{" + (label.empty() ? "" : label + ",") + "job=\"" + key.first +
+             "\",class=\"" + key.second + "\"} " + std::to_string(n) + "\n";
+  }
+#undef IDEMSINK_SLICE
   return out;
 }
 
@@ -179,15 +228,36 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   nlohmann::json j;
   j["host"] = host;
   j["paused_by_operator"] = paused_by_operator;
-  j["fetch_paused"] = paused.load() != 0;
-  j["buffered"] = buffered.load();
-  j["assigned_partitions"] = assigned_partitions.load();
-  j["lag"] = lag.load();
-  j["dlq_pending"] = dlq_pending.load();
-  j["dlq_unpublishable"] = dlq_unpublishable.load();
-  j["stuck_pending"] = stuck_pending.load();
-  j["db_healthy"] = db_healthy.load() != 0;
   std::lock_guard lk(mu_);
+  // The host as a whole (summed over its databases), then each database.
+  bool paused = false, healthy = true;
+  int64_t buffered = 0, assigned = 0, lag = 0, dlq_pending = 0, dlq_unpublishable = 0, stuck = 0;
+  j["databases"] = nlohmann::json::array();
+  for (const auto& s : slices_) {
+    paused = paused || s->paused.load() != 0;
+    healthy = healthy && s->db_healthy.load() != 0;
+    buffered += s->buffered.load();
+    assigned += s->assigned_partitions.load();
+    lag += s->lag.load();
+    dlq_pending += s->dlq_pending.load();
+    dlq_unpublishable += s->dlq_unpublishable.load();
+    stuck += s->stuck_pending.load();
+    j["databases"].push_back({{"database", s->database},
+                              {"db_healthy", s->db_healthy.load() != 0},
+                              {"fetch_paused", s->paused.load() != 0},
+                              {"buffered", s->buffered.load()},
+                              {"assigned_partitions", s->assigned_partitions.load()},
+                              {"lag", s->lag.load()},
+                              {"dlq_pending", s->dlq_pending.load()}});
+  }
+  j["fetch_paused"] = paused;
+  j["buffered"] = buffered;
+  j["assigned_partitions"] = assigned;
+  j["lag"] = lag;
+  j["dlq_pending"] = dlq_pending;
+  j["dlq_unpublishable"] = dlq_unpublishable;
+  j["stuck_pending"] = stuck;
+  j["db_healthy"] = healthy;
   j["partitions"] = nlohmann::json::array();
   for (const auto& [tp, p] : partitions_) {
     if (!p->assigned.load()) continue;
@@ -200,10 +270,16 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                                {"gaps", p->gaps.load()}});
   }
   for (const auto& [name, m] : routes_) {
-    j["routes"][name] = {{"consumed", m->consumed.load()},     {"done", m->done.load()},
-                         {"duplicates", m->duplicates.load()}, {"dead", m->dead.load()},
-                         {"unknown", m->unknown.load()},       {"retries", m->retries.load()},
-                         {"in_flight", m->in_flight.load()},   {"takeovers", m->takeovers.load()}};
+    j["routes"][name] = {{"consumed", m->consumed.load()},
+                         {"done", m->done.load()},
+                         {"duplicates", m->duplicates.load()},
+                         {"dead", m->dead.load()},
+                         {"unknown", m->unknown.load()},
+                         {"retries", m->retries.load()},
+                         {"in_flight", m->in_flight.load()},
+                         {"takeovers", m->takeovers.load()},
+                         {"circuit_open", m->circuit_open.load() != 0},
+                         {"circuit_opens", m->circuit_opens.load()}};
   }
   return j.dump();
 }

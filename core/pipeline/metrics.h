@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace idemsink::pipeline {
 
@@ -39,6 +40,8 @@ struct RouteMetrics {
   std::atomic<uint64_t> db_rejected{0};  // rows the database refused (the record ended another way)
   std::atomic<uint64_t> let_go{0};       // records that could not be recorded: left uncommitted
   std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> circuit_open{0};  // 1 while the route's circuit is open (or probing)
+  std::atomic<uint64_t> circuit_opens{0};
   Histogram handler_latency;
 };
 
@@ -55,10 +58,13 @@ struct PartitionMetrics {
   std::atomic<uint64_t> skips_recovered{0};  // jumps of the consumer that a re-read filled with records
 };
 
-class Metrics {
- public:
-  RouteMetrics& route(const std::string& name);
-  PartitionMetrics& partition(const std::string& topic, int32_t partition);
+/// What one database's slice of the host measures: the engine, consumer,
+/// pool, claim table and outbox serving the routes that use that database.
+/// A host with one database (the usual case) has one slice and its series
+/// carry no label; with more, each series carries database="...".
+struct SliceMetrics {
+  explicit SliceMetrics(std::string label) : database(std::move(label)) {}
+  const std::string database;  // "<schema>@<host>:<port>" or "<schema>@<socket>"
 
   std::atomic<uint64_t> commits{0};
   std::atomic<uint64_t> commit_failures{0};
@@ -83,16 +89,32 @@ class Metrics {
   /// Snapshot of the pool's failures by job and class, and its last job error.
   void set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures, std::string last_error);
   std::string db_last_job_error() const;
+  std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures_;
+  std::string db_last_job_error_;
+};
+
+class Metrics {
+ public:
+  RouteMetrics& route(const std::string& name);
+  PartitionMetrics& partition(const std::string& topic, int32_t partition);
+  /// The slice of one database (created on first use).
+  SliceMetrics& slice(const std::string& database);
 
   std::string prometheus() const;
   std::string status_json(const std::string& host, bool paused_by_operator) const;
+  /// Empty when every database is reachable and no database job is failing;
+  /// otherwise why not, naming the database.
+  std::string db_problem() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
   std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
-  std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures_;
-  std::string db_last_job_error_;
+  std::vector<std::unique_ptr<SliceMetrics>> slices_;
 };
 
 }  // namespace idemsink::pipeline

@@ -10,8 +10,9 @@ namespace idemsink::pipeline {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
-Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, FetchGate& gate)
-    : io_(io), cfg_(cfg), metrics_(metrics), gate_(gate) {}
+Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
+                       FetchGate& gate)
+    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate) {}
 
 std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) const {
   auto it = parts_.find(tp);
@@ -35,13 +36,14 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
       // partition's commit point, and its lag is measured from it.
       p->tracker.start_at(offset);
       p->last_sent = offset;
+      p->last_acked = offset;
     }
     parts_[tp] = p;
     tps.push_back(tp);
   }
   gate_.assigned(tps);
   update_gauges();
-  metrics_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
+  slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
 }
 
 std::vector<std::shared_ptr<Partition>> Partitions::begin_revoke(const std::vector<kafka::TopicPartition>& tps) {
@@ -97,14 +99,16 @@ void Partitions::check_drains() {
     std::vector<kafka::TopicPartitionOffset> offsets;
     for (const auto& p : d.parts) {
       auto cp = p->tracker.commit_point();
-      if (!d.lost && cp && *cp > p->last_sent) offsets.push_back({p->tp, *cp});
+      // Against what Kafka confirmed: an asynchronous commit still on its way
+      // may yet fail with the rebalance.
+      if (!d.lost && cp && *cp > p->last_acked) offsets.push_back({p->tp, *cp});
       auto pit = parts_.find(p->tp);
       if (pit == parts_.end() || pit->second != p) continue;  // assigned again meanwhile
       p->metrics->assigned.store(false);
       parts_.erase(pit);
       gate_.revoked({p->tp});
     }
-    metrics_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
+    slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
     if (d.timer) d.timer->cancel();
     d.done.set_value(std::move(offsets));
     it = drains_.erase(it);
@@ -191,26 +195,35 @@ void Partitions::commit() {
   // revoked partitions are committed anyway), but never longer than 10s.
   if (std::chrono::steady_clock::now() < commits_held_until_ || consumer_ == nullptr) return;
   std::vector<kafka::TopicPartitionOffset> offsets;
+  const auto now = std::chrono::steady_clock::now();
   for (auto& [tp, part] : parts_) {
     if (part->revoked) continue;
     auto cp = part->tracker.commit_point();
-    if (cp && *cp > part->last_sent) {
+    // A commit whose result never came back (or failed without saying so
+    // for this partition) is sent again: the commit must reach the end.
+    const bool unconfirmed = cp && *cp > part->last_acked && now - part->last_sent_at > 5s;
+    if (cp && (*cp > part->last_sent || unconfirmed)) {
       offsets.push_back({tp, *cp});
       part->last_sent = *cp;
+      part->last_sent_at = now;
     }
   }
   if (offsets.empty()) return;
-  metrics_.commits.fetch_add(1, std::memory_order_relaxed);
+  slice_.commits.fetch_add(1, std::memory_order_relaxed);
   consumer_->commit_async(offsets);
 }
 
 void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
   if (!err) {
-    for (const auto& o : offsets) metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
+    for (const auto& o : offsets) {
+      metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
+      auto it = parts_.find(o.tp);
+      if (it != parts_.end()) it->second->last_acked = std::max(it->second->last_acked, o.offset);
+    }
     return;
   }
   if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
-  metrics_.commit_failures.fetch_add(1, std::memory_order_relaxed);
+  slice_.commit_failures.fetch_add(1, std::memory_order_relaxed);
   const bool rebalancing = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
   if (rebalancing)
     spdlog::info("kafka: offset commit deferred: the group is rebalancing");
@@ -235,7 +248,7 @@ void Partitions::update_gauges() {
     part->metrics->lag.store(lag);
     total += lag;
   }
-  metrics_.lag.store(total);
+  slice_.lag.store(total);
 }
 
 }  // namespace idemsink::pipeline

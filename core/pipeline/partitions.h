@@ -29,7 +29,8 @@ namespace idemsink::pipeline {
 
 class Partitions {
  public:
-  Partitions(boost::asio::io_context& io, const config::Config& cfg, Metrics& metrics, FetchGate& gate);
+  Partitions(boost::asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
+             FetchGate& gate);
 
   void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
 
@@ -84,6 +85,7 @@ class Partitions {
   boost::asio::io_context& io_;
   const config::Config& cfg_;
   Metrics& metrics_;
+  SliceMetrics& slice_;
   FetchGate& gate_;
   kafka::Consumer* consumer_ = nullptr;
   std::map<kafka::TopicPartition, std::shared_ptr<Partition>> parts_;

@@ -52,7 +52,7 @@ idemsink_record record_of(const C& c, const std::string& route, uint32_t attempt
 }  // namespace
 
 Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                       std::map<std::string, plugin::Instance*> handlers, Metrics* metrics, std::string owner)
+                       std::map<std::string, plugin::Instance*> handlers, SliceMetrics* metrics, std::string owner)
     : io_(io),
       pool_(pool),
       cfg_(cfg),

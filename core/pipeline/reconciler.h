@@ -52,7 +52,7 @@ struct ReconcileSummary {
 class Reconciler {
  public:
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-             std::map<std::string, plugin::Instance*> handlers, Metrics* metrics, std::string owner);
+             std::map<std::string, plugin::Instance*> handlers, SliceMetrics* metrics, std::string owner);
 
   static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
@@ -70,7 +70,7 @@ class Reconciler {
   db::Pool& pool_;
   const config::Config& cfg_;
   std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
-  Metrics* metrics_;
+  SliceMetrics* metrics_;
   claim::ClaimStore store_;
   boost::asio::steady_timer timer_;
   bool running_ = false;

@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/claim/claim_store.h"
 #include "core/common/util.h"
 #include "core/config/config.h"
 #include "core/dlq/reason.h"
 #include "core/kafka/client.h"
+#include "core/pipeline/circuit_breaker.h"
+
 #include "core/pipeline/key_extractor.h"
 #include "core/pipeline/metrics.h"
 #include "core/pipeline/offset_tracker.h"
@@ -33,6 +36,15 @@ struct Route {
   std::unique_ptr<plugin::Instance> handler;
   KeyExtractor extractor;
   RouteMetrics* metrics = nullptr;
+  CircuitBreaker circuit{cfg.circuit};
+  std::unique_ptr<boost::asio::steady_timer> probe_timer;  // while the circuit is open
+  std::chrono::steady_clock::time_point circuit_opened;
+  /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
+  std::vector<std::string> topics() const {
+    std::vector<std::string> out{cfg.topic};
+    for (size_t tier = 1; tier <= cfg.retry.topics.size(); ++tier) out.push_back(cfg.retry.topic_name(cfg.topic, tier));
+    return out;
+  }
 };
 
 /// One assigned partition, for one assignment (a re-assignment gets a new one).
@@ -41,7 +53,9 @@ struct Partition {
   PartitionMetrics* metrics = nullptr;
   OffsetTracker tracker;
   bool revoked = false;
-  int64_t last_sent = -1;  // commit point last sent to Kafka
+  int64_t last_sent = -1;   // commit point last sent to Kafka
+  int64_t last_acked = -1;  // commit point Kafka confirmed
+  std::chrono::steady_clock::time_point last_sent_at;
   // Records polled before our last seek of this partition are stale.
   uint64_t seek_ticket = 0;
   // A retry-topic partition whose next record is not due yet is paused and
@@ -86,6 +100,9 @@ struct Record {
   // lease_known (a renewal sent after that covered the row too).
   std::chrono::steady_clock::time_point lease_from, lease_known;
   uint32_t calls = 0;
+  // Calls that failed while the route's circuit was open: they do not count
+  // toward retry.max_attempts (the remote was down, not this record's fault).
+  uint32_t uncounted_calls = 0;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim
   // taken over from an owner that died holding it.

@@ -374,3 +374,36 @@ BOOST_AUTO_TEST_CASE(database_tls_settings_are_checked_by_name) {
   BOOST_TEST(c.database.tls_mode == "verify");
   BOOST_TEST(c.database.tls_ca == "/etc/passwd");
 }
+
+BOOST_AUTO_TEST_CASE(a_route_database_inherits_what_it_does_not_set) {
+  const std::string text =
+      "[kafka]\nbootstrap_servers = \"b:9092\"\n[database]\nhost = \"db1\"\nport = 3307\nuser = "
+      "\"app\"\npassword = \"pw\"\ndatabase = \"logistics\"\npool_size = 6\n"
+      "[[route]]\nname = \"waybill\"\ntopic = \"orders\"\nplugin = \"/p.so\"\n"
+      "[[route]]\nname = \"ledger\"\ntopic = \"payments\"\nplugin = \"/p.so\"\n"
+      "[route.database]\nhost = \"db2\"\ndatabase = \"finance\"\n";
+  Config c = load_string(text, "test.toml");
+  BOOST_TEST(!c.routes[0].database.has_value());
+  BOOST_TEST(&c.database_of(c.routes[0]) == &c.database);
+  const DatabaseConfig& own = c.database_of(c.routes[1]);
+  BOOST_TEST(own.host == "db2");
+  BOOST_TEST(own.database == "finance");
+  BOOST_TEST(own.port == 3307);  // inherited
+  BOOST_TEST(own.user == "app");
+  BOOST_TEST(own.password == "pw");
+  BOOST_TEST(own.pool_size == 6);
+  BOOST_TEST(own.label() == "finance@db2:3307");
+  const auto slices = split_by_database(c);
+  BOOST_TEST(slices.size() == 2u);
+  BOOST_TEST(slices[0].database.database == "logistics");
+  BOOST_TEST(slices[0].routes.size() == 1u);
+  BOOST_TEST(slices[1].database.database == "finance");
+  BOOST_TEST(slices[1].routes.at(0).name == "ledger");
+  // One database, stated twice, is one slice.
+  std::string same = text;
+  same.replace(same.find("host = \"db2\"\ndatabase = \"finance\"\n"), 34, "pool_size = 8\n");
+  BOOST_TEST(split_by_database(load_string(same, "test.toml")).size() == 1u);
+  // Its keys are [database]'s, checked the same way.
+  expect_error(text + "tls_mode = \"verify\"\n", {"route.database.tls_mode", "needs route.database.tls_ca"});
+  expect_error(text + "shards = 2\n", {"route.database.shards", "unknown key"});
+}

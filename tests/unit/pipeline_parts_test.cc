@@ -1,10 +1,13 @@
-// The pure parts of the pipeline: admission, the key queue, the batch queue.
+// The pure parts of the pipeline: admission, the key queue, the batch queue,
+// the circuit breaker.
 #define BOOST_TEST_MODULE pipeline_parts
 #include <boost/test/unit_test.hpp>
 
 #include "core/config/config.h"
 #include "core/pipeline/admission.h"
 #include "core/pipeline/batch_queue.h"
+#include "core/pipeline/circuit_breaker.h"
+
 #include "core/pipeline/key_queue.h"
 
 using namespace idemsink;
@@ -108,4 +111,72 @@ BOOST_AUTO_TEST_CASE(batch_queue_bounds_jobs_and_batches) {
   q.job_done();
   q.job_done();
   BOOST_TEST(q.idle());
+}
+
+namespace {
+config::CircuitConfig circuit_cfg() {
+  config::CircuitConfig c;
+  c.enabled = true;
+  c.window = 10;
+  c.failure_percent = 80;
+  c.min_calls = 5;
+  c.probe_initial = std::chrono::milliseconds(100);
+  c.probe_max = std::chrono::milliseconds(350);
+  return c;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(circuit_opens_at_the_failure_share_of_the_window_only) {
+  const auto c = circuit_cfg();
+  CircuitBreaker cb(c);
+  using Change = CircuitBreaker::Change;
+  // Fewer than min_calls: never opens, however bad.
+  for (uint64_t id = 1; id <= 4; ++id) BOOST_TEST((cb.on_result(id, true) == Change::None));
+  // 4 of 5 failed, the 5th healthy: 80% opens.
+  BOOST_TEST((cb.on_result(5, false) == Change::Opened));
+
+  CircuitBreaker healthy(c);
+  // Two of every three calls failing (at most 7 of any 10) keeps it closed for good.
+  for (uint64_t id = 1; id <= 200; ++id) BOOST_TEST((healthy.on_result(id, id % 3 != 1) == Change::None));
+  BOOST_TEST(healthy.closed());
+  BOOST_TEST(healthy.admit(999));
+}
+
+BOOST_AUTO_TEST_CASE(circuit_probes_once_backs_off_and_closes_on_a_healthy_probe) {
+  const auto c = circuit_cfg();
+  CircuitBreaker cb(c);
+  using Change = CircuitBreaker::Change;
+  for (uint64_t id = 1; id <= 4; ++id) cb.on_result(id, true);
+  BOOST_TEST((cb.on_result(5, true) == Change::Opened));
+  BOOST_TEST(cb.probe_wait().count() == 100);
+  BOOST_TEST(!cb.admit(6));
+  // A call that began before the circuit opened decides nothing.
+  BOOST_TEST((cb.on_result(3, false) == Change::None));
+  BOOST_TEST(!cb.closed());
+  cb.probe_due();
+  BOOST_TEST(cb.admit(7));   // the probe
+  BOOST_TEST(cb.admit(7));   // asked again for the same record
+  BOOST_TEST(!cb.admit(8));  // one probe at a time
+  BOOST_TEST((cb.on_result(7, true) == Change::ProbeFailed));
+  BOOST_TEST(cb.probe_wait().count() == 200);
+  cb.probe_due();
+  BOOST_TEST(cb.admit(8));
+  cb.call_abandoned(8);  // its claim was taken over: never called
+  BOOST_TEST(cb.admit(9));
+  BOOST_TEST((cb.on_result(9, true) == Change::ProbeFailed));
+  BOOST_TEST(cb.probe_wait().count() == 350);  // capped
+  cb.probe_due();
+  BOOST_TEST(cb.admit(10));
+  BOOST_TEST((cb.on_result(10, false) == Change::Closed));
+  BOOST_TEST(cb.closed());
+  // A fresh window after closing: one failure does not re-open it.
+  BOOST_TEST((cb.on_result(11, true) == Change::None));
+}
+
+BOOST_AUTO_TEST_CASE(circuit_disabled_never_opens) {
+  auto c = circuit_cfg();
+  c.enabled = false;
+  CircuitBreaker cb(c);
+  for (uint64_t id = 1; id <= 100; ++id) BOOST_TEST((cb.on_result(id, true) == CircuitBreaker::Change::None));
+  BOOST_TEST(cb.admit(101));
 }

@@ -1,0 +1,74 @@
+// Route health: a circuit breaker per route, so that an outage of the remote
+// spends neither records nor their attempts.
+//
+// The rule: of the route's last `window` calls that ended (at least
+// `min_calls` of them), if `failure_percent` or more failed retryable or
+// uncertain, the circuit opens. Successes and permanent answers are healthy:
+// a remote that says "no" to one order is up. While open
+//   - no call of the route starts, except the probe;
+//   - the route's partitions stop fetching (the host stays in its group);
+//   - a call that fails does not count toward retry.max_attempts: the record
+//     waits for the circuit instead of moving toward the DLQ (an at-most-once
+//     record whose call was uncertain still ends unknown: it may have been
+//     sent, so it is never called again).
+// After probe_initial one call goes out as the probe (half-open); a healthy
+// answer closes the circuit, a failure re-opens it with the wait doubled, up
+// to probe_max. Calls that were in flight when it opened do not decide
+// anything: only the probe does.
+//
+// Pure state; the engine owns the timer, the log lines and the fetch pause.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/config/config.h"
+
+namespace idemsink::pipeline {
+
+class CircuitBreaker {
+ public:
+  enum class State {
+    Closed,
+    Open,      ///< waiting for the next probe to be due
+    HalfOpen,  ///< a probe may go out, or is out
+  };
+  /// What a result changed.
+  enum class Change { None, Opened, Closed, ProbeFailed };
+
+  explicit CircuitBreaker(const config::CircuitConfig& cfg) : cfg_(cfg) {}
+
+  State state() const { return state_; }
+  bool closed() const { return state_ == State::Closed; }
+
+  /// A call of record `record_id` ended; `failed`: retryable or uncertain.
+  Change on_result(uint64_t record_id, bool failed);
+  /// The wait before the next probe (after Opened or ProbeFailed).
+  std::chrono::milliseconds probe_wait() const { return probe_wait_; }
+  /// The probe timer fired: one call may go out.
+  void probe_due();
+  /// Whether a call of `record_id` may start now; in half-open state the
+  /// first one asked becomes the probe.
+  bool admit(uint64_t record_id);
+  /// The probe's call never went out (its claim was taken over, or could not
+  /// be confirmed): the next call may probe instead.
+  void call_abandoned(uint64_t record_id);
+
+  /// Failures and calls in the window (for the log line when it opens).
+  int window_failures() const { return failures_; }
+  int window_calls() const { return static_cast<int>(window_.size()); }
+
+ private:
+  void reset_window();
+
+  config::CircuitConfig cfg_;  // a copy: routes are moved into place
+  State state_ = State::Closed;
+  std::vector<bool> window_;  // ring of the last results: true = failed
+  size_t next_ = 0;
+  int failures_ = 0;
+  std::chrono::milliseconds probe_wait_{0};
+  uint64_t probe_record_ = 0;  // 0: no probe out
+};
+
+}  // namespace idemsink::pipeline

@@ -1,0 +1,164 @@
+#include "core/pipeline/replay.h"
+
+#include <charconv>
+#include <chrono>
+#include <regex>
+#include <stdexcept>
+#include <vector>
+
+#include "core/claim/claim_store.h"
+#include "core/common/util.h"
+#include "core/dlq/headers.h"
+#include "core/dlq/outbox.h"
+
+namespace idemsink::pipeline {
+
+namespace {
+
+constexpr size_t kPage = 500;
+
+struct Candidate {
+  claim::RowKey row;
+  std::string token;
+  std::string src;                    // "topic[partition]@offset" of the claim's record
+  std::optional<dlq::Letter> letter;  // its latest dead letter, if the outbox still has it
+  std::string why_no_payload;
+};
+
+std::string source_of(const std::string& topic, const std::string& partition, const std::string& offset) {
+  return topic + "[" + partition + "]@" + offset;
+}
+
+}  // namespace
+
+std::string since_expression(const std::string& text) {
+  if (auto d = parse_duration(text)) return "NOW(3) - INTERVAL " + std::to_string(d->count() * 1000) + " MICROSECOND";
+  static const std::regex time(R"(\d{4}-\d{2}-\d{2}( \d{2}:\d{2}(:\d{2})?)?)");
+  if (std::regex_match(text, time)) return "TIMESTAMP'" + text + (text.size() == 10 ? " 00:00:00" : "") + "'";
+  throw std::invalid_argument("--since \"" + text +
+                              "\": expected a duration back from now (\"30m\", \"2h\", \"7d\") or a UTC time "
+                              "(\"2026-11-30\", \"2026-11-30 14:05:00\")");
+}
+
+ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFilter& filter, std::ostream& out) {
+  const config::RouteConfig* route = cfg.route_by_name(filter.route);
+  if (route == nullptr)
+    throw std::invalid_argument("--route " + filter.route + ": no such route in " + cfg.file.string());
+  const claim::ClaimStore store(cfg.host.id, cfg.host.id + "#replay", cfg.claim.lease);
+  // Lease 0: any running host's relay may publish the rows at once.
+  const dlq::Outbox outbox(cfg.host.id + "#replay-" + random_uuid().substr(0, 8), std::chrono::milliseconds(0));
+
+  std::string where = "c.namespace = " + db::Connection::hex(route->name) +
+                      " AND c.status = " + std::to_string(int(claim::Status::Failed));
+  if (filter.key) where += " AND c.biz_key = " + db::Connection::hex(*filter.key);
+  if (filter.since) where += " AND c.updated_at >= " + *filter.since;
+  // The latest dead letter of each claim (a replayed record dead again has a newer one).
+  const std::string letter =
+      "(SELECT MAX(o2.id) FROM idemsink_dlq_outbox o2 WHERE o2.idem_token = c.idem_token AND o2.route = c.namespace "
+      "AND o2.purpose = 1)";
+  if (filter.reason) where += " AND o.reason = " + c.quote(*filter.reason);
+
+  ReplayReport report;
+  std::string after_key, after_bucket;  // keyset paging over the primary key
+  for (;;) {
+    std::string page_where = where;
+    if (!after_key.empty())
+      page_where += " AND (c.biz_key, c.bucket) > (" + db::Connection::hex(after_key) + ", DATE'" + after_bucket + "')";
+    const auto rows = c.query(
+        "SELECT c.biz_key, DATE_FORMAT(c.bucket, '%Y-%m-%d'), c.idem_token, c.src_topic, c.src_partition, "
+        "c.src_offset, o.id, o.reason, o.src_topic, o.src_partition, o.src_offset, o.msg_key, o.msg_value, "
+        "o.msg_headers, o.msg_timestamp FROM idemsink_claim c LEFT JOIN idemsink_dlq_outbox o ON o.id = " +
+        letter + " WHERE " + page_where + " ORDER BY c.biz_key, c.bucket LIMIT " + std::to_string(kPage));
+    if (rows.empty()) break;
+    for (const auto& r : rows) {
+      ++report.matched;
+      Candidate cand;
+      cand.row = {route->name, *r[0], *r[1]};
+      cand.token = *r[2];
+      cand.src = source_of(*r[3], *r[4], *r[5]);
+      if (!r[6]) {
+        cand.why_no_payload = "its dead letter is no longer in the outbox (claim.outbox_retention)";
+      } else {
+        dlq::Letter d;
+        d.headers = dlq::decode_headers(r[13].value_or(""));
+        for (const auto& h : d.headers) {
+          if (h.name == dlq::headers::kPayloadCut)
+            cand.why_no_payload = "its dead letter kept only part of the payload";
+          if (h.name == dlq::headers::kDbError)
+            cand.why_no_payload = "its dead letter was stored without the payload (the database refused it)";
+        }
+        d.src_topic = *r[8];
+        d.src_partition = std::stoi(*r[9]);
+        d.src_offset = std::stoll(*r[10]);
+        d.key = r[11];
+        d.value = r[12];
+        d.timestamp_ms = std::stoll(*r[14]);
+        cand.letter = std::move(d);
+      }
+      after_key = cand.row.biz_key;
+      after_bucket = cand.row.bucket;
+
+      if (!cand.why_no_payload.empty()) {
+        ++report.no_payload;
+        out << "  not replayed: key " << printable(cand.row.biz_key) << " (source " << cand.src
+            << "): " << cand.why_no_payload << "\n";
+        continue;
+      }
+      // The replay count goes up with each pass; earlier idemsink.* headers
+      // are replaced by the relay's own.
+      dlq::Letter& d = *cand.letter;
+      uint64_t replayed = 1;
+      std::vector<dlq::StoredHeader> kept;
+      for (auto& h : d.headers) {
+        if (h.name == dlq::headers::kReplayed) {
+          const std::string v = h.value.value_or("");
+          uint64_t n = 0;
+          if (auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+              ec == std::errc() && p == v.data() + v.size())
+            replayed = n + 1;
+          continue;
+        }
+        if (h.name.starts_with("idemsink.")) continue;
+        kept.push_back(std::move(h));
+      }
+      kept.push_back({dlq::headers::kReplayed, std::to_string(replayed)});
+      d.headers = std::move(kept);
+      if (filter.dry_run) {
+        ++report.replayed;
+        out << "  would replay: key " << printable(cand.row.biz_key) << " (source " << cand.src << ", replay #"
+            << replayed << ")\n";
+        continue;
+      }
+      d.purpose = dlq::Purpose::Replay;
+      d.route = route->name;
+      d.topic = route->topic;
+      d.biz_key = cand.row.biz_key;
+      d.reason = "replay";
+      d.error = "replayed by an operator (replay #" + std::to_string(replayed) + ")";
+      d.idem_token = cand.token;
+      d.calls = 0;
+      d.first_failure_ms = d.last_failure_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      d.host = cfg.host.id + " (idemsink replay)";
+      c.begin();
+      try {
+        const bool ours = store.reopen_failed(c, cand.row, cand.token, d.error);
+        if (ours) outbox.insert_replay(c, d);
+        c.commit();
+        if (ours) {
+          ++report.replayed;
+        } else {
+          ++report.taken_by_other;
+        }
+      } catch (...) {
+        c.rollback_quietly();
+        throw;
+      }
+    }
+    if (rows.size() < kPage) break;
+  }
+  return report;
+}
+
+}  // namespace idemsink::pipeline

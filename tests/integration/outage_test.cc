@@ -1,0 +1,162 @@
+// Outages of the remote: a route's circuit opens when its calls fail, no
+// attempt is spent while it is open, and the host keeps its assignment. An
+// outage of any length dead-letters nothing the remote accepts afterwards;
+// ordinary latency and the odd timeout never open the circuit.
+#define BOOST_TEST_MODULE outage
+#include <boost/test/unit_test.hpp>
+#include <regex>
+#include <set>
+
+#include "devkit/mariadb_server.h"
+#include "devkit/services.h"
+#include "tests/support/host_fixture.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace idemsink::devkit;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<TestMessage> orders(int from, int to) {
+  std::vector<TestMessage> out;
+  for (int i = from; i < to; ++i) {
+    const std::string id = "K" + std::to_string(i);
+    out.push_back({id, "{\"order_id\":\"" + id + "\"}"});
+  }
+  return out;
+}
+
+void set_waybill_faults(FakeServices& services, const std::string& json) {
+  const auto [status, body] = http_request(services.port(), "POST", "/admin/faults/waybill", json);
+  if (status != 200) throw std::runtime_error("fake services refused faults " + json + ": " + body);
+}
+
+// The value of one series in the host's /metrics, or -1 when absent.
+int64_t metric(int admin_port, const std::string& series) {
+  const auto [status, body] = http_request(admin_port, "GET", "/metrics");
+  if (status != 200) return -1;
+  const auto at = body.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(body.substr(at + series.size() + 2));
+}
+
+size_t count_lines(const std::string& log, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The longest "circuit closed after N.Ns open" in the log: how long fetching paused.
+double longest_open_seconds(const std::string& log) {
+  static const std::regex re("circuit closed after ([0-9.]+)s open");
+  double longest = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it)
+    longest = std::max(longest, std::stod((*it)[1].str()));
+  return longest;
+}
+
+// 1,000 orders flow, then the waybill API answers 503 to every call for
+// `outage` while 3,000 more arrive; then it recovers.
+void outage_scenario(const std::string& name, std::chrono::seconds outage) {
+  FakeServices services(fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=40"});
+  auto db = MariaDbServer::shared().fresh_database(name);
+  MockKafka kafka;
+  kafka.create_topic("orders", 4);
+  kafka.create_topic("orders.dlq", 1);
+  ScratchDir dir("outage");
+  const int admin = free_port();
+  RouteSpec route{"waybill",
+                  "orders",
+                  shipped_plugin("waybill"),
+                  "",
+                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g",
+                               "max_in_flight = 500\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
+                       route_config(route));
+  kafka.produce("orders", orders(0, 1000));
+  wait_committed(kafka, "g", {{"orders", 4}}, host);
+
+  set_waybill_faults(services, R"({"error_5xx": 1.0})");
+  const auto outage_began = std::chrono::steady_clock::now();
+  kafka.produce("orders", orders(1000, 4000));
+  wait_until([&] { return metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
+             "the circuit to open");
+  std::this_thread::sleep_until(outage_began + outage);  // the outage's length is the scenario
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
+  BOOST_TEST(metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
+  set_waybill_faults(services, R"({"error_5xx": 0.0})");
+
+  wait_committed(kafka, "g", {{"orders", 4}}, host, 180s);
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 0);
+  const std::string log = host.log();
+  BOOST_TEST(host.stop() == 0);
+
+  // Both halves, by counting: every order applied once, none dead.
+  const auto stats = services.stats()["waybill"];
+  BOOST_TEST(stats["double_applied"].get<int>() == 0);
+  std::set<std::string> applied;
+  for (const auto& [order, n] : stats["per_order"].items())
+    if (n.get<int>() > 0) applied.insert(order);
+  BOOST_TEST(applied.size() == 4000u);
+  auto conn = MariaDbServer::shared().connect(name);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 4000);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == 4000);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
+  BOOST_TEST(kafka.read_all("orders.dlq", 1).empty());
+  // The host kept its partitions throughout: one assignment, no rebalance.
+  const size_t assignments = count_lines(log, "kafka: assigned");
+  const size_t revocations = count_lines(log, "kafka: revoking") + count_lines(log, "kafka: lost");
+  BOOST_TEST(assignments == 1u);
+  BOOST_TEST(revocations == 0u);
+  BOOST_TEST(count_lines(log, "circuit opened") >= 1u);
+  BOOST_TEST_MESSAGE(name << ": " << outage.count() << "s outage: " << applied.size() << " of 4000 applied, "
+                          << scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (3, 4)")
+                          << " dead-lettered, longest fetch pause " << longest_open_seconds(log) << "s, "
+                          << assignments - 1 + revocations << " rebalances, " << stats["requests"].get<int>() - 4000
+                          << " calls refused");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_20s_outage_dead_letters_nothing_and_keeps_the_assignment) { outage_scenario("outage_20s", 20s); }
+
+BOOST_AUTO_TEST_CASE(a_120s_outage_dead_letters_nothing_and_keeps_the_assignment) {
+  outage_scenario("outage_120s", 120s);
+}
+
+// seed 002's traffic: mean 60 ms, P99 350 ms, and 1% of calls answered too
+// late (applied, then the plugin's 2 s timeout): the circuit never opens.
+BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
+  FakeServices services(
+      fake_services_binary(),
+      {"--hold", "2500", "--faults", "waybill:latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.01"});
+  auto db = MariaDbServer::shared().fresh_database("outage_none");
+  MockKafka kafka;
+  kafka.create_topic("orders", 4);
+  kafka.create_topic("orders.dlq", 1);
+  kafka.produce("orders", orders(0, 3000));
+  ScratchDir dir("outage");
+  const int admin = free_port();
+  RouteSpec route{"waybill",
+                  "orders",
+                  shipped_plugin("waybill"),
+                  "",
+                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g",
+                               "max_in_flight = 500\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
+                       route_config(route));
+  wait_committed(kafka, "g", {{"orders", 4}}, host, 180s);
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") == 0);
+  const std::string log = host.log();
+  BOOST_TEST(host.stop() == 0);
+  BOOST_TEST(count_lines(log, "circuit opened") == 0u);
+  const auto stats = services.stats()["waybill"];
+  BOOST_TEST(stats["double_applied"].get<int>() == 0);
+  BOOST_TEST(stats["timeouts_after_apply"].get<int>() > 0, "no call timed out: the scenario tested nothing");
+  auto conn = MariaDbServer::shared().connect("outage_none");
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3000);
+}

@@ -1,0 +1,153 @@
+// `idemsink replay`: dead records of a route go back through it once the
+// remote is fixed, each applied once with the idem_token of its first
+// attempt, even when two replays run at once against a running host.
+#define BOOST_TEST_MODULE replay
+#include <boost/test/unit_test.hpp>
+#include <map>
+#include <regex>
+
+#include "devkit/mariadb_server.h"
+#include "devkit/services.h"
+#include "tests/support/host_fixture.h"
+#include "tests/support/mock_kafka.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace idemsink::devkit;
+using namespace std::chrono_literals;
+
+namespace {
+
+int count_in(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// "N re-opened" from a replay's summary line.
+int replayed_count(const std::string& out) {
+  static const std::regex re("matched, ([0-9]+) re-opened");
+  std::smatch m;
+  if (!std::regex_search(out, m, re)) throw std::runtime_error("no summary line in: " + out);
+  return std::stoi(m[1].str());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_token) {
+  // The waybill API rejects a fixed share of orders as a business error (4xx):
+  // they end failed, permanent, and are dead-lettered.
+  FakeServices services(fake_services_binary(), {"--faults", "waybill:reject_4xx=0.25"});
+  auto db = MariaDbServer::shared().fresh_database("replay");
+  MockKafka kafka;
+  kafka.create_topic("orders", 2);
+  kafka.create_topic("orders.dlq", 1);
+  std::vector<TestMessage> msgs;
+  const int kOrders = 200;
+  for (int i = 0; i < kOrders; ++i) {
+    const std::string id = "K" + std::to_string(i);
+    msgs.push_back({id, "{\"order_id\":\"" + id + "\"}"});
+  }
+  kafka.produce("orders", msgs);
+  ScratchDir dir("replay");
+  RouteSpec route{"waybill",
+                  "orders",
+                  shipped_plugin("waybill"),
+                  "",
+                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
+  HostProcess host(dir, "host", base_config(kafka, db, "host-a", "g") + route_config(route));
+  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  auto conn = MariaDbServer::shared().connect("replay");
+  wait_until([&] { return kafka.read_all("orders.dlq", 1).size() == services.stats()["waybill"]["rejected_4xx"]; }, 60s,
+             "every rejection on the DLQ");
+
+  // The dead ones, with the tokens their first attempts carried.
+  std::map<std::string, std::string> first_token;  // biz_key -> idem_token
+  for (const auto& r : conn->query("SELECT biz_key, idem_token FROM idemsink_claim WHERE status = 3"))
+    first_token[*r[0]] = *r[1];
+  const int dead = static_cast<int>(first_token.size());
+  BOOST_TEST_MESSAGE(dead << " of " << kOrders << " orders dead-lettered by a permanent error");
+  BOOST_TEST(dead >= 20);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == kOrders - dead);
+  const std::string cfg = host.config_path().string();
+
+  // One replay while the remote still rejects: back to the DLQ, marked replayed.
+  const std::string again = first_token.begin()->first;
+  auto [rc_one, out_one] =
+      run_cli(dir, "replay-one", {"replay", "--config", cfg, "--route", "waybill", "--key", again});
+  BOOST_TEST(rc_one == 0, out_one);
+  BOOST_TEST(out_one.find("1 failed claim(s) matched, 1 re-opened") != std::string::npos, out_one);
+  auto dlq = kafka.read_all("orders.dlq", 1);
+  wait_until(
+      [&] {
+        dlq = kafka.read_all("orders.dlq", 1);
+        return static_cast<int>(dlq.size()) == dead + 1;
+      },
+      60s, "the replayed record dead again");
+  const auto& second = dlq.back();
+  BOOST_TEST(second.headers.at("idemsink.replayed") == "1");
+  BOOST_TEST(second.headers.at("idemsink.idem_token") == first_token[again]);
+  BOOST_TEST(second.headers.at("idemsink.reason") == "permanent");
+
+  // The remote is fixed.
+  const auto [fix_status, fix_body] =
+      http_request(services.port(), "POST", "/admin/faults/waybill", R"({"reject_4xx": 0.0})");
+  BOOST_TEST(fix_status == 200, fix_body);
+
+  // A dry run changes nothing.
+  auto [rc_dry, out_dry] =
+      run_cli(dir, "replay-dry", {"replay", "--config", cfg, "--route", "waybill", "--dry-run", "--since", "1h"});
+  BOOST_TEST(rc_dry == 0, out_dry);
+  BOOST_TEST(count_in(out_dry, "would replay: key ") == dead, out_dry);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == dead);
+
+  // Two replays at once, while the host runs.
+  const std::vector<std::string> args{idemsink_binary(), "replay",  "--config", cfg,
+                                      "--route",         "waybill", "--reason", "permanent"};
+  Process a(args, dir / "replay-a.out", dir / "replay-a.err");
+  Process b(args, dir / "replay-b.out", dir / "replay-b.err");
+  BOOST_TEST(a.wait(120s).value_or(-1) == 0, a.out() + a.err());
+  BOOST_TEST(b.wait(120s).value_or(-1) == 0, b.out() + b.err());
+  // Between them, each dead record re-opened once.
+  BOOST_TEST(replayed_count(a.out()) + replayed_count(b.out()) == dead, a.out() + b.out());
+  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == kOrders; }, 120s,
+             "every order done");
+  wait_committed(kafka, "g", {{"orders", 2}}, host);
+
+  // Each order applied once; each dead one under the token of its first attempt.
+  const auto stats = services.stats()["waybill"];
+  BOOST_TEST(stats["double_applied"].get<int>() == 0);
+  BOOST_TEST(stats["applied"].get<int>() == kOrders);
+  for (const auto& [key, token] : first_token) {
+    BOOST_TEST(http_request(services.port(), "GET", "/waybills/by-key/" + token).first == 200, key);
+    BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE idem_token = '" + token + "'") == 1);
+  }
+  // One replay row per replayed record, two for the one replayed twice.
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE purpose = 3") == dead + 1);
+  BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == static_cast<size_t>(dead + 1));  // no new dead letters
+  // A second replay finds nothing; the audit is clean.
+  auto [rc_none, out_none] = run_cli(dir, "replay-none", {"replay", "--config", cfg, "--route", "waybill"});
+  BOOST_TEST(out_none.find("0 failed claim(s) matched") != std::string::npos, out_none);
+  auto [rc_audit, out_audit] = run_cli(dir, "audit", {"audit", "--config", cfg});
+  BOOST_TEST(rc_audit == 0, out_audit);
+  BOOST_TEST(host.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(replay_refuses_bad_input_with_a_clear_error) {
+  auto db = MariaDbServer::shared().fresh_database("replay_usage");
+  MockKafka kafka;
+  kafka.create_topic("orders", 1);
+  ScratchDir dir("replay");
+  const auto file = dir / "host.toml";
+  write_file(
+      file,
+      base_config(kafka, db, "host-a", "g") +
+          route_config({"waybill", "orders", shipped_plugin("waybill"), "", {{"endpoint", "\"http://127.0.0.1:1\""}}}));
+  auto [rc_route, out_route] = run_cli(dir, "no-route", {"replay", "--config", file.string(), "--route", "nope"});
+  BOOST_TEST(rc_route == 2);
+  BOOST_TEST(out_route.find("--route nope: no such route") != std::string::npos, out_route);
+  auto [rc_since, out_since] =
+      run_cli(dir, "bad-since", {"replay", "--config", file.string(), "--route", "waybill", "--since", "yesterday"});
+  BOOST_TEST(rc_since == 2);
+  BOOST_TEST(out_since.find("--since \"yesterday\"") != std::string::npos, out_since);
+}
