@@ -92,6 +92,13 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (method == http::verb::get && target == "/status") {
       res.set(http::field::content_type, "application/json");
       res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engines.front()->operator_paused());
+    } else if (method == http::verb::get && target == "/livez") {
+      // The engine thread beats every second; a loop stuck in one handler
+      // (a plugin blocking it, a deadlock) stops the beat.
+      const auto silent = shared_.metrics.since_heartbeat();
+      const bool alive = silent < std::chrono::seconds(10);
+      res.result(alive ? http::status::ok : http::status::service_unavailable);
+      res.body() = alive ? "ok\n" : "engine loop has not run for " + std::to_string(silent.count() / 1000) + "s\n";
     } else if (method == http::verb::get && target == "/healthz") {
       // Unreachable and failing are different pages: the first is the
       // database's, the second a job's (its error says which).

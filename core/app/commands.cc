@@ -180,12 +180,13 @@ int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter) {
   const auto r = pipeline::replay(c, cfg, filter, std::cout);
   std::cout << "replay of route " << filter.route << (filter.dry_run ? " (dry run)" : "") << ": " << r.matched
             << " failed claim(s) matched, " << r.replayed << (filter.dry_run ? " would be" : "")
-            << " re-opened and sent back to its source topic, " << r.no_payload << " without a payload to replay, "
-            << r.taken_by_other << " no longer failed (another replay or host got there first)\n";
+            << " re-opened and sent back to its source topic, " << r.not_replayable
+            << " not replayable (listed above), " << r.taken_by_other
+            << " no longer failed (another replay or host got there first)\n";
   if (r.replayed > 0 && !filter.dry_run)
     std::cout << "a running host publishes them and applies each once, with its first idem_token; one that fails "
                  "again is dead-lettered with idemsink.replayed\n";
-  return r.no_payload == 0 ? 0 : 1;
+  return r.not_replayable == 0 ? 0 : 1;
 }
 
 int audit(const config::Config& cfg) {

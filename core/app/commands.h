@@ -35,7 +35,7 @@ int dlq_retry(const config::Config& cfg, uint64_t id);
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
 
 /// `idemsink replay`: dead (failed) claims of a route re-opened and their
-/// records sent back to its source topic; exit 1 if some had no payload left.
+/// records sent back to its source topic; exit 1 if some could not be replayed.
 int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter);
 
 }  // namespace idemsink::app

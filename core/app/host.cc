@@ -3,10 +3,12 @@
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <thread>
 
 #include "core/admin/admin_server.h"
+#include "core/app/build_info.h"
 #include "core/claim/schema.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
@@ -107,8 +109,12 @@ int run_host(const config::Config& cfg) {
   spdlog::info("idemsink host {} starting: {} route(s), group {}, owner {}", cfg.host.id, cfg.routes.size(),
                cfg.kafka.group_id, owner);
   spdlog::info("{}", kafka::library_workarounds(cfg.kafka));
+  const auto build = build_info();
+  spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
+               build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));
 
   Metrics metrics;
+  metrics.set_build_info(build);
   asio::io_context io;
   auto work = asio::make_work_guard(io);
   std::vector<Slice> slices;  // after io: their timers go before it does
@@ -175,6 +181,15 @@ int run_host(const config::Config& cfg) {
       io.stop();
     });
   });
+  // Operators send SIGHUP out of habit: the host logs to stderr (the service
+  // manager's journal), so there is nothing to reopen, and it keeps running.
+  asio::signal_set hangups(io, SIGHUP);
+  std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
+    if (ec) return;
+    spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+    hangups.async_wait(on_hangup);
+  };
+  hangups.async_wait(on_hangup);
   io.run();
   if (shutdown.joinable()) shutdown.join();
   for (auto& s : slices) s.pool->stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));

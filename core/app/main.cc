@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/app/build_info.h"
 #include "core/app/commands.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -32,13 +33,15 @@ commands:
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
   audit --config FILE          prove every committed offset is accounted for
-    dlq --config FILE [--list | --retry ID | --discard ID]
+    dlq --config FILE [--list | --retry ID | --discard ID] [--database LABEL]
                                DLQ outbox rows Kafka refused for good: list, publish again, drop
   replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]
                                re-open dead (failed) claims and drive their records again
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
-  config-reference             print the configuration reference (Markdown)
+    config-reference             print the configuration reference (Markdown)
+  --version                    version, commit, librdkafka, Connector/C and plugin ABI versions
+
 
 run `idemsink COMMAND --help` for a command's options)";
 
@@ -187,23 +190,37 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
         "list", "list outbox rows Kafka refused for good (the default)")(
         "retry", po::value<uint64_t>(), "outbox id: publish it again (after raising a limit or creating a topic)")(
         "discard", po::value<uint64_t>(), "outbox id: drop it from the publishing queue (the row stays, stamped)")(
-        "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard");
+        "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard")(
+        "database", po::value<std::string>(),
+        "with --retry or --discard when routes use several databases: the one of the id, as --list names it");
     po::variables_map vm;
     po::store(po::command_line_parser(args).options(desc).run(), vm);
     if (vm.count("help")) {
-      std::cout << "usage: idemsink dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]]\n\n" << desc;
+      std::cout << "usage: idemsink dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database "
+                   "LABEL]\n\n"
+                << desc;
       return 0;
     }
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
     init_logging(cfg.host.log_level);
-    if (vm.count("retry"))
-      return first_database(cfg,
-                            [&](const config::Config& c) { return app::dlq_retry(c, vm["retry"].as<uint64_t>()); });
-    if (vm.count("discard"))
-      return first_database(cfg, [&](const config::Config& c) {
-        return app::dlq_discard(c, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
-      });
+    if (vm.count("retry") || vm.count("discard")) {
+      // Outbox ids are per database: with several, the operator names which.
+      const auto slices = config::split_by_database(cfg);
+      const config::Config* slice = &slices.front();
+      if (slices.size() > 1) {
+        std::string labels;
+        for (const auto& s : slices) labels += " " + s.database.label();
+        if (!vm.count("database")) throw po::error("routes use several databases: name one with --database:" + labels);
+        slice = nullptr;
+        for (const auto& s : slices)
+          if (s.database.label() == vm["database"].as<std::string>()) slice = &s;
+        if (slice == nullptr)
+          throw po::error("--database " + vm["database"].as<std::string>() + ": not one of" + labels);
+      }
+      if (vm.count("retry")) return app::dlq_retry(*slice, vm["retry"].as<uint64_t>());
+      return app::dlq_discard(*slice, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
+    }
     return each_database(cfg, app::dlq_list);
   }
   if (cmd == "dev-kafka") {
@@ -240,6 +257,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    std::cout << app::version_text();
+    return 0;
+  }
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     fault::init_from_env();

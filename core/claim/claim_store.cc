@@ -578,7 +578,10 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
 bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
                                std::string_view note) const {
   return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(int(Status::Pending)) +
-                   ", owner = NULL, lease_until = NULL, calls = 0, takeovers = 0, last_error = " +
+                   // A failed row's calls certainly did not apply: its call mark
+                   // (at-most-once) goes, or the replay would never be called.
+                   ", owner = NULL, lease_until = NULL, calls = 0, takeovers = 0, call_started = NULL, "
+                   "last_error = " +
                    c.quote(sanitize_utf8(std::string(note), kErrorBytes)) + ", updated_at = NOW(3) WHERE " +
                    where_row(row) + " AND status = " + std::to_string(int(Status::Failed)) +
                    " AND idem_token = " + c.quote(idem_token)) == 1;

@@ -14,6 +14,8 @@
 //                       partition, vanish until that partition is sought
 //                       (a consumer that silently stops delivering)
 //   admin_throws        the N-th admin request throws while being answered
+//   engine_stall        the N-th engine heartbeat blocks the engine thread for
+//                       15 s (a handler that never returns): /livez must fail
 // Without the variable every check is one relaxed load of a null pointer.
 #pragma once
 

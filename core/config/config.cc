@@ -461,7 +461,9 @@ std::vector<Config> split_by_database(const Config& cfg) {
   std::vector<std::string> ids;
   for (const auto& rc : cfg.routes) {
     const DatabaseConfig& db = cfg.database_of(rc);
-    const std::string id = db.label() + "|" + db.user;
+    // One slice per database (schema on a server): two slices on one would
+    // share the outbox and the claim table under one owner.
+    const std::string id = db.label();
     size_t i = 0;
     while (i < ids.size() && ids[i] != id) ++i;
     if (i == ids.size()) {

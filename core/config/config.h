@@ -179,6 +179,8 @@ struct Config {
 /// The config split by database: one Config per distinct database the
 /// routes use, with that database as [database] and only its routes, in the
 /// order the routes first name them. One element when no route has its own.
+/// Routes naming one database (schema, host and port, or socket) share a
+/// slice with the settings of the first (user, pool size, TLS).
 std::vector<Config> split_by_database(const Config& cfg);
 
 /// Reads and validates a config file. Throws ConfigError.

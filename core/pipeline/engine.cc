@@ -60,6 +60,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       renew_timer_(io),
       relay_timer_(io),
       gauges_timer_(io),
+      heartbeat_timer_(io),
       summary_timer_(io) {
   for (auto& r : routes_) {
     route_by_topic_[r->cfg.topic] = {r.get(), 0};
@@ -108,6 +109,10 @@ void Engine::start(kafka::Consumer* consumer) {
   });
   relay_timer_.start(2s, [this] { relay_.kick(); });
   gauges_timer_.start(5s, [this] { refresh_gauges(); });
+  heartbeat_timer_.start(1s, [this] {
+    if (fault::once("engine_stall")) std::this_thread::sleep_for(15s);
+    metrics_.heartbeat();
+  });
   summary_timer_.start(10s, [this] {
     if (hits_since_summary_ > 0)
       spdlog::info("idempotent hits in the last 10s: {} (already-done records skipped, as designed)",
@@ -232,6 +237,9 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     r.msg = std::move(msg);
     records_.emplace(r.id, std::move(rec));
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
+    ++route->live;
+    if (route->buffer_exempt) --kept;  // held for the circuit: out of the backpressure count at once
+    if (!route->circuit.closed()) circuit_fetch(*route);
 
     auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
     if (auto* refusal = std::get_if<Refusal>(&admitted)) {
@@ -256,8 +264,11 @@ void Engine::end_record(Record& r, bool durable) {
   const std::shared_ptr<Partition> part = r.part;
   const std::string key_id = r.key_id;
   const uint64_t id = r.id;
+  Route& route = *r.route;
   records_.erase(id);  // r is gone from here on
-  gate_.buffered_delta(-1);
+  --route.live;
+  if (!route.buffer_exempt) gate_.buffered_delta(-1);
+  if (!route.circuit.closed()) circuit_fetch(route);
   if (!key_id.empty())
     if (auto next = keys_.remove(key_id, id))
       if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
@@ -457,14 +468,13 @@ void Engine::note_health(Route& route, uint64_t record_id, bool failed, const st
                  open_s);
     route.probe_timer.reset();
     route.metrics->circuit_open.store(0, std::memory_order_relaxed);
-    gate_.set_topics_paused(route.topics(), false);
+    circuit_fetch(route);
     return;  // the caller pumps
   }
   if (change == CircuitBreaker::Change::Opened) {
     route.circuit_opened = std::chrono::steady_clock::now();
     route.metrics->circuit_opens.fetch_add(1, std::memory_order_relaxed);
     route.metrics->circuit_open.store(1, std::memory_order_relaxed);
-    gate_.set_topics_paused(route.topics(), true);
     spdlog::error(
         "route {}: circuit opened: {} of its last {} calls failed (last: {}); no calls and no fetching for its "
         "partitions until a probe succeeds (first in {}ms); failed calls do not count toward max_attempts meanwhile",
@@ -473,12 +483,34 @@ void Engine::note_health(Route& route, uint64_t record_id, bool failed, const st
     spdlog::warn("route {}: circuit stays open: the probe failed ({}); next probe in {}ms", name, printable(detail),
                  circuit.probe_wait().count());
   }
+  circuit_fetch(route);
   route.probe_timer = std::make_unique<asio::steady_timer>(io_, circuit.probe_wait());
   route.probe_timer->async_wait([this, &route](boost::system::error_code ec) {
     if (ec) return;
     route.circuit.probe_due();
+    circuit_fetch(route);
     dispatcher_.pump();
   });
+}
+
+void Engine::circuit_fetch(Route& route) {
+  const auto state = route.circuit.state();
+  // Held records leave the backpressure count while the circuit is not
+  // closed, and come back to it when it closes.
+  const bool exempt = state != CircuitBreaker::State::Closed;
+  if (exempt != route.buffer_exempt) {
+    gate_.buffered_delta(exempt ? -route.live : route.live);
+    route.buffer_exempt = exempt;
+  }
+  // Open: no fetching. Half-open: fetch only while the route has no record
+  // at all, so that one arrives to probe with (after a rebalance took them
+  // all, or an at-most-once route's records all ended unknown).
+  const bool pause =
+      state == CircuitBreaker::State::Open || (state == CircuitBreaker::State::HalfOpen && route.live > 0);
+  if (pause != route.topics_paused) {
+    gate_.set_topics_paused(route.topics(), pause);
+    route.topics_paused = pause;
+  }
 }
 
 void Engine::retry_later(Record& r) {
@@ -635,7 +667,8 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
   asio::post(io_, [&] {
     claimer_.stop();
     housekeeping_.stop();
-    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
+    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_, &heartbeat_timer_})
+      t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
     for (auto& route : routes_)

@@ -110,6 +110,8 @@ class Engine : public kafka::Consumer::Listener {
   void retry_later(Record& r);
   /// Feeds a call's result to its route's circuit; opens or closes it.
   void note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail);
+  /// The route's fetching and backpressure accounting, as its circuit's state wants them.
+  void circuit_fetch(Route& route);
   void on_written(const std::vector<OutcomeWriter::Written>& written);
   /// The database refused a record's row: end it another way.
   void written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error);
@@ -154,6 +156,7 @@ class Engine : public kafka::Consumer::Listener {
   Periodic renew_timer_;
   Periodic relay_timer_;
   Periodic gauges_timer_;
+  Periodic heartbeat_timer_;  // /livez: the engine thread runs
   Periodic summary_timer_;
 };
 

@@ -63,6 +63,17 @@ std::map<std::pair<std::string, std::string>, uint64_t> SliceMetrics::db_job_fai
   return db_job_failures_;
 }
 
+void Metrics::set_build_info(std::map<std::string, std::string> labels) {
+  std::lock_guard lk(mu_);
+  build_info_ = std::move(labels);
+}
+
+void Metrics::heartbeat() { heartbeat_ms_.store(now_ms(), std::memory_order_relaxed); }
+
+std::chrono::milliseconds Metrics::since_heartbeat() const {
+  return std::chrono::milliseconds(now_ms() - heartbeat_ms_.load(std::memory_order_relaxed));
+}
+
 std::string Metrics::db_problem() const {
   std::lock_guard lk(mu_);
   std::string out;
@@ -212,6 +223,12 @@ std::string Metrics::prometheus() const {
   scalar("idemsink_db_jobs_failing", "gauge",
          "Database jobs failing right now for another reason than the connection (the server is reachable).",
          IDEMSINK_SLICE(db_jobs_failing));
+  if (!build_info_.empty()) {
+    family("idemsink_build_info", "gauge", "Always 1; the labels say which build runs.");
+    std::string labels;
+    for (const auto& [k, v] : build_info_) labels += (labels.empty() ? "" : ",") + k + "=\"" + v + "\"";
+    out += "idemsink_build_info{" + labels + "} 1\n";
+  }
   family("idemsink_db_job_failures_total", "counter",
          "Failed runs of database jobs, by job and class (connection_lost, transient, data, unexpected).");
   for (const auto& s : slices_) {

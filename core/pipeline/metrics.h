@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -104,6 +105,12 @@ class Metrics {
   /// The slice of one database (created on first use).
   SliceMetrics& slice(const std::string& database);
 
+  /// Labels of the idemsink_build_info gauge (version, commit, library versions).
+  void set_build_info(std::map<std::string, std::string> labels);
+  /// The engine loop proves it runs (every second); /livez reads how long ago.
+  void heartbeat();
+  std::chrono::milliseconds since_heartbeat() const;
+
   std::string prometheus() const;
   std::string status_json(const std::string& host, bool paused_by_operator) const;
   /// Empty when every database is reachable and no database job is failing;
@@ -115,6 +122,13 @@ class Metrics {
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
   std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
   std::vector<std::unique_ptr<SliceMetrics>> slices_;
+  std::map<std::string, std::string> build_info_;
+  std::atomic<int64_t> heartbeat_ms_{now_ms()};
+
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 }  // namespace idemsink::pipeline

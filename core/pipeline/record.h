@@ -39,6 +39,13 @@ struct Route {
   CircuitBreaker circuit{cfg.circuit};
   std::unique_ptr<boost::asio::steady_timer> probe_timer;  // while the circuit is open
   std::chrono::steady_clock::time_point circuit_opened;
+  // Records of this route in the pipeline. While its circuit is not closed
+  // they leave the host's backpressure count (held for the remote, they
+  // must not pause the other routes), and the route fetches only to find a
+  // record to probe with.
+  int64_t live = 0;
+  bool buffer_exempt = false;
+  bool topics_paused = false;
   /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
   std::vector<std::string> topics() const {
     std::vector<std::string> out{cfg.topic};

@@ -22,7 +22,7 @@ struct Candidate {
   std::string token;
   std::string src;                    // "topic[partition]@offset" of the claim's record
   std::optional<dlq::Letter> letter;  // its latest dead letter, if the outbox still has it
-  std::string why_no_payload;
+  std::string why_not;
 };
 
 std::string source_of(const std::string& topic, const std::string& partition, const std::string& offset) {
@@ -59,6 +59,9 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
   if (filter.reason) where += " AND o.reason = " + c.quote(*filter.reason);
 
   ReplayReport report;
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   std::string after_key, after_bucket;  // keyset paging over the primary key
   for (;;) {
     std::string page_where = where;
@@ -77,15 +80,14 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
       cand.token = *r[2];
       cand.src = source_of(*r[3], *r[4], *r[5]);
       if (!r[6]) {
-        cand.why_no_payload = "its dead letter is no longer in the outbox (claim.outbox_retention)";
+        cand.why_not = "its dead letter is no longer in the outbox (claim.outbox_retention)";
       } else {
         dlq::Letter d;
         d.headers = dlq::decode_headers(r[13].value_or(""));
         for (const auto& h : d.headers) {
-          if (h.name == dlq::headers::kPayloadCut)
-            cand.why_no_payload = "its dead letter kept only part of the payload";
+          if (h.name == dlq::headers::kPayloadCut) cand.why_not = "its dead letter kept only part of the payload";
           if (h.name == dlq::headers::kDbError)
-            cand.why_no_payload = "its dead letter was stored without the payload (the database refused it)";
+            cand.why_not = "its dead letter was stored without the payload (the database refused it)";
         }
         d.src_topic = *r[8];
         d.src_partition = std::stoi(*r[9]);
@@ -93,15 +95,24 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
         d.key = r[11];
         d.value = r[12];
         d.timestamp_ms = std::stoll(*r[14]);
+        // The copy carries the original timestamp so that it lands on this
+        // claim row; one the host would refuse, or that maps elsewhere, would
+        // leave the row re-opened with nothing coming to finish it.
+        const int64_t horizon_days = cfg.claim.retention_days - cfg.claim.horizon_margin_days;
+        if (claim::bucket_of(d.timestamp_ms) != cand.row.bucket)
+          cand.why_not = "its dead letter's timestamp does not map to its claim row (month " + cand.row.bucket + ")";
+        else if (d.timestamp_ms < now_ms - horizon_days * 86'400'000)
+          cand.why_not = "older than the replay horizon (" + std::to_string(horizon_days) +
+                         " days): a host would refuse it as beyond_replay_horizon";
         cand.letter = std::move(d);
       }
       after_key = cand.row.biz_key;
       after_bucket = cand.row.bucket;
 
-      if (!cand.why_no_payload.empty()) {
-        ++report.no_payload;
-        out << "  not replayed: key " << printable(cand.row.biz_key) << " (source " << cand.src
-            << "): " << cand.why_no_payload << "\n";
+      if (!cand.why_not.empty()) {
+        ++report.not_replayable;
+        out << "  not replayed: key " << printable(cand.row.biz_key) << " (source " << cand.src << "): " << cand.why_not
+            << "\n";
         continue;
       }
       // The replay count goes up with each pass; earlier idemsink.* headers
@@ -137,9 +148,7 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
       d.error = "replayed by an operator (replay #" + std::to_string(replayed) + ")";
       d.idem_token = cand.token;
       d.calls = 0;
-      d.first_failure_ms = d.last_failure_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
+      d.first_failure_ms = d.last_failure_ms = now_ms;
       d.host = cfg.host.id + " (idemsink replay)";
       c.begin();
       try {

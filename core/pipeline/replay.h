@@ -16,8 +16,11 @@
 // Unknown claims are not replayed: their effect may have happened, and
 // reconciliation is their path. A record whose dead letter no longer holds
 // its payload (purged after claim.outbox_retention, cut because it was too
-// large, or stripped because the database refused it) is listed with its
-// source position and left as it is.
+// large, or stripped because the database refused it), or whose copy would
+// not come back to its claim row (older than the replay horizon, a
+// timestamp of another month), is listed with its source position and left
+// as it is. The source topic must keep producer timestamps (CreateTime, the
+// default): under LogAppendTime the copy would be stamped anew.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +44,7 @@ struct ReplayFilter {
 struct ReplayReport {
   uint64_t matched = 0;         // failed claims that match the filter
   uint64_t replayed = 0;        // re-opened and queued to the source topic
-  uint64_t no_payload = 0;      // left as they are: nothing to drive them with
+  uint64_t not_replayable = 0;  // left as they are (listed): no payload, or it would not reach its claim row
   uint64_t taken_by_other = 0;  // no longer failed when we got to them (another replay, a host)
 };
 

@@ -99,6 +99,10 @@ BOOST_AUTO_TEST_CASE(each_route_in_its_own_database_and_one_down_stalls_only_its
   auto [rc_audit, out_audit] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
   BOOST_TEST(rc_audit == 0, out_audit);
   BOOST_TEST(out_audit.find("database finance@") != std::string::npos, out_audit);
+  // Outbox ids are per database: with two, --retry must say which.
+  auto [rc_dlq, out_dlq] = run_cli(dir, "dlq-retry", {"dlq", "--config", host.config_path().string(), "--retry", "1"});
+  BOOST_TEST(rc_dlq == 2);
+  BOOST_TEST(out_dlq.find("name one with --database: logistics@") != std::string::npos, out_dlq);
   auto [rc_replay, out_replay] =
       run_cli(dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "ledger"});
   BOOST_TEST(rc_replay == 0, out_replay);

@@ -33,6 +33,11 @@ void set_waybill_faults(FakeServices& services, const std::string& json) {
   if (status != 200) throw std::runtime_error("fake services refused faults " + json + ": " + body);
 }
 
+void set_sms_faults(FakeServices& services, const std::string& json) {
+  const auto [status, body] = http_request(services.port(), "POST", "/admin/faults/sms", json);
+  if (status != 200) throw std::runtime_error("fake services refused faults " + json + ": " + body);
+}
+
 // The value of one series in the host's /metrics, or -1 when absent.
 int64_t metric(int admin_port, const std::string& series) {
   const auto [status, body] = http_request(admin_port, "GET", "/metrics");
@@ -159,4 +164,83 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
   BOOST_TEST(stats["timeouts_after_apply"].get<int>() > 0, "no call timed out: the scenario tested nothing");
   auto conn = MariaDbServer::shared().connect("outage_none");
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3000);
+}
+
+// An at-most-once gateway that times out every call: the records end
+// unknown (they may have been sent), so none is left to probe with once the
+// circuit opens. The route fetches again to find one, and once the gateway
+// recovers the texts that arrived meanwhile go out, each once.
+BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
+  FakeServices services(fake_services_binary(), {"--hold", "1000", "--faults", "sms:timeout_after_apply=1.0"});
+  auto db = MariaDbServer::shared().fresh_database("outage_probe");
+  MockKafka kafka;
+  kafka.create_topic("texts", 2);
+  kafka.create_topic("texts.dlq", 1);
+  ScratchDir dir("outage");
+  const int admin = free_port();
+  RouteSpec route{"sms",
+                  "texts",
+                  shipped_plugin("sms"),
+                  "",
+                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"300ms\""}}};
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
+          route_config(route));
+  std::vector<TestMessage> first, later;
+  for (int i = 0; i < 100; ++i)
+    first.push_back(
+        {"T" + std::to_string(i), "{\"order_id\":\"T" + std::to_string(i) + "\",\"phone\":\"+8613800000000\"}"});
+  for (int i = 100; i < 150; ++i)
+    later.push_back(
+        {"T" + std::to_string(i), "{\"order_id\":\"T" + std::to_string(i) + "\",\"phone\":\"+8613800000000\"}"});
+  kafka.produce("texts", first);
+  wait_committed(kafka, "g", {{"texts", 2}}, host);  // all 100 ended unknown
+  auto conn = MariaDbServer::shared().connect("outage_probe");
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 1);
+
+  kafka.produce("texts", later);
+  set_sms_faults(services, R"({"timeout_after_apply": 0.0})");
+  wait_committed(kafka, "g", {{"texts", 2}}, host, 120s);
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 0);
+  const std::string log = host.log();
+  BOOST_TEST(host.stop() == 0);
+  const auto stats = services.stats()["sms"];
+  BOOST_TEST(stats["double_applied"].get<int>() == 0);  // no text sent twice
+  for (int i = 100; i < 150; ++i) BOOST_TEST(stats["per_order"].value("T" + std::to_string(i), 0) == 1, "T" << i);
+  BOOST_TEST(count_lines(log, "circuit closed after") >= 1u);
+}
+
+// A route held by its open circuit does not hold the others: its records
+// leave the host's backpressure count, so a small buffer full of them does
+// not pause the healthy route's partitions.
+BOOST_AUTO_TEST_CASE(an_open_circuit_does_not_pause_the_other_routes) {
+  FakeServices services(fake_services_binary(), {"--faults", "waybill:error_5xx=1.0"});
+  auto db = MariaDbServer::shared().fresh_database("outage_other_routes");
+  MockKafka kafka;
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 2);
+  kafka.produce("orders", orders(0, 1000));
+  kafka.produce("stock", orders(0, 1000));
+  ScratchDir dir("outage");
+  const int admin = free_port();
+  auto route = [&](const std::string& name, const std::string& topic) {
+    return route_config(
+        {name, topic, shipped_plugin(name), "", {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}});
+  };
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g",
+                  "max_buffered_records = 300\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
+          route("waybill", "orders") + route("inventory", "stock"));
+  // The inventory route finishes while the waybill API is still down.
+  wait_committed(kafka, "g", {{"stock", 2}}, host, 120s);
+  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
+  BOOST_TEST(metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
+  set_waybill_faults(services, R"({"error_5xx": 0.0})");
+  wait_committed(kafka, "g", {{"orders", 2}, {"stock", 2}}, host, 120s);
+  BOOST_TEST(host.stop() == 0);
+  const auto stats = services.stats();
+  BOOST_TEST(stats["waybill"]["applied"].get<int>() == 1000);
+  BOOST_TEST(stats["inventory"]["applied"].get<int>() == 1000);
+  BOOST_TEST(stats["waybill"]["double_applied"].get<int>() == 0);
 }
