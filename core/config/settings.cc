@@ -364,8 +364,7 @@ std::string reference_markdown() {
       os << "\n\n| key | type | default | bounds | description |\n|---|---|---|---|---|\n";
       continue;
     }
-    // Streamed piece by piece: GCC 12 at -O3 reports a false -Wrestrict on
-    // "literal" + std::string chains here.
+    
     os << "| `" << s.path.substr(s.path.find('.') + 1) << "` | " << type_name(s.type) << " | ";
     if (s.required) {
       os << "required";
