@@ -116,6 +116,11 @@ int run_host(const config::Config& cfg) {
   Metrics metrics;
   metrics.set_build_info(build);
   asio::io_context io;
+  // Caught from here on (queued until waited for below): a SIGTERM that
+  // arrives while the host starts drains it instead of killing it, and a
+  // SIGHUP never kills it.
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  asio::signal_set hangups(io, SIGHUP);
   auto work = asio::make_work_guard(io);
   std::vector<Slice> slices;  // after io: their timers go before it does
   for (const auto& sc : slice_cfgs) slices.push_back(Slice{sc});
@@ -161,7 +166,6 @@ int run_host(const config::Config& cfg) {
   }
 
   std::thread shutdown;
-  asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code ec, int sig) {
     if (ec) return;
     spdlog::info("signal {}: draining (grace {}ms)", sig, cfg.host.shutdown_grace.count());
@@ -183,7 +187,6 @@ int run_host(const config::Config& cfg) {
   });
   // Operators send SIGHUP out of habit: the host logs to stderr (the service
   // manager's journal), so there is nothing to reopen, and it keeps running.
-  asio::signal_set hangups(io, SIGHUP);
   std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
     if (ec) return;
     spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
