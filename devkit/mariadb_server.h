@@ -38,6 +38,8 @@ class MariaDbServer {
   config::DatabaseConfig root_over_socket() const;
 
   int port() const { return port_; }
+  /// The server process (its CPU time, for benchmarks).
+  pid_t pid() const { return server_->pid(); }
   const std::string& socket() const { return socket_; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 
@@ -99,28 +100,86 @@ class Session : public std::enable_shared_from_this<Session> {
       const bool alive = silent < std::chrono::seconds(10);
       res.result(alive ? http::status::ok : http::status::service_unavailable);
       res.body() = alive ? "ok\n" : "engine loop has not run for " + std::to_string(silent.count() / 1000) + "s\n";
-    } else if (method == http::verb::get && target == "/healthz") {
-      // Unreachable and failing are different pages: the first is the
-      // database's, the second a job's (its error says which).
-      const std::string problem = shared_.metrics.db_problem();
+    } else if (method == http::verb::get && (target == "/readyz" || target == "/healthz")) {
+      // Each problem on its own line: a database unreachable or a job
+      // failing (which), Kafka down or refusing the login (the error), or
+      // no partitions once the group has settled.
+      const std::string problem = shared_.metrics.readiness_problem();
       res.result(problem.empty() ? http::status::ok : http::status::service_unavailable);
       res.body() = problem.empty() ? "ok\n" : problem;
+    } else if (method == http::verb::get && target == "/routes") {
+      res.set(http::field::content_type, "application/json");
+      res.body() = routes_json();
     } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
-      if (const char* why = forbidden(req)) {
-        const std::string_view reason(why);
-        res.result(reason.find("bearer token") != std::string_view::npos ? http::status::unauthorized
-                                                                         : http::status::forbidden);
-        if (res.result() == http::status::unauthorized) res.set(http::field::www_authenticate, "Bearer");
-        res.body() = std::string(why) + "\n";
-        spdlog::warn("admin: refused POST {}: {}", target, why);
-        return;
-      }
+      if (refused(req, res)) return;
       for (auto* engine : shared_.engines) engine->set_operator_pause(target == "/pause");
       res.body() = target == "/pause" ? "paused\n" : "resumed\n";
+    } else if (method == http::verb::post && target.rfind("/routes/", 0) == 0) {
+      if (refused(req, res)) return;
+      set_route_pause(target.substr(std::string_view("/routes/").size()), res);
     } else {
       res.result(http::status::not_found);
-      res.body() = "unknown endpoint; try GET /metrics, GET /status, GET /healthz, POST /pause, POST /resume\n";
+      res.body() =
+          "unknown endpoint; try GET /metrics, /status, /livez, /readyz, /routes; POST /pause, /resume, "
+          "/routes/NAME/pause, /routes/NAME/resume\n";
     }
+  }
+
+  // Refuses a state-changing request that lacks the right to it; true if refused.
+  bool refused(const http::request<http::string_body>& req, http::response<http::string_body>& res) const {
+    const char* why = forbidden(req);
+    if (why == nullptr) return false;
+    const std::string_view reason(why);
+    res.result(reason.find("bearer token") != std::string_view::npos ? http::status::unauthorized
+                                                                     : http::status::forbidden);
+    if (res.result() == http::status::unauthorized) res.set(http::field::www_authenticate, "Bearer");
+    res.body() = std::string(why) + "\n";
+    spdlog::warn("admin: refused POST {}: {}", printable(std::string_view(req.target().data(), req.target().size())),
+                 why);
+    return true;
+  }
+
+  std::string routes_json() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (auto* engine : shared_.engines)
+      for (const auto& v : engine->route_control().view())
+        out.push_back({{"route", v.route},
+                       {"topic", v.topic},
+                       {"paused", v.state.paused},
+                       {"changed_by", v.state.changed_by},
+                       {"changed_at", v.state.changed_at},
+                       {"circuit_open", v.circuit_open}});
+    return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+
+  // "NAME/pause" or "NAME/resume": stored in the database, so every host of
+  // the group obeys and a restart keeps it.
+  void set_route_pause(const std::string& rest, http::response<http::string_body>& res) {
+    const auto slash = rest.rfind('/');
+    const std::string name = slash == std::string::npos ? rest : rest.substr(0, slash);
+    const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    if (action != "pause" && action != "resume") {
+      res.result(http::status::not_found);
+      res.body() = "POST /routes/NAME/pause or /routes/NAME/resume\n";
+      return;
+    }
+    for (auto* engine : shared_.engines) {
+      if (!engine->route_control().has(name)) continue;
+      try {
+        engine->route_control().set(name, action == "pause", "admin port of " + shared_.host_id);
+      } catch (const std::exception& e) {
+        res.result(http::status::service_unavailable);
+        res.body() = "route " + name + ": not " + (action == "pause" ? "paused" : "resumed") +
+                     ": the database did not take it: " + e.what() + "\n";
+        return;
+      }
+      spdlog::info("admin: route {} {} through the admin port", name, action == "pause" ? "paused" : "resumed");
+      res.set(http::field::content_type, "application/json");
+      res.body() = routes_json();
+      return;
+    }
+    res.result(http::status::not_found);
+    res.body() = "no route named " + printable(name) + "\n";
   }
 
   // Why a state-changing request is refused, or nullptr.

@@ -1,9 +1,16 @@
 // Admin HTTP server (Boost.Beast) on its own thread:
 //   GET  /metrics   Prometheus text
 //   GET  /status    JSON summary per route
-//   GET  /healthz   200 "ok", or 503 while the database is unreachable
+//   GET  /livez     200 while the engine loop runs, 503 when it is stuck
+//   GET  /readyz    200 "ok", or 503 naming each problem: a database
+//                   unreachable or a job failing, Kafka down or refusing the
+//                   login, no partitions once the group settled
+//   GET  /healthz   the same as /readyz
+//   GET  /routes    each route: paused (by whom, when), circuit open
 //   POST /pause     stop fetching (the consumer stays in its group)
 //   POST /resume    fetch again
+//   POST /routes/NAME/pause|resume   pause or resume one route on every
+//                   host of the group, kept across restarts (in the database)
 // POST needs the bearer token (host.admin_token_env), or, without one, a
 // loopback listen address; a request carrying an Origin header (a browser's
 // cross-site request) is refused. At most 64 connections, 8 KiB of headers,

@@ -15,6 +15,7 @@
 #include "core/app/host.h"
 #include "core/pipeline/reconciler.h"
 #include "core/pipeline/replay.h"
+#include "core/pipeline/route_control.h"
 
 namespace idemsink::app {
 
@@ -172,6 +173,39 @@ int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note)
     return 1;
   }
   std::cout << "outbox row " << id << " discarded\n";
+  return 0;
+}
+
+int route_list(const config::Config& cfg) {
+  for (const auto& slice : config::split_by_database(cfg)) {
+    db::Connection c(slice.database);
+    const auto states = pipeline::RouteControl::read(c);
+    for (const auto& rc : slice.routes) {
+      const auto it = states.find(rc.name);
+      std::cout << rc.name << " (" << rc.topic << "): ";
+      if (it == states.end()) {
+        std::cout << "running\n";
+      } else {
+        std::cout << (it->second.paused ? "paused" : "running") << " since " << it->second.changed_at << " by "
+                  << it->second.changed_by << "\n";
+      }
+    }
+  }
+  return 0;
+}
+
+int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by) {
+  const config::RouteConfig* rc = cfg.route_by_name(route);
+  if (rc == nullptr) {
+    std::string names;
+    for (const auto& r : cfg.routes) names += " " + r.name;
+    std::cerr << "no route named " << route << " in " << cfg.file.string() << "; routes:" << names << "\n";
+    return 2;
+  }
+  db::Connection c(cfg.database_of(*rc));
+  pipeline::RouteControl::write(c, route, paused, by);
+  std::cout << "route " << route << " " << (paused ? "paused" : "resumed")
+            << ": every running host of the group follows within 2 s\n";
   return 0;
 }
 

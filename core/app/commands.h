@@ -34,6 +34,12 @@ int dlq_retry(const config::Config& cfg, uint64_t id);
 /// Drops an unpublishable row from the publishing queue, with a note.
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
 
+/// Every route's operator pause, from the database; exit 0.
+int route_list(const config::Config& cfg);
+/// Pauses or resumes a route on every host of the group (they follow within
+/// 2 s); kept across restarts.
+int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by);
+
 /// `idemsink replay`: dead (failed) claims of a route re-opened and their
 /// records sent back to its source topic; exit 1 if some could not be replayed.
 int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter);

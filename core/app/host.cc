@@ -49,7 +49,7 @@ std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::C
 std::vector<std::string> schema_statements(const config::Config& cfg,
                                            const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   std::vector<std::string> stmts{claim::claim_table(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3}),
-                                 dlq::Outbox::schema()};
+                                 dlq::Outbox::schema(), pipeline::RouteControl::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -64,6 +64,7 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
     auto report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
     c.execute(dlq::Outbox::schema());
     dlq::Outbox::migrate(c);
+    c.execute(pipeline::RouteControl::schema());
     for (const auto& p : report.added) spdlog::info("schema: added claim partition {}", p);
     for (const auto& p : report.dropped) spdlog::info("schema: dropped claim partition {} (past retention)", p);
     std::map<std::string, bool> seen;
@@ -147,6 +148,9 @@ int run_host(const config::Config& cfg) {
           cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
     });
     s.consumer = std::make_unique<kafka::Consumer>(s.cfg.kafka, topics, engine);
+    engine.slice().kafka = &s.consumer->health();
+    // Before the first assignment: a paused route must not fetch a record.
+    engine.route_control().load_at_start();
     s.reconciler = std::make_unique<Reconciler>(io, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner);
     engines.push_back(&engine);
   }
@@ -185,11 +189,14 @@ int run_host(const config::Config& cfg) {
       io.stop();
     });
   });
-  // Operators send SIGHUP out of habit: the host logs to stderr (the service
-  // manager's journal), so there is nothing to reopen, and it keeps running.
+  // SIGHUP reopens the log file (logrotate); it never stops the host.
   std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
     if (ec) return;
-    spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+    if (reopen_log_file()) {
+      spdlog::info("SIGHUP: log file {} reopened; still running", cfg.host.log_file);
+    } else {
+      spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+    }
     hangups.async_wait(on_hangup);
   };
   hangups.async_wait(on_hangup);

@@ -3,6 +3,7 @@
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage, config or plugin.
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -33,13 +34,15 @@ commands:
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
   audit --config FILE          prove every committed offset is accounted for
-    dlq --config FILE [--list | --retry ID | --discard ID] [--database LABEL]
+  dlq --config FILE [--list | --retry ID | --discard ID] [--database LABEL]
                                DLQ outbox rows Kafka refused for good: list, publish again, drop
+  route pause|resume NAME --config FILE | route list --config FILE
+                               pause or resume one route on every host of the group (kept across restarts)
   replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]
                                re-open dead (failed) claims and drive their records again
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
-    config-reference             print the configuration reference (Markdown)
+  config-reference             print the configuration reference (Markdown)
   --version                    version, commit, librdkafka, Connector/C and plugin ABI versions
 
 
@@ -80,7 +83,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     }
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level);
+    init_logging(cfg.host.log_level, cfg.host.log_format, cmd == "run" ? cfg.host.log_file : "");
     if (cmd == "run") return app::run(cfg);
     if (cmd == "audit") return each_database(cfg, app::audit);
     return app::check_config(cfg);
@@ -101,7 +104,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     const std::string action = vm["action"].as<std::string>();
     if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level);
+    init_logging(cfg.host.log_level, cfg.host.log_format);
     return each_database(cfg, [&](const config::Config& c) { return app::schema(c, action == "apply"); });
   }
   if (cmd == "reconcile") {
@@ -123,7 +126,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     }
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level);
+    init_logging(cfg.host.log_level, cfg.host.log_format);
     if (vm.count("check")) return each_database(cfg, app::reconcile_check);
     if (vm.count("ask")) return each_database(cfg, app::reconcile_ask);
     if (vm.count("resolve")) {
@@ -153,7 +156,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     }
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level);
+    init_logging(cfg.host.log_level, cfg.host.log_format);
     pipeline::ReplayFilter f;
     f.route = vm["route"].as<std::string>();
     if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
@@ -184,6 +187,39 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     std::cout << plugin::Library::load(vm["file"].as<std::string>())->info();
     return 0;
   }
+  if (cmd == "route") {
+    po::options_description desc(common);
+    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
+        "action", po::value<std::string>()->required(), "pause, resume or list")("name", po::value<std::string>(),
+                                                                                 "the route, as [[route]] name says")(
+        "by", po::value<std::string>(), "who, stored with the change (default: $USER on this machine)");
+    po::positional_options_description pos;
+    pos.add("action", 1).add("name", 1);
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: idemsink route pause|resume NAME --config FILE [--by WHO]\n"
+                   "       idemsink route list --config FILE\n\n"
+                << desc;
+      return 0;
+    }
+    po::notify(vm);
+    const std::string action = vm["action"].as<std::string>();
+    if (action != "pause" && action != "resume" && action != "list")
+      throw po::error("route action must be pause, resume or list, not " + action);
+    config::Config cfg = config::load_file(vm["config"].as<std::string>());
+    init_logging(cfg.host.log_level, cfg.host.log_format);
+    if (action == "list") return app::route_list(cfg);
+    if (!vm.count("name")) throw po::error("route " + action + " needs the route's name");
+    std::string by;
+    if (vm.count("by")) {
+      by = vm["by"].as<std::string>();
+    } else {
+      const char* user = std::getenv("USER");
+      by = std::string("idemsink route, ") + (user ? user : "unknown user");
+    }
+    return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by);
+  }
   if (cmd == "dlq") {
     po::options_description desc(common);
     desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
@@ -203,7 +239,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
     }
     po::notify(vm);
     config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level);
+    init_logging(cfg.host.log_level, cfg.host.log_format);
     if (vm.count("retry") || vm.count("discard")) {
       // Outbox ids are per database: with several, the operator names which.
       const auto slices = config::split_by_database(cfg);

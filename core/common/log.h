@@ -1,15 +1,50 @@
 // Logging: one spdlog logger for the whole host, named by component in the
 // message. A duplicate is an INFO line and a counter, never an ERROR.
+//
+// Text (the default) or JSON, one object per line: time, level, thread,
+// message and, where a line is about a record or a route, the fields of the
+// LogScope active on the logging thread (route, topic, partition, offset,
+// biz_key made printable, idem_token).
 #pragma once
 
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
 #include <string>
 
 namespace idemsink {
 
-/// Sets the global level ("trace".."error") and the line format. Safe to
-/// call again (e.g. after the config is read).
-void init_logging(const std::string& level);
+/// Sets the global level ("trace".."error"), the line format ("text" or
+/// "json") and where lines go (a file, or stderr when empty). Safe to call
+/// again (e.g. after the config is read).
+void init_logging(const std::string& level, const std::string& format = "text", const std::string& file = "");
+
+/// Reopens the log file (after logrotate moved it away); false when logging
+/// to stderr.
+bool reopen_log_file();
+
+/// What a log line is about; empty strings and negative numbers are left out.
+struct LogFields {
+  std::string route;
+  std::string topic;
+  int32_t partition = -1;
+  int64_t offset = -1;
+  std::string biz_key;  // raw bytes: made printable when written
+  std::string idem_token;
+};
+
+/// The fields of the lines logged by this thread while it lives (nested
+/// scopes: the innermost wins).
+class LogScope {
+ public:
+  explicit LogScope(LogFields fields);
+  ~LogScope();
+  LogScope(const LogScope&) = delete;
+  LogScope& operator=(const LogScope&) = delete;
+
+ private:
+  LogFields fields_;
+  const LogFields* outer_;
+};
 
 }  // namespace idemsink

@@ -387,6 +387,8 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   static const std::set<std::string> kLevels{"trace", "debug", "info", "warn", "error"};
   if (!kLevels.count(c.host.log_level))
     fail(host.pos_of_key("log_level"), "host.log_level", "must be one of trace, debug, info, warn, error");
+  if (c.host.log_format != "text" && c.host.log_format != "json")
+    fail(host.pos_of_key("log_format"), "host.log_format", "must be text or json, not \"" + c.host.log_format + "\"");
   if (!c.host.admin_listen.empty() && !parse_host_port(c.host.admin_listen))
     fail(host.pos_of_key("admin_listen"), "host.admin_listen",
          "must be an IP address and a port 0..65535 such as \"127.0.0.1:9464\" or \"[::1]:9464\", not \"" +

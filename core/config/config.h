@@ -41,6 +41,8 @@ struct HostConfig {
   int max_buffered_records{};
   Millis shutdown_grace{};
   std::string log_level;
+  std::string log_format;    // "text" or "json"
+  std::string log_file;      // "" = stderr
   std::string admin_listen;  // "" = no admin HTTP server
   std::string admin_token;   // from the variable host.admin_token_env names; "" = none; never logged
 };

@@ -125,6 +125,13 @@ constexpr Setting kSettings[] = {
         "host.shutdown_grace", "30s", false, 0, 3600000,
         "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."),
     field<&HostConfig::log_level>("host.log_level", "info", false, 0, 0, "trace, debug, info, warn or error."),
+    field<&HostConfig::log_format>(
+        "host.log_format", "text", false, 0, 0,
+        "text, or json: one object per line with time, level, thread, message and, where a line is about a "
+        "record, route, topic, partition, offset, biz_key (printable) and idem_token."),
+    field<&HostConfig::log_file>("host.log_file", "", false, 0, 0,
+                                 "Where `idemsink run` writes its log; empty = stderr (the service manager's "
+                                 "journal). SIGHUP reopens it, for logrotate."),
     field<&HostConfig::admin_listen>(
         "host.admin_listen", "", false, 0, 0,
         "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
@@ -253,8 +260,8 @@ constexpr Setting kSettings[] = {
     field<&RouteConfig::call_timeout>("route.call_timeout", "30s", false, 10, 3600000,
                                       "Deadline for one handler call to report; past it the call counts as uncertain."),
     field<&RouteConfig::payload_check>(
-        "route.payload_check", "true", false, 0, 0,
-        "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
+        "route.payload_check", "true",
+        false, 0, 0, "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
     field<&RouteConfig::max_record_bytes>(
         "route.max_record_bytes", "983040", false, 1, 1LL << 30,
         "Larger records (key + value) are refused (DLQ reason record_too_large), and their DLQ copy keeps this much "
@@ -364,7 +371,7 @@ std::string reference_markdown() {
       os << "\n\n| key | type | default | bounds | description |\n|---|---|---|---|---|\n";
       continue;
     }
-    
+
     os << "| `" << s.path.substr(s.path.find('.') + 1) << "` | " << type_name(s.type) << " | ";
     if (s.required) {
       os << "required";

@@ -264,6 +264,17 @@ uint64_t Outbox::settle_held(Connection& c, std::span<const std::string> tokens)
       list + ") AND held_until IS NOT NULL AND published_at IS NULL");
 }
 
+std::map<std::string, std::pair<uint64_t, uint64_t>> Outbox::backlog_by_route(Connection& c) const {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  // The same conditions as pending() and unpublishable(), in one pass.
+  for (const auto& r : c.query(
+           "SELECT route, SUM(unpublishable_at IS NULL AND (held_until IS NULL OR (held_until < NOW(3) AND EXISTS "
+           "(SELECT 1 FROM idemsink_claim c WHERE c.idem_token = idemsink_dlq_outbox.idem_token AND c.status = 4)))), "
+           "SUM(unpublishable_at IS NOT NULL) FROM idemsink_dlq_outbox WHERE published_at IS NULL GROUP BY route"))
+    out[r[0].value_or("")] = {std::stoull(r[1].value_or("0")), std::stoull(r[2].value_or("0"))};
+  return out;
+}
+
 uint64_t Outbox::unpublishable(Connection& c) const {
   auto rows =
       c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NOT NULL");

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -129,6 +130,8 @@ class Outbox {
   static uint64_t settle_held(db::Connection& c, std::span<const std::string> idem_tokens);
   /// Rows set aside as unpublishable, all hosts.
   uint64_t unpublishable(db::Connection& c) const;
+  /// Both counts by route: {pending, unpublishable} (routes with neither left out).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> backlog_by_route(db::Connection& c) const;
   std::vector<Unpublishable> list_unpublishable(db::Connection& c, size_t limit) const;
   /// An operator's decision on an unpublishable row: publish it again (after
   /// fixing the topic or the limits), or drop it from the queue (it stays in

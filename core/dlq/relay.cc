@@ -93,12 +93,14 @@ void Relay::on_taken(std::vector<Letter> letters, size_t taken) {
     return;
   }
   outstanding_.clear();
+  route_of_.clear();
   std::vector<uint64_t> unpublished_by_design;  // the route does not publish its dead letters: the row is the record
   for (const auto& d : letters) {
     if (d.topic.empty()) {
       unpublished_by_design.push_back(d.id);
     } else {
       outstanding_[d.id] = Delivery::Pending;
+      route_of_[d.id] = d.route;
     }
   }
   pending_ = outstanding_.size();
@@ -148,8 +150,14 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   for (const auto& [id, state] : outstanding_)
     if (state == Delivery::Ok) published.push_back(id);
   size_t failed = 0;
-  for (const auto& [id, state] : outstanding_) failed += state == Delivery::Failed;
-  count_(published.size(), failed);
+  std::map<std::string, std::pair<size_t, size_t>> by_route;  // published, failed
+  for (const auto& [id, state] : outstanding_) {
+    failed += state == Delivery::Failed;
+    auto& n = by_route[route_of_[id]];
+    n.first += state == Delivery::Ok;
+    n.second += state == Delivery::Failed;
+  }
+  for (const auto& [route, n] : by_route) count_(route, n.first, n.second);
   failures_in_a_row_ = failed > 0 ? failures_in_a_row_ + 1 : 0;
   if (failed > 0) {
     const auto wait = std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(failures_in_a_row_, 6)));

@@ -30,8 +30,8 @@ namespace idemsink::dlq {
 class Relay {
  public:
   using ProducerFactory = std::function<std::unique_ptr<kafka::Producer>()>;
-  /// Rows published and publish attempts failed, per cycle.
-  using CountFn = std::function<void(size_t published, size_t failed)>;
+  /// Rows published and publish attempts failed, per route and cycle.
+  using CountFn = std::function<void(const std::string& route, size_t published, size_t failed)>;
 
   /// Rows Kafka refused for good (set aside), per cycle.
   using UnpublishableFn = std::function<void(size_t refused)>;
@@ -77,6 +77,7 @@ class Relay {
   bool running_ = false;
   bool again_ = false;
   std::map<uint64_t, Delivery> outstanding_;  // outbox id -> delivery state, this cycle
+  std::map<uint64_t, std::string> route_of_;  // outbox id -> route, this cycle
   size_t pending_ = 0;
   size_t taken_ = 0;
   std::string first_error_;

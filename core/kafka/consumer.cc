@@ -20,12 +20,6 @@ void log_cb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
     spdlog::debug("librdkafka {}: {}", fac, buf);
 }
 
-void error_cb(rd_kafka_t*, int err, const char* reason, void*) {
-  // Transport errors while a broker is down are expected and retried by
-  // librdkafka; the pipeline simply stops receiving records meanwhile.
-  spdlog::warn("kafka: {} ({})", reason, rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)));
-}
-
 std::vector<TopicPartitionOffset> offsets_of(const rd_kafka_topic_partition_list_t* l) {
   std::vector<TopicPartitionOffset> out;
   if (l == nullptr) return out;
@@ -78,6 +72,7 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
       {"auto.offset.reset", "earliest"},  // a sink starts at the beginning of what it has never seen
       {"session.timeout.ms", "45000"},
       {"max.poll.interval.ms", "300000"},
+      {"statistics.interval.ms", "5000"},  // /readyz and the kafka metrics; 0 turns them off
   };
   for (const auto& [k, v] : cfg.properties) props[k] = v;
   for (const auto& [k, v] : cfg.consumer_properties) props[k] = v;
@@ -87,9 +82,11 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   props["enable.auto.commit"] = "false";
   props["enable.auto.offset.store"] = "false";
   props["isolation.level"] = "read_committed";
+  if (props["statistics.interval.ms"] == "0") health_.statistics_disabled();
   rd_kafka_conf_t* conf = make_conf(props);
   route_librdkafka_logs(conf);
   rd_kafka_conf_set_error_cb(conf, &error_cb);
+  rd_kafka_conf_set_stats_cb(conf, &stats_cb);
   rd_kafka_conf_set_rebalance_cb(conf, &rebalance_cb);
   rd_kafka_conf_set_offset_commit_cb(conf, &commit_cb);
   rd_kafka_conf_set_opaque(conf, this);
@@ -359,6 +356,27 @@ bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
   spdlog::warn("kafka: seek {}[{}] to {} failed: {}; its records are held back until a seek succeeds", tp.topic,
                tp.partition, offset, problem);
   return false;
+}
+
+void Consumer::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque) {
+  // Transport errors while a broker is down are expected and retried by
+  // librdkafka; the pipeline simply stops receiving records meanwhile. A
+  // refused login is not retried into success: it is an error, and /readyz
+  // says so until a broker is up again.
+  const auto code = static_cast<rd_kafka_resp_err_t>(err);
+  const bool auth = code == RD_KAFKA_RESP_ERR__AUTHENTICATION || code == RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED ||
+                    code == RD_KAFKA_RESP_ERR__SSL;
+  if (auth) {
+    spdlog::error("kafka: authentication failed: {} ({})", reason, rd_kafka_err2name(code));
+  } else {
+    spdlog::warn("kafka: {} ({})", reason, rd_kafka_err2name(code));
+  }
+  static_cast<Consumer*>(opaque)->health_.on_error(err, reason);
+}
+
+int Consumer::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque) {
+  static_cast<Consumer*>(opaque)->health_.on_statistics(std::string_view(json, len));
+  return 0;  // librdkafka frees the buffer
 }
 
 void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,

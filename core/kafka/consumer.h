@@ -36,6 +36,7 @@
 
 #include "core/config/config.h"
 #include "core/kafka/client.h"
+#include "core/kafka/client_health.h"
 
 namespace idemsink::kafka {
 
@@ -119,6 +120,9 @@ class Consumer {
   /// destructors, since librdkafka's threads still run.
   bool abandoned() const { return abandoned_.load(); }
 
+  /// The cluster as this consumer sees it (statistics and errors).
+  const ClientHealth& health() const { return health_; }
+
  private:
   struct Command {
     enum class Kind { Pause, Resume, Seek } kind;
@@ -137,6 +141,8 @@ class Consumer {
 
   static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                            void* opaque);
+  static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
+  static int stats_cb(rd_kafka_t* rk, char* json, size_t len, void* opaque);
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
                         void* opaque);
   void poll_loop();
@@ -158,6 +164,7 @@ class Consumer {
   config::KafkaConfig cfg_;
   std::vector<std::string> topics_;
   Listener& listener_;
+  ClientHealth health_;
   HandlePtr rk_;
   rd_kafka_queue_t* queue_ = nullptr;
   bool must_wait_first_assignment_ = false;  // librdkafka < 2.3 with cooperative-sticky

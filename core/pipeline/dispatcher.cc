@@ -132,6 +132,7 @@ void Dispatcher::confirmed(const std::vector<uint64_t>& ids, const std::vector<b
     Record* r = find_(ids[i]);
     if (r == nullptr || r->stage != Stage::Confirming) continue;
     if (!ours[i]) {
+      const LogScope log_scope(log_fields_of(*r));
       spdlog::warn("route {}: claim on key {} was taken over before its call; not calling it", r->route->cfg.name,
                    printable(r->biz_key));
       end_call(*r, false);
@@ -212,6 +213,7 @@ void Dispatcher::dispatch(Record& r) {
     if (!plugin::CallRegistry::instance().cancel(call_id)) return;  // completion already on its way
     Record* rec = find_(id);
     if (rec == nullptr || rec->call_id != call_id) return;
+    const LogScope log_scope(log_fields_of(*rec));
     spdlog::warn("route {}: handler did not report within call_timeout for key {}; treating the call as uncertain",
                  rec->route->cfg.name, printable(rec->biz_key));
     end_call(*rec);

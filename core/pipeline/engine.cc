@@ -47,15 +47,17 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
           [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
       relay_(
           io, pool, outbox_,
-          [this](size_t published, size_t failed) {
-            slice_.dlq_published.fetch_add(published, std::memory_order_relaxed);
-            slice_.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
+          [this](const std::string& route, size_t published, size_t failed) {
+            RouteMetrics& m = metrics_.route(route);
+            m.dlq_published.fetch_add(published, std::memory_order_relaxed);
+            m.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
           },
           [this](size_t refused) { slice_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); }),
       claimer_(
           io, pool, store_, cfg, [this](uint64_t id) { return find(id); },
           [this](const Claimer::Claimed& c) { on_claimed(c); }),
-      housekeeping_(io, pool, cfg, store_, outbox_, slice_),
+      housekeeping_(io, pool, cfg, store_, outbox_, metrics, slice_),
+      route_control_(io, pool, cfg.database, route_pointers(routes_), gate_),
       commit_timer_(io),
       renew_timer_(io),
       relay_timer_(io),
@@ -70,6 +72,12 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
 }
 
 Engine::~Engine() = default;
+
+std::vector<Route*> Engine::route_pointers(const std::vector<std::unique_ptr<Route>>& routes) {
+  std::vector<Route*> out;
+  for (const auto& r : routes) out.push_back(r.get());
+  return out;
+}
 
 std::map<std::string, plugin::Instance*> Engine::handlers() const {
   std::map<std::string, plugin::Instance*> out;
@@ -121,6 +129,7 @@ void Engine::start(kafka::Consumer* consumer) {
   });
   claimer_.start();
   housekeeping_.start();
+  route_control_.start();
   relay_.kick();  // rows a previous run left unpublished
 }
 
@@ -381,6 +390,7 @@ void Engine::claim_without_partition(std::vector<uint64_t> ids) {
 }
 
 void Engine::refuse(Record& r, dlq::Reason reason, std::string detail) {
+  const LogScope log_scope(log_fields_of(r));
   spdlog::warn("route {}: refusing {}[{}]@{}: {} ({})", r.route->cfg.name, r.part->tp.topic, r.part->tp.partition,
                r.offset, dlq::to_string(reason), detail);
   r.note_failure(detail);
@@ -397,6 +407,7 @@ void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
 // ---------------------------------------------------------------- after a call, after a write
 
 void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string detail) {
+  const LogScope log_scope(log_fields_of(r));
   if (outcome == IDEMSINK_OUTCOME_OK) fault::hit("after_handler_ok");
   const idemsink_kind kind = r.route->handler->kind();
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
@@ -457,6 +468,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
 }
 
 void Engine::note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail) {
+  const LogScope log_scope(LogFields{route.cfg.name});
   CircuitBreaker& circuit = route.circuit;
   const auto change = circuit.on_result(record_id, failed);
   if (change == CircuitBreaker::Change::None) return;
@@ -508,12 +520,13 @@ void Engine::circuit_fetch(Route& route) {
   const bool pause =
       state == CircuitBreaker::State::Open || (state == CircuitBreaker::State::HalfOpen && route.live > 0);
   if (pause != route.topics_paused) {
-    gate_.set_topics_paused(route.topics(), pause);
+    gate_.set_topics_paused(route.topics(), FetchGate::TopicPause::Circuit, pause);
     route.topics_paused = pause;
   }
 }
 
 void Engine::retry_later(Record& r) {
+  const LogScope log_scope(log_fields_of(r));
   const auto wait = backoff(r.route->cfg.retry, r.calls, rng_);
   spdlog::debug("route {}: key {} call {} failed ({}); retrying in {}ms", r.route->cfg.name, printable(r.biz_key),
                 r.calls, r.last_error, wait.count());
@@ -555,6 +568,7 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
 }
 
 void Engine::end(Record& r, Status status, dlq::Reason reason, std::string error) {
+  const LogScope log_scope(log_fields_of(r));
   if (r.first_failure_ms == 0) {
     r.note_failure(error);
   } else {
@@ -608,6 +622,7 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
 }
 
 void Engine::written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error) {
+  const LogScope log_scope(log_fields_of(r));
   using Kind = OutcomeWriter::Kind;
   r.route->metrics->db_rejected.fetch_add(1, std::memory_order_relaxed);
   if (!r.db_error.empty()) {
@@ -633,6 +648,7 @@ void Engine::written_rejected(Record& r, OutcomeWriter::Kind kind, const std::st
 }
 
 void Engine::let_go(Record& r, OutcomeWriter::Kind kind, const std::string& error) {
+  const LogScope log_scope(log_fields_of(r));
   // Not durable: the offset is not committed, and the record is read again
   // after a restart or a rebalance. Its claim is handed back (a done one as
   // maybe applied), so no lease holds it meanwhile.
@@ -667,6 +683,7 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
   asio::post(io_, [&] {
     claimer_.stop();
     housekeeping_.stop();
+    route_control_.stop();
     for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_, &heartbeat_timer_})
       t->stop();
     for (auto& [id, rec] : records_)

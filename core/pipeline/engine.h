@@ -51,6 +51,7 @@
 #include "core/pipeline/partitions.h"
 #include "core/pipeline/periodic.h"
 #include "core/pipeline/record.h"
+#include "core/pipeline/route_control.h"
 
 namespace idemsink::pipeline {
 
@@ -74,6 +75,9 @@ class Engine : public kafka::Consumer::Listener {
   void set_operator_pause(bool paused) { gate_.set_operator_pause(paused); }
   bool operator_paused() const { return gate_.operator_paused(); }
 
+  /// Operator pauses of this engine's routes (admin port, start-up).
+  RouteControl& route_control() { return route_control_; }
+
   /// This engine's database's gauges (the reconciler of the same database reports there).
   SliceMetrics& slice() { return slice_; }
 
@@ -90,6 +94,7 @@ class Engine : public kafka::Consumer::Listener {
   void on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) override;
 
  private:
+  static std::vector<Route*> route_pointers(const std::vector<std::unique_ptr<Route>>& routes);
   // records
   Record* find(uint64_t id);
   void ingest(kafka::Consumer::Batch batch);
@@ -147,6 +152,7 @@ class Engine : public kafka::Consumer::Listener {
   dlq::Relay relay_;
   Claimer claimer_;
   Housekeeping housekeeping_;
+  RouteControl route_control_;
   kafka::Consumer* consumer_ = nullptr;
 
   bool renew_running_ = false;

@@ -87,13 +87,14 @@ void FetchGate::release(const kafka::TopicPartition& tp) {
   apply_locked();
 }
 
-void FetchGate::set_topics_paused(const std::vector<std::string>& topics, bool paused) {
+void FetchGate::set_topics_paused(const std::vector<std::string>& topics, TopicPause reason, bool paused) {
+  const auto bit = static_cast<unsigned>(reason);
   std::lock_guard lk(mu_);
   for (const auto& t : topics) {
     if (paused) {
-      paused_topics_.insert(t);
-    } else {
-      paused_topics_.erase(t);
+      paused_topics_[t] |= bit;
+    } else if (auto it = paused_topics_.find(t); it != paused_topics_.end() && (it->second &= ~bit) == 0) {
+      paused_topics_.erase(it);
     }
   }
   apply_locked();

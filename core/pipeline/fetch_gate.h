@@ -5,7 +5,8 @@
 //     the moment the consumer hands them over (all partitions; resumes at
 //     half the limit), or
 //   - it is a retry-topic partition held until its next record is due, or
-//   - its route's circuit is open (the remote is down).
+//   - its route's circuit is open (the remote is down), or
+//   - an operator paused its route (persisted; every host obeys).
 // The host stays in its group throughout: the consumer keeps polling.
 //
 // Thread-safe: the consumer's poll thread reports new records (so a pause
@@ -16,6 +17,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -49,8 +51,10 @@ class FetchGate {
   /// A retry-topic partition waits for its next record to be due.
   void hold(const kafka::TopicPartition& tp);
   void release(const kafka::TopicPartition& tp);
-  /// The partitions of these topics stop (or resume) fetching: a route's circuit.
-  void set_topics_paused(const std::vector<std::string>& topics, bool paused);
+  /// Why a route's topics stop fetching; each reason is set and cleared on its own.
+  enum class TopicPause : unsigned { Circuit = 1, Operator = 2 };
+  /// The partitions of these topics stop (or resume, once no reason is left) fetching.
+  void set_topics_paused(const std::vector<std::string>& topics, TopicPause reason, bool paused);
   /// Whether the partition should be receiving records now.
   bool fetching(const kafka::TopicPartition& tp) const;
 
@@ -65,8 +69,8 @@ class FetchGate {
   bool backpressure_ = false;
   std::set<kafka::TopicPartition> assigned_;
   std::set<kafka::TopicPartition> held_;
-  std::set<std::string> paused_topics_;
-  std::set<kafka::TopicPartition> paused_;  // what the consumer was told
+  std::map<std::string, unsigned> paused_topics_;  // topic -> TopicPause bits
+  std::set<kafka::TopicPartition> paused_;         // what the consumer was told
 };
 
 }  // namespace idemsink::pipeline

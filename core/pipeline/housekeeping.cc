@@ -16,7 +16,8 @@ constexpr auto kGaugesEvery = std::chrono::seconds(5);
 }  // namespace
 
 Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                           const claim::ClaimStore& store, const dlq::Outbox& outbox, SliceMetrics& metrics)
+                           const claim::ClaimStore& store, const dlq::Outbox& outbox, Metrics& all,
+                           SliceMetrics& metrics)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
@@ -25,7 +26,9 @@ Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::C
       metrics_(metrics),
       partitions_timer_(io),
       purge_timer_(io),
-      gauges_timer_(io) {}
+      gauges_timer_(io) {
+  for (const auto& rc : cfg.routes) routes_[rc.name] = &all.route(rc.name);
+}
 
 void Housekeeping::start() {
   // Schema changes are the DBA's when claim.apply_schema is off: then the
@@ -118,8 +121,12 @@ void Housekeeping::refresh_gauges() {
   pool_.submit(
       "gauges",
       [this](db::Connection& c) {
-        metrics_.dlq_pending.store(static_cast<int64_t>(outbox_.pending(c)));
-        metrics_.dlq_unpublishable.store(static_cast<int64_t>(outbox_.unpublishable(c)));
+        const auto backlog = outbox_.backlog_by_route(c);
+        for (const auto& [name, m] : routes_) {
+          const auto it = backlog.find(name);
+          m->dlq_pending.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.first));
+          m->dlq_unpublishable.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.second));
+        }
         metrics_.stuck_pending.store(static_cast<int64_t>(store_.count_stuck(c, cfg_.claim.stuck_after)));
         asio::post(io_, [this] { gauges_running_ = false; });
       },

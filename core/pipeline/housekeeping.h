@@ -13,6 +13,8 @@
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/claim/claim_store.h"
@@ -27,7 +29,7 @@ namespace idemsink::pipeline {
 class Housekeeping {
  public:
   Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
-               const dlq::Outbox& outbox, SliceMetrics& metrics);
+               const dlq::Outbox& outbox, Metrics& all, SliceMetrics& metrics);
 
   void start();
   void stop();
@@ -48,6 +50,7 @@ class Housekeeping {
   const claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
   SliceMetrics& metrics_;
+  std::map<std::string, RouteMetrics*> routes_;  // this database's routes (DLQ backlog gauges)
   bool stopped_ = false;
   bool ensuring_ = false;
   bool gauges_running_ = false;

@@ -88,7 +88,28 @@ std::string Metrics::db_problem() const {
   return out;
 }
 
+std::string Metrics::readiness_problem() const {
+  std::string out = db_problem();
+  std::lock_guard lk(mu_);
+  for (const auto& s : slices_) {
+    if (s->kafka == nullptr) continue;
+    const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
+    if (const std::string p = s->kafka->problem(); !p.empty()) {
+      out += p + which + "\n";
+      continue;
+    }
+    const auto k = s->kafka->snapshot();
+    // Joined and settled with nothing to do is not ready: a member beyond
+    // the partition count, or subscribed to topics that do not exist.
+    const bool joining = !k.stats_seen || k.group_state != "up" || k.join_state != "steady";
+    if (!joining && s->assigned_partitions.load() == 0)
+      out += "kafka: the group assigned no partitions to this host" + which + "\n";
+  }
+  return out;
+}
+
 std::string Metrics::prometheus() const {
+  const bool ready = readiness_problem().empty();
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -121,6 +142,14 @@ std::string Metrics::prometheus() const {
       {"idemsink_records_let_go_total",
        "Records that could not be recorded (a database job kept failing): left uncommitted, read again later.",
        &RouteMetrics::let_go},
+      {"idemsink_offset_commits_total", "Offset commits sent carrying offsets of the route's topics.",
+       &RouteMetrics::commits},
+      {"idemsink_offset_commit_failures_total", "Offset commits that failed (sent again).",
+       &RouteMetrics::commit_failures},
+      {"idemsink_dlq_published_total", "DLQ records (and retry-topic forwards) published.",
+       &RouteMetrics::dlq_published},
+      {"idemsink_dlq_publish_failures_total", "DLQ publish attempts that failed (the record stays in the outbox).",
+       &RouteMetrics::dlq_publish_failures},
   };
   for (const auto& c : kCounters) {
     family(c.name, "counter", c.help);
@@ -135,10 +164,28 @@ std::string Metrics::prometheus() const {
   for (const auto& [name, m] : routes_)
     out +=
         "idemsink_route_circuit_opens_total{route=\"" + name + "\"} " + std::to_string(m->circuit_opens.load()) + "\n";
-  family("idemsink_in_flight", "gauge", "Handler calls in flight.");
-  for (const auto& [name, m] : routes_)
-    out += "idemsink_in_flight{route=\"" + name + "\"} " + std::to_string(m->in_flight.load()) + "\n";
+  struct RouteGauge {
+    const char* name;
+    const char* help;
+    std::atomic<int64_t> RouteMetrics::*field;
+  };
+  static const RouteGauge kRouteGauges[] = {
+      {"idemsink_in_flight", "Handler calls in flight.", &RouteMetrics::in_flight},
+      {"idemsink_route_paused", "1 while an operator paused the route (every host of the group obeys).",
+       &RouteMetrics::paused},
+      {"idemsink_dlq_pending", "DLQ outbox rows not yet published (all hosts).", &RouteMetrics::dlq_pending},
+      {"idemsink_dlq_unpublishable",
+       "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "
+       "operator (`idemsink dlq --list`), all hosts.",
+       &RouteMetrics::dlq_unpublishable},
+  };
+  for (const auto& g : kRouteGauges) {
+    family(g.name, "gauge", g.help);
+    for (const auto& [name, m] : routes_)
+      out += std::string(g.name) + "{route=\"" + name + "\"} " + std::to_string(((*m).*(g.field)).load()) + "\n";
+  }
   family("idemsink_handler_latency_seconds", "histogram", "Handler call latency.");
+
   for (const auto& [name, m] : routes_)
     m->handler_latency.render(out, "idemsink_handler_latency_seconds", "route=\"" + name + "\"");
 
@@ -187,22 +234,12 @@ std::string Metrics::prometheus() const {
     }
   };
 #define IDEMSINK_SLICE(field) [](const SliceMetrics& s) { return s.field.load(); }
-  scalar("idemsink_offset_commits_total", "counter", "Offset commits sent.", IDEMSINK_SLICE(commits));
-  scalar("idemsink_offset_commit_failures_total", "counter", "Offset commits that failed.",
-         IDEMSINK_SLICE(commit_failures));
-  scalar("idemsink_dlq_published_total", "counter", "DLQ records published.", IDEMSINK_SLICE(dlq_published));
-  scalar("idemsink_dlq_publish_failures_total", "counter",
-         "DLQ publish attempts that failed (the record stays in the outbox).", IDEMSINK_SLICE(dlq_publish_failures));
-  scalar("idemsink_dlq_pending", "gauge", "DLQ outbox rows not yet published (all hosts).",
-         IDEMSINK_SLICE(dlq_pending));
+
   scalar("idemsink_claim_partitions_ahead", "gauge",
          "Monthly claim partitions beyond the current month (maintained at 3; alert below 1: records of a month "
          "without a partition are refused or need a partition created on the spot).",
          IDEMSINK_SLICE(claim_partitions_ahead));
-  scalar("idemsink_dlq_unpublishable", "gauge",
-         "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "
-         "operator (`idemsink dlq --list`), all hosts.",
-         IDEMSINK_SLICE(dlq_unpublishable));
+
   scalar("idemsink_dlq_set_aside_total", "counter", "DLQ outbox rows this host set aside as unpublishable.",
          IDEMSINK_SLICE(dlq_set_aside));
   scalar("idemsink_buffered_records", "gauge", "Consumed records not yet durable.", IDEMSINK_SLICE(buffered));
@@ -229,6 +266,36 @@ std::string Metrics::prometheus() const {
     for (const auto& [k, v] : build_info_) labels += (labels.empty() ? "" : ",") + k + "=\"" + v + "\"";
     out += "idemsink_build_info{" + labels + "} 1\n";
   }
+  family("idemsink_ready", "gauge",
+         "1 while /readyz answers 200: databases reachable, Kafka reachable and authenticated, partitions assigned "
+         "or the group joining.");
+  out += "idemsink_ready " + std::to_string(ready ? 1 : 0) + "\n";
+  // librdkafka's statistics, per consumer (statistics.interval.ms).
+  std::vector<std::pair<std::string, kafka::ClientHealth::Snapshot>> clients;
+  for (const auto& s : slices_)
+    if (s->kafka != nullptr) clients.emplace_back(slice_label(*s), s->kafka->snapshot());
+  auto with = [](const std::string& label, const std::string& more) {
+    if (label.empty()) return more.empty() ? std::string() : "{" + more + "}";
+    return "{" + label + (more.empty() ? "" : "," + more) + "}";
+  };
+  family("idemsink_kafka_broker_up", "gauge", "1 while the consumer's connection to the broker is up.");
+  for (const auto& [label, k] : clients)
+    for (const auto& [name, b] : k.brokers)
+      out += "idemsink_kafka_broker_up" + with(label, "broker=\"" + name + "\"") + " " + (b.up ? "1" : "0") + "\n";
+  family("idemsink_kafka_broker_rtt_seconds", "gauge",
+         "Average request round trip to the broker over the last statistics interval.");
+  for (const auto& [label, k] : clients)
+    for (const auto& [name, b] : k.brokers)
+      out += "idemsink_kafka_broker_rtt_seconds" + with(label, "broker=\"" + name + "\"") + " " +
+             std::to_string(b.rtt_seconds) + "\n";
+  family("idemsink_kafka_rebalances_total", "counter", "Group rebalances this host's consumer went through.");
+  for (const auto& [label, k] : clients)
+    out += "idemsink_kafka_rebalances_total" + with(label, "") + " " + std::to_string(k.rebalances) + "\n";
+  family("idemsink_kafka_fetch_queue_messages", "gauge",
+         "Records fetched by librdkafka and waiting in its queues (not yet handed to the pipeline).");
+  for (const auto& [label, k] : clients)
+    out +=
+        "idemsink_kafka_fetch_queue_messages" + with(label, "") + " " + std::to_string(k.fetch_queue_messages) + "\n";
   family("idemsink_db_job_failures_total", "counter",
          "Failed runs of database jobs, by job and class (connection_lost, transient, data, unexpected).");
   for (const auto& s : slices_) {
@@ -256,16 +323,18 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
     buffered += s->buffered.load();
     assigned += s->assigned_partitions.load();
     lag += s->lag.load();
-    dlq_pending += s->dlq_pending.load();
-    dlq_unpublishable += s->dlq_unpublishable.load();
+
     stuck += s->stuck_pending.load();
     j["databases"].push_back({{"database", s->database},
                               {"db_healthy", s->db_healthy.load() != 0},
                               {"fetch_paused", s->paused.load() != 0},
                               {"buffered", s->buffered.load()},
                               {"assigned_partitions", s->assigned_partitions.load()},
-                              {"lag", s->lag.load()},
-                              {"dlq_pending", s->dlq_pending.load()}});
+                              {"lag", s->lag.load()}});
+  }
+  for (const auto& [name, m] : routes_) {
+    dlq_pending += m->dlq_pending.load();
+    dlq_unpublishable += m->dlq_unpublishable.load();
   }
   j["fetch_paused"] = paused;
   j["buffered"] = buffered;
@@ -287,7 +356,9 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                                {"gaps", p->gaps.load()}});
   }
   for (const auto& [name, m] : routes_) {
-    j["routes"][name] = {{"consumed", m->consumed.load()},
+    j["routes"][name] = {{"paused", m->paused.load() != 0},
+                         {"dlq_pending", m->dlq_pending.load()},
+                         {"consumed", m->consumed.load()},
                          {"done", m->done.load()},
                          {"duplicates", m->duplicates.load()},
                          {"dead", m->dead.load()},

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/kafka/client_health.h"
+
 namespace idemsink::pipeline {
 
 /// Latency histogram with fixed buckets (seconds).
@@ -43,6 +45,13 @@ struct RouteMetrics {
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> circuit_open{0};  // 1 while the route's circuit is open (or probing)
   std::atomic<uint64_t> circuit_opens{0};
+  std::atomic<int64_t> paused{0};    // 1 while an operator paused the route (route_control.h)
+  std::atomic<uint64_t> commits{0};  // offset commits sent carrying offsets of the route's topics
+  std::atomic<uint64_t> commit_failures{0};
+  std::atomic<uint64_t> dlq_published{0};
+  std::atomic<uint64_t> dlq_publish_failures{0};
+  std::atomic<int64_t> dlq_pending{0};        // unpublished outbox rows (all hosts), refreshed periodically
+  std::atomic<int64_t> dlq_unpublishable{0};  // outbox rows Kafka refused for good (all hosts)
   Histogram handler_latency;
 };
 
@@ -67,12 +76,6 @@ struct SliceMetrics {
   explicit SliceMetrics(std::string label) : database(std::move(label)) {}
   const std::string database;  // "<schema>@<host>:<port>" or "<schema>@<socket>"
 
-  std::atomic<uint64_t> commits{0};
-  std::atomic<uint64_t> commit_failures{0};
-  std::atomic<uint64_t> dlq_published{0};
-  std::atomic<uint64_t> dlq_publish_failures{0};
-  std::atomic<int64_t> dlq_pending{0};              // unpublished outbox rows (all hosts), refreshed periodically
-  std::atomic<int64_t> dlq_unpublishable{0};        // outbox rows Kafka refused for good (all hosts)
   std::atomic<uint64_t> dlq_set_aside{0};           // rows this host set aside as unpublishable
   std::atomic<int64_t> claim_partitions_ahead{-1};  // monthly claim partitions beyond the current month
   std::atomic<int64_t> buffered{0};                 // consumed, not yet durable
@@ -85,7 +88,8 @@ struct SliceMetrics {
   std::atomic<uint64_t> db_statements{0};
   std::atomic<uint64_t> db_reconnects{0};
   std::atomic<int64_t> db_healthy{1};
-  std::atomic<int64_t> db_jobs_failing{0};  // database jobs failing for another reason than the connection
+  std::atomic<int64_t> db_jobs_failing{0};     // database jobs failing for another reason than the connection
+  const kafka::ClientHealth* kafka = nullptr;  // the slice's consumer (set before the admin port opens)
 
   /// Snapshot of the pool's failures by job and class, and its last job error.
   void set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures, std::string last_error);
@@ -116,6 +120,10 @@ class Metrics {
   /// Empty when every database is reachable and no database job is failing;
   /// otherwise why not, naming the database.
   std::string db_problem() const;
+  /// Empty when the host is ready for work: every database reachable, every
+  /// consumer talking to its cluster, and partitions assigned or the group
+  /// still joining. Otherwise why not, one line per problem.
+  std::string readiness_problem() const;
 
  private:
   mutable std::mutex mu_;

@@ -12,7 +12,21 @@ using namespace std::chrono_literals;
 
 Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
                        FetchGate& gate)
-    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate) {}
+    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate) {
+  for (const auto& rc : cfg.routes) {
+    RouteMetrics* m = &metrics.route(rc.name);
+    route_of_topic_[rc.topic] = m;
+    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
+      route_of_topic_[rc.retry.topic_name(rc.topic, tier)] = m;
+  }
+}
+
+void Partitions::count_commit(const std::vector<kafka::TopicPartitionOffset>& offsets, bool failed) {
+  std::set<RouteMetrics*> routes;
+  for (const auto& o : offsets)
+    if (auto it = route_of_topic_.find(o.tp.topic); it != route_of_topic_.end()) routes.insert(it->second);
+  for (RouteMetrics* m : routes) (failed ? m->commit_failures : m->commits).fetch_add(1, std::memory_order_relaxed);
+}
 
 std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) const {
   auto it = parts_.find(tp);
@@ -209,7 +223,7 @@ void Partitions::commit() {
     }
   }
   if (offsets.empty()) return;
-  slice_.commits.fetch_add(1, std::memory_order_relaxed);
+  count_commit(offsets, false);
   consumer_->commit_async(offsets);
 }
 
@@ -223,7 +237,7 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
     return;
   }
   if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
-  slice_.commit_failures.fetch_add(1, std::memory_order_relaxed);
+  count_commit(offsets, true);
   const bool rebalancing = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
   if (rebalancing)
     spdlog::info("kafka: offset commit deferred: the group is rebalancing");

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <future>
 #include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -72,6 +73,8 @@ class Partitions {
   void update_gauges();
 
  private:
+  /// A commit sent (or failed) counts once for each route it carries offsets of.
+  void count_commit(const std::vector<kafka::TopicPartitionOffset>& offsets, bool failed);
   struct Drain {
     std::vector<kafka::TopicPartition> tps;
     std::vector<std::shared_ptr<Partition>> parts;  // this assignment's state of those partitions
@@ -86,6 +89,7 @@ class Partitions {
   const config::Config& cfg_;
   Metrics& metrics_;
   SliceMetrics& slice_;
+  std::map<std::string, RouteMetrics*> route_of_topic_;  // the route of each topic (own and retry topics)
   FetchGate& gate_;
   kafka::Consumer* consumer_ = nullptr;
   std::map<kafka::TopicPartition, std::shared_ptr<Partition>> parts_;

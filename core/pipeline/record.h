@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/claim/claim_store.h"
+#include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/config/config.h"
 #include "core/dlq/reason.h"
@@ -85,6 +86,10 @@ enum class Stage {
   Finishing,      // done / failed / unknown / forward being written
   DeadLettering,  // refused before any claim; outbox row being written
 };
+
+struct Record;
+/// The fields of a log line about this record (core/common/log.h).
+LogFields log_fields_of(const Record& r);
 
 struct Record {
   uint64_t id = 0;

@@ -45,7 +45,7 @@ struct AdminHost {
     wait_until(
         [&] {
           try {
-            const int status = http_request(port, "GET", "/healthz").first;
+            const int status = http_request(port, "GET", "/livez").first;
             probe_errors += status == 500;
             return status == 200;
           } catch (const std::exception&) {

@@ -1,0 +1,144 @@
+#include "core/pipeline/route_control.h"
+
+#include "core/common/log.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr unsigned kNoSuchTable = 1146;
+constexpr auto kRefreshEvery = 2s;
+}  // namespace
+
+const char* RouteControl::schema() {
+  return R"(CREATE TABLE IF NOT EXISTS idemsink_route_control (
+  route       VARBINARY(64) NOT NULL,
+  paused      TINYINT       NOT NULL,
+  changed_by  VARCHAR(255)  NOT NULL,
+  changed_at  DATETIME(3)   NOT NULL,
+  PRIMARY KEY (route)
+) ENGINE=InnoDB COMMENT='operator pauses per route: every host of the group obeys them')";
+}
+
+std::map<std::string, RouteControl::State> RouteControl::read(db::Connection& c) {
+  std::map<std::string, State> out;
+  try {
+    for (const auto& row : c.query("SELECT route, paused, changed_by, changed_at FROM idemsink_route_control"))
+      out[row[0].value_or("")] = State{row[1].value_or("0") != "0", row[2].value_or(""), row[3].value_or("")};
+  } catch (const db::DbError& e) {
+    if (e.code() != kNoSuchTable) throw;
+  }
+  return out;
+}
+
+void RouteControl::write(db::Connection& c, const std::string& route, bool paused, const std::string& by) {
+  c.execute("INSERT INTO idemsink_route_control (route, paused, changed_by, changed_at) VALUES (" + c.quote(route) +
+            ", " + (paused ? "1" : "0") + ", " + c.quote(by.substr(0, 255)) +
+            ", NOW(3)) ON DUPLICATE KEY UPDATE paused = VALUES(paused), changed_by = VALUES(changed_by), "
+            "changed_at = VALUES(changed_at)");
+}
+
+RouteControl::RouteControl(asio::io_context& io, db::Pool& pool, const config::DatabaseConfig& database,
+                           std::vector<Route*> routes, FetchGate& gate)
+    : io_(io), pool_(pool), database_(database), routes_(std::move(routes)), gate_(gate), timer_(io) {}
+
+void RouteControl::load_at_start() {
+  try {
+    std::map<std::string, State> states;
+    db::Pool::run_once(database_, [&](db::Connection& c) { states = read(c); });
+    apply(states, true);
+  } catch (const std::exception& e) {
+    spdlog::warn("route pauses could not be read from {} ({}); routes stay paused until they can be", database_.label(),
+                 e.what());
+    apply({}, false);
+  }
+}
+
+void RouteControl::start() {
+  timer_.start(kRefreshEvery, [this] { refresh(); });
+}
+
+void RouteControl::stop() { timer_.stop(); }
+
+void RouteControl::refresh() {
+  if (refreshing_) return;  // the last read still waits for the database
+  refreshing_ = true;
+  uint64_t generation;
+  {
+    std::lock_guard lk(mu_);
+    generation = sets_;
+  }
+  pool_.submit(
+      "read route pauses",
+      [this, generation](db::Connection& c) {
+        auto states = read(c);
+        asio::post(io_, [this, generation, states = std::move(states)] {
+          refreshing_ = false;
+          // A read that began before an operator's set here may predate it.
+          std::lock_guard lk(mu_);
+          if (generation == sets_) apply_locked(states, true);
+        });
+      },
+      [this](const db::DbError&) { asio::post(io_, [this] { refreshing_ = false; }); });
+}
+
+bool RouteControl::has(const std::string& route) const {
+  for (const Route* r : routes_)
+    if (r->cfg.name == route) return true;
+  return false;
+}
+
+void RouteControl::set(const std::string& route, bool paused, const std::string& by) {
+  std::map<std::string, State> states;
+  db::Pool::run_once(database_, [&](db::Connection& c) {
+    write(c, route, paused, by);
+    states = read(c);
+  });
+  std::lock_guard lk(mu_);
+  ++sets_;
+  apply_locked(states, true);
+}
+
+void RouteControl::apply(const std::map<std::string, State>& states, bool known) {
+  std::lock_guard lk(mu_);
+  apply_locked(states, known);
+}
+
+void RouteControl::apply_locked(const std::map<std::string, State>& states, bool known) {
+  if (known) states_ = states;
+  for (Route* r : routes_) {
+    const auto it = states.find(r->cfg.name);
+    const bool paused = !known || (it != states.end() && it->second.paused);
+    auto [was, fresh] = applied_.try_emplace(r->cfg.name, false);
+    if (!fresh && was->second == paused) continue;
+    if (fresh && !paused) continue;  // fetching is the gate's default
+    was->second = paused;
+    gate_.set_topics_paused(r->topics(), FetchGate::TopicPause::Operator, paused);
+    r->metrics->paused.store(paused ? 1 : 0);
+    if (!known) continue;  // logged once by load_at_start
+    const State& s = it->second;
+    if (paused) {
+      spdlog::info("route {}: paused by {} at {}: its topics stop fetching; records already consumed finish",
+                   r->cfg.name, s.changed_by, s.changed_at);
+    } else {
+      spdlog::info("route {}: resumed{}", r->cfg.name,
+                   it == states.end() ? "" : " by " + s.changed_by + " at " + s.changed_at);
+    }
+  }
+}
+
+std::vector<RouteControl::View> RouteControl::view() const {
+  std::lock_guard lk(mu_);
+  std::vector<View> out;
+  for (const Route* r : routes_) {
+    View v{r->cfg.name, r->cfg.topic, {}, r->metrics->circuit_open.load() != 0};
+    if (auto it = states_.find(r->cfg.name); it != states_.end()) v.state = it->second;
+    if (auto it = applied_.find(r->cfg.name); it != applied_.end()) v.state.paused = it->second;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace idemsink::pipeline
