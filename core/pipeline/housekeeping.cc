@@ -33,10 +33,12 @@ Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::C
 void Housekeeping::start() {
   // Schema changes are the DBA's when claim.apply_schema is off: then the
   // partitions are only watched (the gauge), never changed.
+  // Once now, so the partitions-ahead gauge is known from the start, then on the timer.
+  std::function<void()> round;
   if (cfg_.claim.apply_schema) {
-    partitions_timer_.start(cfg_.claim.maintenance_interval, [this] { maintain(false, nullptr); });
+    round = [this] { maintain(false, nullptr); };
   } else {
-    partitions_timer_.start(cfg_.claim.maintenance_interval, [this] {
+    round = [this] {
       pool_.submit("watch claim partitions", [this](db::Connection& c) {
         const int ahead = claim::months_ahead(c, std::chrono::system_clock::now());
         metrics_.claim_partitions_ahead.store(ahead);
@@ -46,8 +48,10 @@ void Housekeeping::start() {
               "will be refused (no_claim_partition) until `idemsink schema apply` adds partitions",
               ahead);
       });
-    });
+    };
   }
+  round();
+  partitions_timer_.start(cfg_.claim.maintenance_interval, round);
   purge_outbox();
   purge_timer_.start(kPurgeEvery, [this] { purge_outbox(); });
   gauges_timer_.start(kGaugesEvery, [this] { refresh_gauges(); });
