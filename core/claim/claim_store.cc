@@ -345,25 +345,26 @@ std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey>
 std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<const Outcome> outcomes) const {
   std::vector<bool> ok(outcomes.size(), false);
   if (outcomes.empty()) return ok;
-  // One UPDATE joined to a derived table of (row, epoch, result) tuples.
+  // One UPDATE joined to a table value constructor of (row, epoch, result)
+  // tuples: each row one primary-key lookup (eq_ref). A VALUES list costs
+  // the server ~20% less than the same rows as SELECT ... UNION ALL SELECT
+  // (bench/README.md).
   const bool done = status == Status::Done;
   std::string values;
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const Outcome& o = outcomes[i];
-    values += (i ? " UNION ALL SELECT " : "SELECT ") + Connection::hex(o.row.ns) + " AS ns, " +
-              Connection::hex(o.row.biz_key) + " AS k, " + date_literal(o.row.bucket) + " AS b, " +
-              std::to_string(o.attempt) + " AS att, " + std::to_string(o.calls) + " AS calls, " +
-              std::to_string(o.uncertain_calls) + " AS unc, " +
-              (done ? Connection::hex(fit_receipt(o.receipt)) : c.quote(sanitize_utf8(o.error, kErrorBytes))) +
-              " AS detail";
+    values += (i ? ", (" : "(") + Connection::hex(o.row.ns) + ", " + Connection::hex(o.row.biz_key) + ", " +
+              date_literal(o.row.bucket) + ", " + std::to_string(o.attempt) + ", " + std::to_string(o.calls) + ", " +
+              std::to_string(o.uncertain_calls) + ", " +
+              (done ? Connection::hex(fit_receipt(o.receipt)) : c.quote(sanitize_utf8(o.error, kErrorBytes))) + ")";
   }
-  const std::string sql = "UPDATE idemsink_claim c JOIN (" + values +
-                          ") v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET c.status = " +
-                          std::to_string(static_cast<int>(status)) + ", " +
-                          (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
-                          ", c.calls = v.calls, c.uncertain_calls = v.unc, c.lease_until = NULL, c.updated_at = NOW(3) "
-                          "WHERE c.status = 1 AND c.owner = " +
-                          c.quote(owner_) + " AND c.attempt = v.att";
+  const std::string sql =
+      "UPDATE idemsink_claim c JOIN (WITH t (ns, k, b, att, calls, unc, detail) AS (VALUES " + values +
+      ") SELECT * FROM t) v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET c.status = " +
+      std::to_string(static_cast<int>(status)) + ", " + (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
+      ", c.calls = v.calls, c.uncertain_calls = v.unc, c.lease_until = NULL, c.updated_at = NOW(3) "
+      "WHERE c.status = 1 AND c.owner = " +
+      c.quote(owner_) + " AND c.attempt = v.att";
   const uint64_t affected = c.execute(sql);
   if (affected == outcomes.size()) {
     ok.assign(outcomes.size(), true);
