@@ -22,16 +22,13 @@
 //   build/bench/throughput_bench [RECORDS] [--prefill N] [--months M]
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "core/claim/claim_store.h"
@@ -40,6 +37,7 @@
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
+#include "proc_stats.h"
 
 using namespace idemsink;
 using namespace idemsink::devkit;
@@ -52,29 +50,6 @@ constexpr int kPartitions = 16;
 constexpr size_t kCeilingBatch = 500;
 const std::string kTopic = "bench.throughput";         // the empty-table run
 const std::string kBigTopic = "bench.throughput.big";  // the pre-filled run
-
-// CPU time (user + system) a process has used so far, in microseconds.
-double cpu_micros(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  // Fields after the command name (which may hold spaces) start past ')'.
-  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// Peak resident set size of a process, in MiB.
-double peak_rss_mib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  return 0;
-}
 
 // Keys in produce order: every tenth repeats an earlier key (10% duplicates).
 std::vector<std::string> bench_keys(int records) {
@@ -229,7 +204,7 @@ E2e run_host(DevKafka& kafka, const std::string& topic, const std::vector<std::s
       },
       60s, "the host to get its partitions");
   E2e out;
-  const double host_cpu0 = cpu_micros(host.pid()), db_cpu0 = cpu_micros(mariadb.pid());
+  const double host_cpu0 = bench::cpu_micros(host.pid()), db_cpu0 = bench::cpu_micros(mariadb.pid());
   const double statements0 = metric(http_request(admin, "GET", "/metrics").second, "idemsink_db_statements_total");
   const auto t0 = Clock::now();
   std::thread producer([&] { produce(kafka.bootstrap(), topic, keys); });
@@ -237,13 +212,13 @@ E2e run_host(DevKafka& kafka, const std::string& topic, const std::vector<std::s
              "the host to commit every record");
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   producer.join();
-  out.host_cpu_us = cpu_micros(host.pid()) - host_cpu0;
-  out.db_cpu_us = cpu_micros(mariadb.pid()) - db_cpu0;
+  out.host_cpu_us = bench::cpu_micros(host.pid()) - host_cpu0;
+  out.db_cpu_us = bench::cpu_micros(mariadb.pid()) - db_cpu0;
   const std::string scrape = http_request(admin, "GET", "/metrics").second;
   out.statements = metric(scrape, "idemsink_db_statements_total") - statements0;
   out.done = metric(scrape, "idemsink_records_done_total{route=\"noop\"}");
   out.duplicates = metric(scrape, "idemsink_idempotent_hits_total{route=\"noop\"}");
-  out.peak_rss_mib = peak_rss_mib(host.pid());
+  out.peak_rss_mib = bench::peak_rss_mib(host.pid());
   host.signal(SIGTERM);
   host.wait(60s);
   return out;
@@ -262,7 +237,7 @@ Ceiling run_ceiling(size_t rows) {
   const std::string bucket = claim::month_start(std::chrono::system_clock::now(), 0);
   const std::string token_prefix = random_uuid().substr(0, 24);
   Ceiling out;
-  const double db_cpu0 = cpu_micros(mariadb.pid());
+  const double db_cpu0 = bench::cpu_micros(mariadb.pid());
   const auto t0 = Clock::now();
   for (size_t from = 0; from < rows; from += kCeilingBatch) {
     const size_t to = std::min(rows, from + kCeilingBatch);
@@ -286,7 +261,7 @@ Ceiling run_ceiling(size_t rows) {
         keys + ")");
   }
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  out.db_cpu_us = cpu_micros(mariadb.pid()) - db_cpu0;
+  out.db_cpu_us = bench::cpu_micros(mariadb.pid()) - db_cpu0;
   return out;
 }
 
@@ -342,7 +317,7 @@ int main(int argc, char** argv) {
   line("host / ceiling (rows/s)", 100.0 * rows_rate / ceiling_rate, 0, "%", ">= 65", rows_rate / ceiling_rate >= 0.65);
   line("rows examined per 500-key read, 3 months", double(examined_3), 0, "", "", true);
   line("rows examined per 500-key read, 13 months", double(examined_13), 0, "", "", true);
-  std::cout << "  accounted: " << e2e.done << " done + " << e2e.duplicates << " duplicates of " << records
+  std::cout << "  accounted: " << int64_t(e2e.done) << " done + " << int64_t(e2e.duplicates) << " duplicates of " << records
             << (counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)") << "\n";
   if (prefill_rows > 0) {
     const E2e big = run_host(kafka, kBigTopic, keys, dir, prefill_rows, months);
@@ -353,7 +328,7 @@ int main(int argc, char** argv) {
     line("end to end", big_rate, 0, "rec/s", "", true);
     line("MariaDB CPU per record", big.db_cpu_us / records, 1, "us", "", true);
     line("empty-table rate / this rate", rate / big_rate, 2, "x", "<= 1.5", rate / big_rate <= 1.5);
-    std::cout << "  accounted: " << big.done << " done + " << big.duplicates << " duplicates of " << records
+    std::cout << "  accounted: " << int64_t(big.done) << " done + " << int64_t(big.duplicates) << " duplicates of " << records
               << (big_counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)") << "\n";
   }
   return counted ? 0 : 1;
