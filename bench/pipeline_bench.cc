@@ -15,6 +15,7 @@
 
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
+#include "bench_kafka.h"
 #include "proc_stats.h"
 
 using namespace idemsink;
@@ -31,40 +32,6 @@ struct Run {
   double rate = 0;         // records/s
   double host_cpu_us = 0;  // per record
 };
-
-void produce(const std::string& bootstrap, const std::string& topic, int n) {
-  char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
-  rd_kafka_conf_set(conf, "linger.ms", "20", err, sizeof err);
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-  for (int i = 0; i < n; ++i) {
-    const std::string key = "ORD-" + std::to_string(i);
-    const std::string value = "{\"order_id\":\"" + key + "\",\"sku\":\"SKU-" + std::to_string(i % 300) + "\"}";
-    while (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_KEY(key.data(), key.size()),
-                             RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-      rd_kafka_poll(rk, 10);
-  }
-  rd_kafka_flush(rk, 60000);
-  rd_kafka_destroy(rk);
-}
-
-int64_t committed_total(const std::string& bootstrap, const std::string& group, const std::string& topic) {
-  char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
-  rd_kafka_conf_set(conf, "group.id", group.c_str(), err, sizeof err);
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
-  rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(kPartitions);
-  for (int p = 0; p < kPartitions; ++p) rd_kafka_topic_partition_list_add(l, topic.c_str(), p);
-  rd_kafka_committed(rk, l, 10000);
-  int64_t total = 0;
-  for (int i = 0; i < l->cnt; ++i) total += std::max<int64_t>(0, l->elems[i].offset);
-  rd_kafka_topic_partition_list_destroy(l);
-  rd_kafka_destroy(rk);
-  return total;
-}
 
 // Runs a host over `topic` with `in_flight` calls at most: records/s from the
 // first assigned partition to the last committed offset, and its CPU then.
@@ -98,8 +65,8 @@ Run run(const std::string& name, int in_flight, const std::string& topic, int re
       60s, name + " to get its partitions");
   const auto t0 = Clock::now();
   const double cpu0 = bench::cpu_micros(host.pid());
-  wait_until([&] { return committed_total(kafka.bootstrap(), "bench-" + name, topic) >= records; }, 900s,
-             name + " to commit everything");
+  wait_until([&] { return bench::committed_total(kafka.bootstrap(), "bench-" + name, topic, kPartitions) >= records; },
+             900s, name + " to commit everything");
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double cpu = bench::cpu_micros(host.pid()) - cpu0;
   host.signal(SIGTERM);
@@ -117,8 +84,12 @@ int main(int argc, char** argv) {
   ScratchDir dir("pipeline-bench");
   DevKafka kafka(IDEMSINK_BINARY, {"--topic", "bench.wide:16", "--topic", "bench.narrow:16"});
   FakeServices services(IDEMSINK_FAKE_SERVICES, {"--faults", "waybill:latency_mean_ms=60,latency_p99_ms=350"});
-  produce(kafka.bootstrap(), "bench.narrow", narrow_records);
-  produce(kafka.bootstrap(), "bench.wide", wide_records);
+  auto order = [](int i) {
+    const std::string key = "ORD-" + std::to_string(i);
+    return std::pair(key, "{\"order_id\":\"" + key + "\",\"sku\":\"SKU-" + std::to_string(i % 300) + "\"}");
+  };
+  bench::produce(kafka.bootstrap(), "bench.narrow", narrow_records, order);
+  bench::produce(kafka.bootstrap(), "bench.wide", wide_records, order);
   const Run narrow = run("narrow", kPartitions, "bench.narrow", narrow_records, kafka, services, dir);
   const Run wide = run("wide", 2000, "bench.wide", wide_records, kafka, services, dir);
   auto row = [](const std::string& what, const Run& r, int in_flight) {

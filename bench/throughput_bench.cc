@@ -37,6 +37,7 @@
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
+#include "bench_kafka.h"
 #include "proc_stats.h"
 
 using namespace idemsink;
@@ -64,39 +65,6 @@ std::vector<std::string> bench_keys(int records) {
     }
   }
   return keys;
-}
-
-void produce(const std::string& bootstrap, const std::string& topic, const std::vector<std::string>& keys) {
-  char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
-  rd_kafka_conf_set(conf, "linger.ms", "20", err, sizeof err);
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-  for (const auto& key : keys) {
-    const std::string value = "{\"order_id\":\"" + key + "\",\"sku\":\"SKU-1\",\"qty\":1}";
-    while (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_KEY(key.data(), key.size()),
-                             RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-      rd_kafka_poll(rk, 10);
-  }
-  rd_kafka_flush(rk, 60000);
-  rd_kafka_destroy(rk);
-}
-
-int64_t committed_total(const std::string& bootstrap, const std::string& group, const std::string& topic) {
-  char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap.c_str(), err, sizeof err);
-  rd_kafka_conf_set(conf, "group.id", group.c_str(), err, sizeof err);
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
-  rd_kafka_topic_partition_list_t* l = rd_kafka_topic_partition_list_new(kPartitions);
-  for (int p = 0; p < kPartitions; ++p) rd_kafka_topic_partition_list_add(l, topic.c_str(), p);
-  rd_kafka_committed(rk, l, 10000);
-  int64_t total = 0;
-  for (int i = 0; i < l->cnt; ++i) total += std::max<int64_t>(0, l->elems[i].offset);
-  rd_kafka_topic_partition_list_destroy(l);
-  rd_kafka_destroy(rk);
-  return total;
 }
 
 // The value of an unlabelled or single-route series in a scrape.
@@ -207,9 +175,14 @@ E2e run_host(DevKafka& kafka, const std::string& topic, const std::vector<std::s
   const double host_cpu0 = bench::cpu_micros(host.pid()), db_cpu0 = bench::cpu_micros(mariadb.pid());
   const double statements0 = metric(http_request(admin, "GET", "/metrics").second, "idemsink_db_statements_total");
   const auto t0 = Clock::now();
-  std::thread producer([&] { produce(kafka.bootstrap(), topic, keys); });
-  wait_until([&] { return committed_total(kafka.bootstrap(), group, topic) >= int64_t(keys.size()); }, 1800s,
-             "the host to commit every record");
+  std::thread producer([&] {
+    bench::produce(kafka.bootstrap(), topic, int(keys.size()), [&](int i) {
+      return std::pair(keys[i], "{\"order_id\":\"" + keys[i] + "\",\"sku\":\"SKU-1\",\"qty\":1}");
+    });
+  });
+  wait_until(
+      [&] { return bench::committed_total(kafka.bootstrap(), group, topic, kPartitions) >= int64_t(keys.size()); },
+      1800s, "the host to commit every record");
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   producer.join();
   out.host_cpu_us = bench::cpu_micros(host.pid()) - host_cpu0;
@@ -317,8 +290,9 @@ int main(int argc, char** argv) {
   line("host / ceiling (rows/s)", 100.0 * rows_rate / ceiling_rate, 0, "%", ">= 65", rows_rate / ceiling_rate >= 0.65);
   line("rows examined per 500-key read, 3 months", double(examined_3), 0, "", "", true);
   line("rows examined per 500-key read, 13 months", double(examined_13), 0, "", "", true);
-  std::cout << "  accounted: " << int64_t(e2e.done) << " done + " << int64_t(e2e.duplicates) << " duplicates of " << records
-            << (counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)") << "\n";
+  std::cout << "  accounted: " << int64_t(e2e.done) << " done + " << int64_t(e2e.duplicates) << " duplicates of "
+            << records << (counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)")
+            << "\n";
   if (prefill_rows > 0) {
     const E2e big = run_host(kafka, kBigTopic, keys, dir, prefill_rows, months);
     const double big_rate = records / big.seconds;
@@ -328,8 +302,9 @@ int main(int argc, char** argv) {
     line("end to end", big_rate, 0, "rec/s", "", true);
     line("MariaDB CPU per record", big.db_cpu_us / records, 1, "us", "", true);
     line("empty-table rate / this rate", rate / big_rate, 2, "x", "<= 1.5", rate / big_rate <= 1.5);
-    std::cout << "  accounted: " << int64_t(big.done) << " done + " << int64_t(big.duplicates) << " duplicates of " << records
-              << (big_counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)") << "\n";
+    std::cout << "  accounted: " << int64_t(big.done) << " done + " << int64_t(big.duplicates) << " duplicates of "
+              << records << (big_counted ? " (every record, no key twice)" : " (WRONG: records lost or applied twice)")
+              << "\n";
   }
   return counted ? 0 : 1;
 }

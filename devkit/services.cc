@@ -75,6 +75,14 @@ nlohmann::json FakeServices::stats() {
   return nlohmann::json::parse(http_request(port_, "GET", "/stats?detail=1").second);
 }
 
+std::set<std::string> FakeServices::applied(const std::string& service) {
+    std::set<std::string> out;
+  const nlohmann::json all = stats();  // the range below must not outlive it
+  for (const auto& [order, n] : all[service]["per_order"].items())
+    if (n.get<int>() > 0) out.insert(order);
+  return out;
+}
+
 std::pair<int, std::string> http_request(int port, const std::string& method, const std::string& target,
                                          const std::string& body,
                                          const std::vector<std::pair<std::string, std::string>>& headers) {

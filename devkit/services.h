@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ class FakeServices {
   int port() const { return port_; }
   /// GET /stats?detail=1
   nlohmann::json stats();
+  /// The orders a service applied at least once (its per-order counts).
+  std::set<std::string> applied(const std::string& service);
 
  private:
   ScratchDir dir_;

@@ -42,12 +42,7 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
   auto db = MariaDbServer::shared().fresh_database(name);
   MockKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "orders.retry.1", "orders.retry.2"}) kafka.create_topic(t, 2);
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < orders; ++i) {
-    const std::string id = "K" + std::to_string(i);
-    msgs.push_back({id, "{\"order_id\":\"" + id + "\"}"});
-  }
-  kafka.produce("orders", msgs);
+  kafka.produce("orders", order_messages(0, orders));
   ScratchDir dir("maybe-applied");
   RouteSpec route{"waybill",
                   "orders",
@@ -67,9 +62,7 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
 
   const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
-  std::set<std::string> applied;
-  for (const auto& [order, n] : stats["per_order"].items())
-    if (n.get<int>() > 0) applied.insert(order);
+  const std::set<std::string> applied = services.applied("waybill");
   Tally t;
   t.orders = static_cast<size_t>(orders);
   t.applied = applied.size();

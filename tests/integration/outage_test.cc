@@ -19,15 +19,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<TestMessage> orders(int from, int to) {
-  std::vector<TestMessage> out;
-  for (int i = from; i < to; ++i) {
-    const std::string id = "K" + std::to_string(i);
-    out.push_back({id, "{\"order_id\":\"" + id + "\"}"});
-  }
-  return out;
-}
-
 void set_waybill_faults(FakeServices& services, const std::string& json) {
   const auto [status, body] = http_request(services.port(), "POST", "/admin/faults/waybill", json);
   if (status != 200) throw std::runtime_error("fake services refused faults " + json + ": " + body);
@@ -81,12 +72,12 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
                    base_config(kafka, db, "host-a", "g",
                                "max_in_flight = 500\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
                        route_config(route));
-  kafka.produce("orders", orders(0, 1000));
+  kafka.produce("orders", order_messages(0, 1000));
   wait_committed(kafka, "g", {{"orders", 4}}, host);
 
   set_waybill_faults(services, R"({"error_5xx": 1.0})");
   const auto outage_began = std::chrono::steady_clock::now();
-  kafka.produce("orders", orders(1000, 4000));
+  kafka.produce("orders", order_messages(1000, 4000));
   wait_until([&] { return metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
              "the circuit to open");
   std::this_thread::sleep_until(outage_began + outage);  // the outage's length is the scenario
@@ -100,11 +91,9 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   BOOST_TEST(host.stop() == 0);
 
   // Both halves, by counting: every order applied once, none dead.
-  const auto stats = services.stats()["waybill"];
+    const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
-  std::set<std::string> applied;
-  for (const auto& [order, n] : stats["per_order"].items())
-    if (n.get<int>() > 0) applied.insert(order);
+  const std::set<std::string> applied = services.applied("waybill");
   BOOST_TEST(applied.size() == 4000u);
   auto conn = MariaDbServer::shared().connect(name);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 4000);
@@ -142,7 +131,7 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
   MockKafka kafka;
   kafka.create_topic("orders", 4);
   kafka.create_topic("orders.dlq", 1);
-  kafka.produce("orders", orders(0, 3000));
+  kafka.produce("orders", order_messages(0, 3000));
   ScratchDir dir("outage");
   const int admin = free_port();
   RouteSpec route{"waybill",
@@ -219,8 +208,8 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_does_not_pause_the_other_routes) {
   auto db = MariaDbServer::shared().fresh_database("outage_other_routes");
   MockKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 2);
-  kafka.produce("orders", orders(0, 1000));
-  kafka.produce("stock", orders(0, 1000));
+  kafka.produce("orders", order_messages(0, 1000));
+  kafka.produce("stock", order_messages(0, 1000));
   ScratchDir dir("outage");
   const int admin = free_port();
   auto route = [&](const std::string& name, const std::string& topic) {

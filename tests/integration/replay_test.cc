@@ -42,13 +42,8 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   MockKafka kafka;
   kafka.create_topic("orders", 2);
   kafka.create_topic("orders.dlq", 1);
-  std::vector<TestMessage> msgs;
   const int kOrders = 200;
-  for (int i = 0; i < kOrders; ++i) {
-    const std::string id = "K" + std::to_string(i);
-    msgs.push_back({id, "{\"order_id\":\"" + id + "\"}"});
-  }
-  kafka.produce("orders", msgs);
+  kafka.produce("orders", order_messages(0, kOrders));
   ScratchDir dir("replay");
   RouteSpec route{"waybill",
                   "orders",

@@ -169,4 +169,13 @@ std::map<int32_t, int64_t> MockKafka::committed(const std::string& group, const 
   return out;
 }
 
+std::vector<TestMessage> order_messages(int from, int to) {
+  std::vector<TestMessage> out;
+  for (int i = from; i < to; ++i) {
+    const std::string id = "K" + std::to_string(i);
+    out.push_back({id, "{\"order_id\":\"" + id + "\"}"});
+  }
+  return out;
+}
+
 }  // namespace idemsink::test

@@ -35,6 +35,9 @@ struct ConsumedMessage {
   int64_t timestamp_ms;
 };
 
+/// Orders K<from>..K<to - 1>, keyed by their id, value {"order_id":"K<i>"}.
+std::vector<TestMessage> order_messages(int from, int to);
+
 class MockKafka {
  public:
   explicit MockKafka(int brokers = 1);
