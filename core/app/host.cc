@@ -61,7 +61,17 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
 
 void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   db::Pool::run_once(cfg.database, [&](db::Connection& c) {
-    auto report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
+    // Hosts starting together, and their running peers' maintenance, change
+    // the claim partitions one at a time (the lock housekeeping takes too).
+    c.query("SELECT GET_LOCK('idemsink_claim_partitions', 60)");
+    claim::PartitionReport report;
+    try {
+      report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
+    } catch (...) {
+      c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+      throw;
+    }
+    c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
     c.execute(dlq::Outbox::schema());
     dlq::Outbox::migrate(c);
     c.execute(pipeline::RouteControl::schema());
@@ -192,10 +202,13 @@ int run_host(const config::Config& cfg) {
   // SIGHUP reopens the log file (logrotate); it never stops the host.
   std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
     if (ec) return;
-    if (reopen_log_file()) {
+    if (cfg.host.log_file.empty()) {
+      spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+    } else if (const std::string why = reopen_log_file(); why.empty()) {
       spdlog::info("SIGHUP: log file {} reopened; still running", cfg.host.log_file);
     } else {
-      spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+      spdlog::error("SIGHUP: log file {} could not be reopened ({}); logging on to the old one", cfg.host.log_file,
+                    why);
     }
     hangups.async_wait(on_hangup);
   };

@@ -50,24 +50,38 @@ class JsonFormatter final : public spdlog::formatter {
 
 // A file that SIGHUP can reopen: logrotate moves it away, the next line
 // goes to a new file of the same name.
+// A file that cannot be opened again (permissions, a full disk) leaves the
+// old one in use: the host logs on and says so.
 class ReopenableFileSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit ReopenableFileSink(const std::string& path) { file_.open(path, false); }
-  void reopen() {
+  explicit ReopenableFileSink(std::string path) : path_(std::move(path)) {
+    file_ = std::make_unique<spdlog::details::file_helper>();
+    file_->open(path_, false);
+  }
+  /// Empty, or why the file could not be opened again.
+  std::string reopen() {
+    auto fresh = std::make_unique<spdlog::details::file_helper>();
+    try {
+      fresh->open(path_, false);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
     std::lock_guard lk(mutex_);
-    file_.reopen(false);
+    file_.swap(fresh);
+    return "";
   }
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t buf;
     formatter_->format(msg, buf);
-    file_.write(buf);
+    file_->write(buf);
   }
-  void flush_() override { file_.flush(); }
+  void flush_() override { file_->flush(); }
 
  private:
-  spdlog::details::file_helper file_;
+  const std::string path_;
+  std::unique_ptr<spdlog::details::file_helper> file_;
 };
 
 std::shared_ptr<ReopenableFileSink> g_file_sink;
@@ -96,10 +110,9 @@ void init_logging(const std::string& level, const std::string& format, const std
   spdlog::set_level(spdlog::level::from_str(level));
 }
 
-bool reopen_log_file() {
-  if (!g_file_sink) return false;
-  g_file_sink->reopen();
-  return true;
+std::string reopen_log_file() {
+  if (!g_file_sink) return "logs go to stderr: nothing to reopen";
+  return g_file_sink->reopen();
 }
 
 LogScope::LogScope(LogFields fields) : fields_(std::move(fields)), outer_(t_fields) { t_fields = &fields_; }

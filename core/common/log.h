@@ -19,9 +19,10 @@ namespace idemsink {
 /// again (e.g. after the config is read).
 void init_logging(const std::string& level, const std::string& format = "text", const std::string& file = "");
 
-/// Reopens the log file (after logrotate moved it away); false when logging
-/// to stderr.
-bool reopen_log_file();
+/// Reopens the log file (after logrotate moved it away). Empty when done;
+/// otherwise why not (logging to stderr, or the file cannot be opened: the
+/// old file stays in use).
+std::string reopen_log_file();
 
 /// What a log line is about; empty strings and negative numbers are left out.
 struct LogFields {

@@ -57,10 +57,10 @@ void ClientHealth::on_statistics(std::string_view json) {
 
 void ClientHealth::on_error(int err, const std::string& reason) {
   const auto code = static_cast<rd_kafka_resp_err_t>(err);
+  // The cluster unreachable, or refusing this client's login. (A missing
+  // topic or group ACL shows as no partitions assigned, and in the log.)
   const bool blocking = code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || code == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
-                        code == RD_KAFKA_RESP_ERR__SSL || code == RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED ||
-                        code == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
-                        code == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED;
+                        code == RD_KAFKA_RESP_ERR__SSL || code == RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED;
   std::lock_guard lk(mu_);
   // Without statistics nothing would ever clear it: readiness then leaves
   // Kafka out (the log still has the error).

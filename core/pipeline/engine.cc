@@ -48,7 +48,11 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       relay_(
           io, pool, outbox_,
           [this](const std::string& route, size_t published, size_t failed) {
-            RouteMetrics& m = metrics_.route(route);
+            // Rows of routes this host does not serve (renamed, another config) count nowhere.
+            const auto it =
+                std::find_if(routes_.begin(), routes_.end(), [&](const auto& r) { return r->cfg.name == route; });
+            if (it == routes_.end()) return;
+            RouteMetrics& m = *(*it)->metrics;
             m.dlq_published.fetch_add(published, std::memory_order_relaxed);
             m.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
           },

@@ -102,8 +102,15 @@ std::string Metrics::readiness_problem() const {
     // Joined and settled with nothing to do is not ready: a member beyond
     // the partition count, or subscribed to topics that do not exist.
     const bool joining = !k.stats_seen || k.group_state != "up" || k.join_state != "steady";
-    if (!joining && s->assigned_partitions.load() == 0)
+    // Statistics lag behind a rebalance by up to their interval: a member
+    // between its revoke and its new assignment looks settled and empty.
+    // Only a lasting state counts.
+    const auto now = std::chrono::steady_clock::now();
+    if (joining || s->assigned_partitions.load() != 0) {
+      unassigned_since_.erase(s.get());
+    } else if (now - unassigned_since_.try_emplace(s.get(), now).first->second >= kUnassignedGrace) {
       out += "kafka: the group assigned no partitions to this host" + which + "\n";
+    }
   }
   return out;
 }

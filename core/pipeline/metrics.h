@@ -131,6 +131,9 @@ class Metrics {
   std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
   std::vector<std::unique_ptr<SliceMetrics>> slices_;
   std::map<std::string, std::string> build_info_;
+  // Since when each slice has been settled in its group with no partition (readiness).
+  static constexpr std::chrono::seconds kUnassignedGrace{12};
+  mutable std::map<const SliceMetrics*, std::chrono::steady_clock::time_point> unassigned_since_;
   std::atomic<int64_t> heartbeat_ms_{now_ms()};
 
   static int64_t now_ms() {

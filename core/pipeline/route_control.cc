@@ -1,5 +1,7 @@
 #include "core/pipeline/route_control.h"
 
+#include <fmt/chrono.h>
+
 #include "core/common/log.h"
 
 namespace idemsink::pipeline {
@@ -10,6 +12,11 @@ using namespace std::chrono_literals;
 namespace {
 constexpr unsigned kNoSuchTable = 1146;
 constexpr auto kRefreshEvery = 2s;
+
+std::string utc_now_text() {
+  const auto now = std::chrono::system_clock::now();
+  return fmt::format("{:%Y-%m-%d %H:%M:%S}", fmt::gmtime(std::chrono::system_clock::to_time_t(now)));
+}
 }  // namespace
 
 const char* RouteControl::schema() {
@@ -91,13 +98,12 @@ bool RouteControl::has(const std::string& route) const {
 }
 
 void RouteControl::set(const std::string& route, bool paused, const std::string& by) {
-  std::map<std::string, State> states;
-  db::Pool::run_once(database_, [&](db::Connection& c) {
-    write(c, route, paused, by);
-    states = read(c);
-  });
+  db::Pool::run_once(database_, [&](db::Connection& c) { write(c, route, paused, by); });
+  // Stored: applied here at once; the next refresh brings the database's own time.
   std::lock_guard lk(mu_);
   ++sets_;
+  std::map<std::string, State> states = states_;
+  states[route] = State{paused, by, utc_now_text()};
   apply_locked(states, true);
 }
 
@@ -118,13 +124,12 @@ void RouteControl::apply_locked(const std::map<std::string, State>& states, bool
     gate_.set_topics_paused(r->topics(), FetchGate::TopicPause::Operator, paused);
     r->metrics->paused.store(paused ? 1 : 0);
     if (!known) continue;  // logged once by load_at_start
-    const State& s = it->second;
     if (paused) {
       spdlog::info("route {}: paused by {} at {}: its topics stop fetching; records already consumed finish",
-                   r->cfg.name, s.changed_by, s.changed_at);
+                   r->cfg.name, it->second.changed_by, it->second.changed_at);
     } else {
       spdlog::info("route {}: resumed{}", r->cfg.name,
-                   it == states.end() ? "" : " by " + s.changed_by + " at " + s.changed_at);
+                   it == states.end() ? "" : " by " + it->second.changed_by + " at " + it->second.changed_at);
     }
   }
 }

@@ -49,7 +49,8 @@ class RouteControl {
   bool has(const std::string& route) const;
   /// Stores an operator's pause or resume and applies it here at once; the
   /// other hosts follow within a refresh. Blocking, on its own connection
-  /// (admin thread); throws db::DbError.
+  /// (admin thread, at most database.connect_timeout when the server is
+  /// unreachable); throws db::DbError when it was not stored.
   void set(const std::string& route, bool paused, const std::string& by);
 
   struct View {

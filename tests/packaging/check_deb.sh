@@ -42,9 +42,21 @@ exec_start=$(grep -E '^ExecStart=' "$unit" | cut -d= -f2-)
 read -r binary _ _ config <<<"$exec_start"
 has host "$binary"
 [ "$config" = /etc/idemsink/idemsink.toml ] || fail "the unit's config $config is not the packaged one"
-stop=$(grep -E '^TimeoutStopSec=' "$unit" | cut -d= -f2 | tr -d s)
-grace=$(grep -E '^shutdown_grace' "$src/conf/idemsink.toml" | grep -oE '[0-9]+' | head -1)
-[ "$stop" -gt "${grace:-30}" ] || fail "TimeoutStopSec=${stop}s is not above shutdown_grace ${grace:-30}s"
+# "90", "90s", "2m", "1min" -> seconds
+seconds() {
+  local v=$1
+  case $v in
+    *min) echo $((${v%min} * 60)) ;;
+    *ms) echo $((${v%ms} / 1000)) ;;
+    *m) echo $((${v%m} * 60)) ;;
+    *s) echo "${v%s}" ;;
+    *) echo "$v" ;;
+  esac
+}
+stop=$(seconds "$(grep -E '^TimeoutStopSec=' "$unit" | cut -d= -f2)")
+grace=$(seconds "$(grep -E '^shutdown_grace' "$src/conf/idemsink.toml" | cut -d'"' -f2)")
+# The host drains for the grace, then gives itself 5 s more and its database workers 5 s.
+[ "$stop" -ge $((grace + 10)) ] || fail "TimeoutStopSec=${stop}s is below shutdown_grace ${grace}s + 10 s"
 "$out/root/usr/bin/idemsink" --version | grep -q '^idemsink ' || fail "the packaged binary does not run"
 
 has sdk /usr/include/idemsink/plugin_abi.h
