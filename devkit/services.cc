@@ -76,7 +76,7 @@ nlohmann::json FakeServices::stats() {
 }
 
 std::set<std::string> FakeServices::applied(const std::string& service) {
-    std::set<std::string> out;
+  std::set<std::string> out;
   const nlohmann::json all = stats();  // the range below must not outlive it
   for (const auto& [order, n] : all[service]["per_order"].items())
     if (n.get<int>() > 0) out.insert(order);

@@ -1,15 +1,20 @@
 #include "core/app/host.h"
 
+#include <mysqld_error.h>
+
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "core/admin/admin_server.h"
 #include "core/app/build_info.h"
 #include "core/claim/schema.h"
+#include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
@@ -17,6 +22,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
+#include "core/pipeline/periodic.h"
 #include "core/pipeline/reconciler.h"
 
 namespace idemsink::app {
@@ -49,7 +55,7 @@ std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::C
 std::vector<std::string> schema_statements(const config::Config& cfg,
                                            const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   std::vector<std::string> stmts{claim::claim_table(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3}),
-                                 dlq::Outbox::schema(), pipeline::RouteControl::schema()};
+                                 claim::key_directory_table(), dlq::Outbox::schema(), pipeline::RouteControl::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -90,13 +96,105 @@ namespace {
 
 // The part of the host serving the routes of one database: its pool, engine,
 // consumer (a member of the same group, subscribed to those routes' topics)
-// and reconciler. A database that is down stalls only its slice.
+// and reconciler. A database that is down stalls only its slice, at start-up
+// too: the slice starts once its database answers.
 struct Slice {
   config::Config cfg;  // [database] is the slice's, routes only its own
+  std::vector<std::shared_ptr<plugin::Library>> libs;
   std::unique_ptr<db::Pool> pool;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<kafka::Consumer> consumer;
   std::unique_ptr<Reconciler> reconciler;
+  bool started = false;  // engine thread only
+};
+
+// A database error that waiting cannot cure: the configuration is wrong.
+bool configuration_error(const db::DbError& e) {
+  switch (e.code()) {
+    case ER_ACCESS_DENIED_ERROR:       // bad user or password
+    case ER_DBACCESS_DENIED_ERROR:     // no rights on the database
+    case ER_BAD_DB_ERROR:              // no such database
+    case ER_TABLEACCESS_DENIED_ERROR:  // may not create or use a table
+    case ER_COLUMNACCESS_DENIED_ERROR:
+    case ER_SPECIFIC_ACCESS_DENIED_ERROR:
+    case ER_NO_SUCH_TABLE:  // claim.apply_schema off and the schema missing
+    case 0:                 // a table idemsink cannot use (schema.cc: not partitioned by month)
+      return true;
+    default: return false;
+  }
+}
+
+// What a slice needs of its database before it may take a record: the
+// schema (applied, or checked when a DBA manages it) and the routes' pauses.
+void prepare_database(Slice& s) {
+  if (s.cfg.claim.apply_schema) {
+    apply_schema(s.cfg, s.libs);
+  } else {
+    db::Pool::run_once(s.cfg.database, [](db::Connection& c) {
+      for (const char* table :
+           {"idemsink_claim", "idemsink_claim_key", "idemsink_dlq_outbox", "idemsink_route_control"})
+        c.query(std::string("SELECT 1 FROM ") + table + " LIMIT 0");
+    });
+  }
+  s.engine->route_control().load_at_start();
+}
+
+// Waits, on a thread of its own, until a slice's database answers, then hands
+// the slice to `ready` (on the engine thread). One log line per attempt;
+// /readyz names the database meanwhile. A configuration error goes to
+// `fatal` instead.
+class SliceStarter {
+ public:
+  SliceStarter(asio::io_context& io, Slice& slice, pipeline::SliceMetrics& metrics, std::function<void(Slice&)> ready,
+               std::function<void(std::string)> fatal)
+      : thread_([this, &io, &slice, &metrics, ready = std::move(ready), fatal = std::move(fatal)] {
+          const auto backoff_max =
+              std::max<std::chrono::milliseconds>(slice.cfg.database.reconnect_backoff_max, std::chrono::seconds(1));
+          auto wait = std::chrono::milliseconds(250);
+          for (int attempt = 1;; ++attempt) {
+            try {
+              prepare_database(slice);
+              if (attempt > 1) spdlog::info("database {} answers now; starting its routes", slice.cfg.database.label());
+              metrics.set_start_problem("");
+              asio::post(io, [&slice, ready] { ready(slice); });
+              return;
+            } catch (const db::DbError& e) {
+              if (configuration_error(e)) {
+                asio::post(io,
+                           [fatal, msg = "database " + slice.cfg.database.label() + ": " + e.what()] { fatal(msg); });
+                return;
+              }
+              metrics.set_start_problem(e.what());
+              metrics.db_healthy.store(0);
+              spdlog::warn("database {} unreachable at start-up ({}); its routes wait; retrying in {}ms (attempt {})",
+                           slice.cfg.database.label(), e.what(), wait.count(), attempt);
+            } catch (const std::exception& e) {
+              asio::post(io, [fatal, msg = "database " + slice.cfg.database.label() + ": " + e.what()] { fatal(msg); });
+              return;
+            }
+            std::unique_lock lk(mu_);
+            if (cv_.wait_for(lk, wait, [this] { return stop_; })) return;
+            wait = std::min(backoff_max, wait * 2);
+          }
+        }) {}
+  /// Stops waiting (an attempt under way finishes first); does not block.
+  void request_stop() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+  ~SliceStarter() {
+    request_stop();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;   // under mu_
+  std::thread thread_;  // last: starts once the rest is in place
 };
 
 }  // namespace
@@ -106,13 +204,6 @@ int run_host(const config::Config& cfg) {
   std::map<std::string, std::shared_ptr<plugin::Library>> lib_of;  // by route name
   for (size_t i = 0; i < cfg.routes.size(); ++i) lib_of[cfg.routes[i].name] = libs[i];
   const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg);
-  auto libs_of = [&](const config::Config& slice_cfg) {
-    std::vector<std::shared_ptr<plugin::Library>> out;
-    for (const auto& rc : slice_cfg.routes) out.push_back(lib_of[rc.name]);
-    return out;
-  };
-  if (cfg.claim.apply_schema)
-    for (const auto& sc : slice_cfgs) apply_schema(sc, libs_of(sc));
 
   // Claims are owned per run; a later run of the same host id takes over its
   // predecessor's claims at once (the predecessor is dead: ids are unique).
@@ -133,10 +224,22 @@ int run_host(const config::Config& cfg) {
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::signal_set hangups(io, SIGHUP);
   auto work = asio::make_work_guard(io);
+  // /livez: the engine thread runs (every slice's engine shares it).
+  pipeline::Periodic heartbeat(io);
+  heartbeat.start(std::chrono::seconds(1), [&metrics] {
+    if (fault::once("engine_stall")) std::this_thread::sleep_for(std::chrono::seconds(15));
+    metrics.heartbeat();
+  });
   std::vector<Slice> slices;  // after io: their timers go before it does
-  for (const auto& sc : slice_cfgs) slices.push_back(Slice{sc});
+  slices.reserve(slice_cfgs.size());
+  for (const auto& sc : slice_cfgs) {
+    Slice s{sc};
+    for (const auto& rc : sc.routes) s.libs.push_back(lib_of[rc.name]);
+    slices.push_back(std::move(s));
+  }
   std::vector<Engine*> engines;
-  for (auto& s : slices) {
+  for (size_t index = 0; index < slices.size(); ++index) {
+    Slice& s = slices[index];
     std::vector<std::unique_ptr<Route>> routes;
     std::vector<std::string> topics;
     for (const auto& rc : s.cfg.routes) {
@@ -157,10 +260,8 @@ int run_host(const config::Config& cfg) {
       return std::make_unique<kafka::Producer>(
           cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
     });
-    s.consumer = std::make_unique<kafka::Consumer>(s.cfg.kafka, topics, engine);
+    s.consumer = std::make_unique<kafka::Consumer>(kafka::slice_consumer_config(s.cfg.kafka, index), topics, engine);
     engine.slice().kafka = &s.consumer->health();
-    // Before the first assignment: a paused route must not fetch a record.
-    engine.route_control().load_at_start();
     s.reconciler = std::make_unique<Reconciler>(io, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner);
     engines.push_back(&engine);
   }
@@ -173,31 +274,53 @@ int run_host(const config::Config& cfg) {
     admin = std::make_unique<admin::AdminServer>(cfg.host.admin_listen, cfg.host.admin_token, metrics, engines,
                                                  cfg.host.id);
 
-  for (auto& s : slices) {
-    s.engine->start(s.consumer.get());
-    s.consumer->start();
-    s.reconciler->start(cfg.claim.reconcile_interval);
-  }
-
+  int exit_code = 0;
+  bool stopping = false;  // engine thread only: no slice starts once shutdown began
   std::thread shutdown;
-  signals.async_wait([&](boost::system::error_code ec, int sig) {
-    if (ec) return;
-    spdlog::info("signal {}: draining (grace {}ms)", sig, cfg.host.shutdown_grace.count());
+  std::vector<std::unique_ptr<SliceStarter>> starters;
+  std::function<void(const std::string&)> begin_shutdown = [&](const std::string& why) {
+    if (stopping) return;
+    stopping = true;
+    spdlog::info("{}: draining (grace {}ms)", why, cfg.host.shutdown_grace.count());
+    std::vector<Slice*> running;
+    for (auto& s : slices)
+      if (s.started) running.push_back(&s);
+    // Slices still waiting for their database stop waiting; they are joined
+    // once the running ones have drained.
+    for (auto& starter : starters) starter->request_stop();
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
-    shutdown = std::thread([&] {
+    shutdown = std::thread([&, running] {
       const auto deadline = std::chrono::steady_clock::now() + cfg.host.shutdown_grace + std::chrono::seconds(5);
-      asio::post(io, [&] {
-        for (auto& s : slices) s.reconciler->stop();
+      asio::post(io, [running] {
+        for (Slice* s : running) s->reconciler->stop();
       });
       // Each consumer revokes and drains its partitions and commits.
       std::vector<std::thread> closing;
-      for (auto& s : slices) closing.emplace_back([&s, deadline] { s.consumer->close(deadline); });
+      for (Slice* s : running) closing.emplace_back([s, deadline] { s->consumer->close(deadline); });
       for (auto& t : closing) t.join();
-      for (auto& s : slices) s.engine->quiesce(deadline);
+      for (Slice* s : running) s->engine->quiesce(deadline);
       if (admin) admin->stop();
       work.reset();
       io.stop();
     });
+  };
+  auto start_slice = [&](Slice& s) {
+    if (stopping) return;
+    s.engine->start(s.consumer.get());
+    s.consumer->start();
+    s.reconciler->start(cfg.claim.reconcile_interval);
+    s.started = true;
+  };
+  for (auto& s : slices)
+    starters.push_back(
+        std::make_unique<SliceStarter>(io, s, s.engine->slice(), start_slice, [&](const std::string& why) {
+          spdlog::error("{}: a configuration error; stopping", why);
+          exit_code = 2;
+          begin_shutdown("configuration error");
+        }));
+
+  signals.async_wait([&](boost::system::error_code ec, int sig) {
+    if (!ec) begin_shutdown("signal " + std::to_string(sig));
   });
   // SIGHUP reopens the log file (logrotate); it never stops the host.
   std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
@@ -215,7 +338,11 @@ int run_host(const config::Config& cfg) {
   hangups.async_wait(on_hangup);
   io.run();
   if (shutdown.joinable()) shutdown.join();
+  starters.clear();
   for (auto& s : slices) s.pool->stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  // Calls still out after the grace are abandoned (their claims fence any
+  // late completion): their records go before the consumers they came from.
+  for (auto& s : slices) s.engine->drop_records();
   spdlog::info("idemsink host {} stopped", cfg.host.id);
   bool abandoned = false;
   for (const auto& s : slices) abandoned = abandoned || s.consumer->abandoned();
@@ -223,9 +350,9 @@ int run_host(const config::Config& cfg) {
     // librdkafka's threads still run (docs/librdkafka.md): no destructor may
     // race them. Everything durable is written; the logs are flushed.
     spdlog::default_logger()->flush();
-    std::_Exit(0);
+    std::_Exit(exit_code);
   }
-  return 0;
+  return exit_code;
 }
 
 }  // namespace idemsink::app

@@ -3,7 +3,9 @@
 #include <errmsg.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <ctime>
+#include <tuple>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -61,6 +63,17 @@ std::string where_keys(const Range& items, KeyOf key_of) {
     out += "(namespace = " + Connection::hex(ns) + " AND biz_key IN (";
     for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
     out += "))";
+  }
+  return out;
+}
+
+// "(namespace = .. AND biz_key = .. AND bucket = ..) OR ...": exact rows.
+std::string where_rows(std::span<const Outcome> rows) {
+  std::string out;
+  for (const auto& o : rows) {
+    if (!out.empty()) out += " OR ";
+    out += "(namespace = " + Connection::hex(o.row.ns) + " AND biz_key = " + Connection::hex(o.row.biz_key) +
+           " AND bucket = " + date_literal(o.row.bucket) + ")";
   }
   return out;
 }
@@ -164,40 +177,92 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   auto index = [](const std::string& ns, const std::string& k) { return ns + '\0' + k; };
   std::map<std::string, Existing> existing;
   for (auto& e : fetch(c, reqs)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+  fault::sync_point("claim_store.after_read");
 
-  // 2. Insert rows for keys never seen; INSERT IGNORE leaves a row that a
-  //    concurrent host inserted first untouched, and RETURNING says which won.
+  // 2. Insert rows for keys never seen. The key directory (one row per key,
+  //    whatever the month) is the arbiter: its INSERT IGNORE ... RETURNING
+  //    says which keys this job won, even against a host inserting the same
+  //    key into another month's partition at the same instant; the claim rows
+  //    of the keys won go in in the same transaction, so a key's directory row
+  //    is never seen without its claim row. Keys in byte order: two hosts
+  //    inserting overlapping batches take the row locks in one order.
   std::vector<size_t> to_insert;
   auto& tokens = memory.tokens;  // generated once per job: a re-run inserts (and recognises) the same
   for (size_t i = 0; i < reqs.size(); ++i)
     if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) to_insert.push_back(i);
+  std::sort(to_insert.begin(), to_insert.end(), [&](size_t a, size_t b) {
+    return std::tie(reqs[a].key.ns, reqs[a].key.biz_key) < std::tie(reqs[b].key.ns, reqs[b].key.biz_key);
+  });
   std::vector<size_t> lost_race;
+  std::vector<size_t> no_partition;
   if (!to_insert.empty()) {
+    std::string dir_sql = "INSERT IGNORE INTO idemsink_claim_key (namespace, biz_key, bucket) VALUES ";
+    for (size_t n = 0; n < to_insert.size(); ++n) {
+      const ClaimRequest& r = reqs[to_insert[n]];
+      dir_sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
+                 date_literal(r.key.bucket) + ")";
+    }
+    dir_sql += " RETURNING namespace, biz_key";
+    c.begin();
+    std::set<std::string> won;
+    for (auto& row : c.query(dir_sql)) won.insert(index(*row[0], *row[1]));
     std::string sql =
         "INSERT IGNORE INTO idemsink_claim (namespace, biz_key, bucket, status, attempt, idem_token, owner, "
         "lease_until, payload_hash, src_topic, src_partition, src_offset, created_at, updated_at) VALUES ";
     const std::string owner = c.quote(owner_), lease = lease_expr();
-    for (size_t n = 0; n < to_insert.size(); ++n) {
-      const ClaimRequest& r = reqs[to_insert[n]];
+    size_t rows = 0;
+    for (size_t i : to_insert) {
+      const ClaimRequest& r = reqs[i];
+      if (!won.count(index(r.key.ns, r.key.biz_key))) {
+        lost_race.push_back(i);
+        continue;
+      }
       auto [tok, fresh] = tokens.try_emplace(index(r.key.ns, r.key.biz_key));
       if (fresh) tok->second = random_uuid();
-      const std::string& token = tok->second;
-      sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
-             date_literal(r.key.bucket) + ", 1, 1, '" + token + "', " + owner + ", " + lease + ", " +
+      sql += (rows++ ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
+             date_literal(r.key.bucket) + ", 1, 1, '" + tok->second + "', " + owner + ", " + lease + ", " +
              Connection::hex(r.payload_hash) + ", " + c.quote(r.src_topic) + ", " + std::to_string(r.src_partition) +
              ", " + std::to_string(r.src_offset) + ", NOW(3), NOW(3))";
     }
-    sql += " RETURNING namespace, biz_key, bucket";
     std::map<std::string, RowKey> inserted;
-    for (auto& row : c.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
+    if (rows > 0) {
+      sql += " RETURNING namespace, biz_key, bucket";
+      for (auto& row : c.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
+    }
+    // A key won whose claim row INSERT IGNORE skipped: its month has no
+    // partition (its directory row goes too: nothing claims the key), or a
+    // host of an earlier version, which writes no directory row, inserted
+    // the same row meanwhile (the directory row stays: it names that row).
+    std::vector<size_t> skipped;
+    for (size_t i : to_insert) {
+      const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
+      if (won.count(idx) && !inserted.count(idx)) skipped.push_back(i);
+    }
+    if (!skipped.empty()) {
+      std::vector<Outcome> rows;
+      for (size_t i : skipped) rows.push_back(Outcome{reqs[i].key, 0, 0, 0, {}, {}});
+      std::set<std::string> present;
+      for (auto& row : c.query("SELECT namespace, biz_key FROM idemsink_claim WHERE " + where_rows(rows)))
+        present.insert(index(*row[0], *row[1]));
+      std::vector<RowKey> gone;
+      for (size_t i : skipped) {
+        if (present.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) {
+          lost_race.push_back(i);
+        } else {
+          no_partition.push_back(i);
+          gone.push_back(reqs[i].key);
+        }
+      }
+      if (!gone.empty())
+        c.execute("DELETE FROM idemsink_claim_key WHERE " +
+                  where_keys(gone, [](const RowKey& k) -> const RowKey& { return k; }));
+    }
+    c.commit();
     lose_connection_on_fault();
     for (size_t i : to_insert) {
       const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
       auto it = inserted.find(idx);
-      if (it == inserted.end()) {
-        lost_race.push_back(i);
-        continue;
-      }
+      if (it == inserted.end()) continue;
       ClaimResult& res = results[i];
       res.verdict = Verdict::Owned;
       res.row = it->second;
@@ -205,15 +270,27 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
       res.attempt = 1;
       res.idem_token = tokens[idx];
     }
+    for (size_t i : no_partition) results[i].verdict = Verdict::NoPartition;
   }
   // Keys another host inserted between our read and our insert.
   if (!lost_race.empty()) {
     std::vector<ClaimRequest> again;
     for (size_t i : lost_race) again.push_back(reqs[i]);
     for (auto& e : fetch(c, again)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
-    // Neither inserted nor found: INSERT IGNORE skips a row no partition takes.
+    // A directory row without its claim row: the claim's month was dropped
+    // (at retention, or by hand) after the directory was written. Such a row
+    // guards nothing any more: it goes, and the record claims again shortly.
+    std::vector<RowKey> stale;
     for (size_t i : lost_race)
-      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) results[i].verdict = Verdict::NoPartition;
+      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) {
+        stale.push_back(reqs[i].key);
+        results[i].verdict = Verdict::Busy;
+      }
+    if (!stale.empty())
+      c.execute("DELETE k FROM idemsink_claim_key k WHERE (" +
+                where_keys(stale, [](const RowKey& key) -> const RowKey& { return key; }) +
+                ") AND NOT EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.namespace = k.namespace AND c.biz_key = "
+                "k.biz_key AND c.bucket = k.bucket)");
   }
 
   // 3. Classify existing rows; collect pending rows we may take over.
@@ -225,7 +302,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (results[i].verdict == Verdict::Owned || results[i].verdict == Verdict::NoPartition) continue;
     auto it = existing.find(index(reqs[i].key.ns, reqs[i].key.biz_key));
-    if (it == existing.end()) continue;  // unreachable: checked above
+    if (it == existing.end()) continue;  // a stale directory row was cleared: Busy, claimed again shortly
     const Existing& e = it->second;
     ClaimResult& res = results[i];
     res.row = e.row;
@@ -579,9 +656,12 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
 bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
                                std::string_view note) const {
   return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(int(Status::Pending)) +
-                   // A failed row's calls certainly did not apply: its call mark
-                   // (at-most-once) goes, or the replay would never be called.
-                   ", owner = NULL, lease_until = NULL, calls = 0, takeovers = 0, call_started = NULL, "
+                   // A failed row's calls certainly did not apply (a row settled
+                   // failed from unknown was judged so by reconciliation or an
+                   // operator): its call mark and uncertain calls go, or the
+                   // replay would end unknown without a call.
+                   ", owner = NULL, lease_until = NULL, calls = 0, takeovers = 0, uncertain_calls = 0, "
+                   "call_started = NULL, "
                    "last_error = " +
                    c.quote(sanitize_utf8(std::string(note), kErrorBytes)) + ", updated_at = NOW(3) WHERE " +
                    where_row(row) + " AND status = " + std::to_string(int(Status::Failed)) +

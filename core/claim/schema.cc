@@ -39,6 +39,17 @@ int months_between(const YearMonth& from, const std::string& name) {
   return (year * 12 + month) - (from.year * 12 + from.month);
 }
 
+// A DDL statement waits at most this long for the table's metadata lock. A
+// waiting ALTER queues every later statement on the table behind it (claims
+// included), so behind a long transaction (a mysqldump
+// --single-transaction) it gives up soon and is tried at the next
+// maintenance round instead.
+constexpr int kDdlLockWaitSeconds = 5;
+
+void run_ddl(db::Connection& c, const std::string& ddl) {
+  c.execute("SET STATEMENT lock_wait_timeout = " + std::to_string(kDdlLockWaitSeconds) + " FOR " + ddl);
+}
+
 std::string partition_def(const YearMonth& ym) {
   return "PARTITION " + ym.partition_name() + " VALUES LESS THAN ('" + ym.plus(1).start() + "')";
 }
@@ -76,7 +87,26 @@ constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 PARTITION BY RANGE COLUMNS (bucket) ()";
 
+// The key directory: one row per (namespace, biz_key), naming the month
+// whose claim row governs the key. The claim statement inserts here first, so
+// two records of one key dated in different months (claimed at the same
+// instant by two hosts) cannot both insert a claim row: the primary key here
+// is month-independent, which the partitioned table's cannot be. Rows of a
+// month past retention are deleted (in batches) before its partition is
+// dropped.
+constexpr const char* kKeyDirectory = R"(CREATE TABLE IF NOT EXISTS idemsink_claim_key (
+  namespace     VARBINARY(64)   NOT NULL,
+  biz_key       VARBINARY(255)  NOT NULL,
+  bucket        DATE            NOT NULL COMMENT 'the month of the claim row that governs the key',
+  PRIMARY KEY (namespace, biz_key),
+  KEY idx_bucket (bucket)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
+
+constexpr size_t kDirectoryDeleteBatch = 10000;
+
 }  // namespace
+
+const char* key_directory_table() { return kKeyDirectory; }
 
 std::string month_start(std::chrono::system_clock::time_point t, int months) {
   return year_month(t).plus(months).start();
@@ -95,13 +125,14 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
 
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
   c.execute(claim_table(now, opt));
+  c.execute(kKeyDirectory);
   // Columns added since the first release; instant on InnoDB.
-  c.execute(
-      "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "
-      "'calls with an uncertain outcome: the effect may have happened' AFTER takeovers");
-  c.execute(
-      "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS call_started DATETIME(3) NULL COMMENT 'at-most-once: a "
-      "call may have started (written before it goes out); kept until its outcome is known' AFTER uncertain_calls");
+  run_ddl(c,
+          "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "
+          "'calls with an uncertain outcome: the effect may have happened' AFTER takeovers");
+  run_ddl(c,
+          "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS call_started DATETIME(3) NULL COMMENT 'at-most-once: a "
+          "call may have started (written before it goes out); kept until its outcome is known' AFTER uncertain_calls");
 
   return maintain_partitions(c, now, opt);
 }
@@ -122,7 +153,7 @@ PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock
   const YearMonth last = year_month(now).plus(opt.months_ahead);
   YearMonth ym{std::stoi(newest.substr(1, 4)), std::stoi(newest.substr(5, 2))};
   for (ym = ym.plus(1); !(last < ym); ym = ym.plus(1)) {
-    c.execute("ALTER TABLE idemsink_claim ADD PARTITION (" + partition_def(ym) + ")");
+    run_ddl(c, "ALTER TABLE idemsink_claim ADD PARTITION (" + partition_def(ym) + ")");
     report.added.push_back(ym.partition_name());
     newest = ym.partition_name();
   }
@@ -132,7 +163,14 @@ PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock
   const std::string keep_from = oldest_kept(now, opt.retention_days).partition_name();
   for (const auto& name : existing) {
     if (name < keep_from && name != newest) {
-      c.execute("ALTER TABLE idemsink_claim DROP PARTITION " + name);
+      // The month's directory rows first: a crash between leaves claim rows
+      // without a directory row (harmless: the claim read finds them) rather
+      // than directory rows without claims.
+      const std::string month = "DATE'" + name.substr(1, 4) + "-" + name.substr(5, 2) + "-01'";
+      while (c.execute("DELETE FROM idemsink_claim_key WHERE bucket = " + month + " LIMIT " +
+                       std::to_string(kDirectoryDeleteBatch)) == kDirectoryDeleteBatch) {
+      }
+      run_ddl(c, "ALTER TABLE idemsink_claim DROP PARTITION " + name);
       report.dropped.push_back(name);
     }
   }

@@ -31,12 +31,18 @@ struct PartitionReport {
   int months_ahead = 0;  // partitions beyond the current month, after the maintenance
 };
 
+/// CREATE TABLE of the key directory (one row per key, any month).
+const char* key_directory_table();
+
 /// Creates the claim table if missing (or brings an older one up to date),
 /// then maintains its partitions.
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt);
 
 /// Adds partitions up to now + months_ahead and drops partitions whose month
-/// ended more than retention_days ago. A RANGE table takes rows of a dropped
+/// ended more than retention_days ago. Each ALTER waits at most a few seconds
+/// for the table's metadata lock (behind a long transaction it throws
+/// ER_LOCK_WAIT_TIMEOUT rather than queue every claim statement behind it).
+/// A RANGE table takes rows of a dropped
 /// middle month into the next partition, so only the end can run out: rows
 /// of a month after the newest partition are refused, and this appends.
 PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock::time_point now,

@@ -21,7 +21,39 @@ struct Armed {
 };
 std::atomic<Armed*> g_armed{nullptr};
 
+struct SyncPoints {
+  std::mutex mu;
+  std::map<std::string, std::function<void()>, std::less<>> fns;
+};
+SyncPoints& sync_points() {
+  static SyncPoints points;
+  return points;
+}
+std::atomic<bool> g_sync_points_set{false};
+
 }  // namespace
+
+void sync_point(std::string_view name) {
+  if (!g_sync_points_set.load(std::memory_order_relaxed)) return;
+  std::function<void()> fn;
+  {
+    std::lock_guard lk(sync_points().mu);
+    auto it = sync_points().fns.find(name);
+    if (it == sync_points().fns.end()) return;
+    fn = it->second;
+  }
+  fn();
+}
+
+void set_sync_point(const std::string& name, std::function<void()> fn) {
+  std::lock_guard lk(sync_points().mu);
+  if (fn) {
+    sync_points().fns[name] = std::move(fn);
+  } else {
+    sync_points().fns.erase(name);
+  }
+  g_sync_points_set.store(!sync_points().fns.empty());
+}
 
 void init_from_env() {
   const char* spec = std::getenv("IDEMSINK_FAULT");

@@ -17,8 +17,15 @@
 //   engine_stall        the N-th engine heartbeat blocks the engine thread for
 //                       15 s (a handler that never returns): /livez must fail
 // Without the variable every check is one relaxed load of a null pointer.
+//
+// Sync points are for tests that run core code in their own process (the
+// claim store against a real MariaDB): a test sets a function on a named
+// point to interleave two threads at an exact step, deterministically.
+// Unset, a sync point is one relaxed load.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <string_view>
 
 namespace idemsink::fault {
@@ -31,5 +38,10 @@ void hit(std::string_view point);
 
 /// Counts one pass of `point`; true on the armed pass only.
 bool once(std::string_view point);
+
+/// Runs the function set for sync point `name`, if any (on the passing thread).
+void sync_point(std::string_view name);
+/// Sets (or, with an empty function, clears) the function of a sync point.
+void set_sync_point(const std::string& name, std::function<void()> fn);
 
 }  // namespace idemsink::fault

@@ -405,6 +405,22 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
 
   finish_database(c.database, root.sub("database"), "database");
 
+  // A revocation waits up to shutdown_grace inside the rebalance callback,
+  // where the consumer does not poll: past max.poll.interval.ms the group
+  // evicts the member, and its rejoin rebalances everything again.
+  int64_t max_poll_interval = 300000;  // the consumer's default (kafka/consumer.cc)
+  for (const auto* props : {&c.kafka.properties, &c.kafka.consumer_properties}) {
+    auto it = props->find("max.poll.interval.ms");
+    if (it != props->end()) max_poll_interval = std::strtoll(it->second.c_str(), nullptr, 10);
+  }
+  constexpr int64_t kCloseAllowance = 5000;  // the commit and the rest of the callback
+  if (c.host.shutdown_grace.count() + kCloseAllowance > max_poll_interval)
+    fail(host.pos_of_key("shutdown_grace"), "host.shutdown_grace",
+         std::to_string(c.host.shutdown_grace.count()) + "ms plus " + std::to_string(kCloseAllowance) +
+             "ms to commit must stay below the consumer's max.poll.interval.ms (" + std::to_string(max_poll_interval) +
+             "ms): a revocation waiting that long gets the host evicted from its group; lower shutdown_grace or "
+             "raise max.poll.interval.ms in [kafka.consumer]");
+
   const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)
     fail(claim.pos_of_key("horizon_margin_days"), "claim.horizon_margin_days", "must be smaller than retention_days");

@@ -62,8 +62,7 @@ Connection::Connection(const config::DatabaseConfig& cfg) {
     // a CA, Connector/C checks the chain, so only verify passes one).
     auto opt = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
     const bool verifying = cfg.tls_mode == "verify";
-    mysql_ssl_set(mysql_, opt(cfg.tls_key), opt(cfg.tls_cert), verifying ? opt(cfg.tls_ca) : nullptr, nullptr,
-                  nullptr);
+    mysql_ssl_set(mysql_, opt(cfg.tls_key), opt(cfg.tls_cert), verifying ? opt(cfg.tls_ca) : nullptr, nullptr, nullptr);
     my_bool enforce = cfg.tls_mode != "preferred", verify = verifying;
     mysql_optionsv(mysql_, MYSQL_OPT_SSL_ENFORCE, &enforce);
     mysql_optionsv(mysql_, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify);

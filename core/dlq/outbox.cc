@@ -173,15 +173,22 @@ void Outbox::insert_replay(Connection& c, const Letter& replay) const {
   insert(c, std::span<const Letter>(&replay, 1));
 }
 
-std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget) const {
+std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget, std::span<const uint64_t> exclude,
+                                 std::span<const std::string> skip_topics) const {
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
   // A held row goes out once its hold is over, and only while its claim is
   // still unknown: one reconciliation settled is never a dead letter.
-  const std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
-                           " OR owner IS NULL OR lease_until < NOW(3)) AND (held_until IS NULL OR (held_until < "
-                           "NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
-                           "idemsink_dlq_outbox.idem_token AND c.status = 4)))";
+  std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
+                     " OR owner IS NULL OR lease_until < NOW(3)) AND (held_until IS NULL OR (held_until < "
+                     "NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
+                     "idemsink_dlq_outbox.idem_token AND c.status = 4)))";
+  if (!exclude.empty()) free += " AND id NOT IN (" + id_list(exclude) + ")";
+  if (!skip_topics.empty()) {
+    std::string topics;
+    for (const auto& t : skip_topics) topics += (topics.empty() ? "" : ", ") + c.quote(t);
+    free += " AND dlq_topic NOT IN (" + topics + ")";
+  }
   std::vector<uint64_t> candidates;
   uint64_t bytes = 0;
   for (auto& r : c.query("SELECT id, IFNULL(LENGTH(msg_key), 0) + IFNULL(LENGTH(msg_value), 0) FROM "
@@ -228,10 +235,11 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
   return out;
 }
 
-uint64_t Outbox::renew(Connection& c) const {
+uint64_t Outbox::renew(Connection& c, std::span<const uint64_t> ids) const {
+  if (ids.empty()) return 0;
   return c.execute("UPDATE idemsink_dlq_outbox SET lease_until = NOW(3) + INTERVAL " +
                    std::to_string(lease_.count() * 1000) + " MICROSECOND WHERE owner = " + c.quote(owner_) +
-                   " AND published_at IS NULL");
+                   " AND published_at IS NULL AND id IN (" + id_list(ids) + ")");
 }
 
 void Outbox::mark_published(Connection& c, std::span<const uint64_t> ids) const {

@@ -110,12 +110,14 @@ class Outbox {
 
   /// Takes unpublished rows that are ours, released, or whose owner's lease
   /// ran out: up to `limit`, and up to `byte_budget` of keys and values (at
-  /// least one row), oldest first; rows set aside as unpublishable are not.
-  std::vector<Letter> take(db::Connection& c, size_t limit, uint64_t byte_budget) const;
+  /// least one row), oldest first; rows set aside as unpublishable are not,
+  /// nor rows in `exclude` (in flight already) or bound for `skip_topics`.
+  std::vector<Letter> take(db::Connection& c, size_t limit, uint64_t byte_budget,
+                           std::span<const uint64_t> exclude = {}, std::span<const std::string> skip_topics = {}) const;
 
-  /// Extends the lease of the unpublished rows we hold (a relay cycle still
-  /// waiting for the broker). Returns rows touched.
-  uint64_t renew(db::Connection& c) const;
+  /// Extends the lease of these unpublished rows of ours (in flight, waiting
+  /// for the broker). Returns rows touched.
+  uint64_t renew(db::Connection& c, std::span<const uint64_t> ids) const;
 
   /// Stamps rows as published.
   void mark_published(db::Connection& c, std::span<const uint64_t> ids) const;

@@ -1,12 +1,31 @@
 // The relay: publishes unpublished outbox rows (dead letters to DLQ topics,
-// forwards to retry topics) and stamps them published.
+// forwards to retry topics, replays to source topics) and stamps them
+// published.
 //
-// One cycle at a time per host, so one host never publishes a row twice: take
-// up to 500 rows (ours, released, or past another host's lease), produce
-// them, wait for every delivery report, stamp the delivered ones. A cycle
-// whose deliveries failed backs off (capped exponential); its rows stay in
-// the outbox. The producer is idempotent with no delivery deadline: while
-// Kafka refuses writes the cycle waits, its rows' lease renewed.
+// Rows flow one by one, not in cycles: a take job leases up to 500 rows
+// (ours, released, or past another host's lease) that are not in flight
+// already, they are produced, and each delivery report stamps its row (in
+// batches). So a (topic, partition) that cannot take a record (no leader, a
+// broker down) holds back only its own records: the others are delivered
+// and stamped, and new rows are taken while they wait, up to kMaxInFlight
+// rows or kByteBudget bytes in flight. A row waiting longer than kStuckAfter
+// leaves that count; kMaxStuckPerTopic such rows stop the taking of their
+// topic's rows only (no delivery deadline: they may wait for good), and
+// kHardCap bounds them all. The producer is idempotent with no
+// delivery deadline (a finite one could expire on a record the broker did
+// append, and the relay would publish it again); only the rows in flight have
+// their lease renewed, so a row this host wrote but cannot send is taken by
+// another host once its lease runs out.
+//
+// Topics that cannot take records: an unknown topic is believed unknown only
+// after kafka.producer `topic.metadata.propagation.max.ms` (30 s by default)
+// of saying so (a topic created moments ago has not reached every broker
+// yet); meanwhile its rows wait. Then a dead letter is set aside as
+// unpublishable for an operator (`idemsink dlq`), while a forward or a replay
+// carries a record that is not finished: it is never set aside for a missing
+// topic but waits, logged as an error every minute, and goes as soon as the
+// topic exists. Refusals no retry can fix (too large, not authorised) set any
+// row aside, loudly.
 //
 // Threading: runs on the engine's io_context; delivery reports arrive on the
 // producer's thread and are posted to it.
@@ -18,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,14 +50,13 @@ namespace idemsink::dlq {
 class Relay {
  public:
   using ProducerFactory = std::function<std::unique_ptr<kafka::Producer>()>;
-  /// Rows published and publish attempts failed, per route and cycle.
+  /// Rows published and publish attempts failed, per route.
   using CountFn = std::function<void(const std::string& route, size_t published, size_t failed)>;
-
-  /// Rows Kafka refused for good (set aside), per cycle.
+  /// Rows Kafka refused for good (set aside).
   using UnpublishableFn = std::function<void(size_t refused)>;
 
-  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count,
-        UnpublishableFn unpublishable);
+  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count, UnpublishableFn unpublishable,
+        std::chrono::milliseconds unknown_topic_patience);
 
   /// How to make the producer; called now and again after a fatal producer
   /// error (an idempotent producer cannot continue after one).
@@ -45,25 +64,55 @@ class Relay {
   /// Delivery report of the producer (producer thread).
   void on_delivery(uint64_t outbox_id, rd_kafka_resp_err_t err);
 
-  /// Starts a cycle now, or right after the running one.
+  /// Takes more rows now, or right after the running take.
   void kick();
-  bool running() const { return running_; }
-  /// A cycle is waiting for the broker: its rows' lease must be renewed.
-  bool waiting_for_broker() const { return running_ && pending_ > 0; }
+  /// Nothing taken, in flight or waiting to be stamped.
+  bool idle() const;
+  /// The rows in flight: their lease must be renewed.
+  std::vector<uint64_t> in_flight_ids() const;
 
  private:
-  enum class Delivery { Pending, Ok, Failed, Refused };
   static constexpr size_t kBatch = 500;
-  static constexpr uint64_t kByteBudget = 32 << 20;  // keys and values held by one cycle
+  static constexpr size_t kMaxInFlight = 5000;       // rows in flight, not yet stuck
+  static constexpr uint64_t kByteBudget = 32 << 20;  // their keys and values
+  static constexpr auto kStuckAfter = std::chrono::seconds(10);
+  static constexpr size_t kMaxStuckPerTopic = 1000;
+  static constexpr size_t kHardCap = 20000;  // rows in flight, stuck or not
   static constexpr int kTopicCheckMs = 5000;
 
-  /// Errors no retry can fix: the row is set aside.
+  struct InFlight {
+    std::string route;
+    Purpose purpose;
+    std::string topic;
+    uint64_t bytes;
+    std::chrono::steady_clock::time_point since;
+  };
+  // A topic the cluster says it does not know.
+  struct MissingTopic {
+    std::chrono::steady_clock::time_point since;
+    std::chrono::steady_clock::time_point next_check;
+    std::chrono::steady_clock::time_point next_log{};
+    std::string why;
+  };
+  /// What the take job learnt.
+  struct Taken {
+    std::vector<Letter> letters;
+    std::map<std::string, kafka::TopicRefusal> refusals;  // topics the cluster refuses, and why
+    std::set<std::string> known_topics;                   // asked and found
+    size_t rows = 0;                                      // rows the query returned
+    size_t limit = 0;                                     // rows it asked for
+  };
+
+  /// Errors no retry can fix.
   static bool refused_for_good(rd_kafka_resp_err_t err);
-  void on_taken(std::vector<Letter> letters, size_t taken);
+  void on_taken(Taken taken);
   void on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err);
-  /// Stamps the published rows and sets the refused ones aside; starts the
-  /// next cycle if more rows wait or a kick came meanwhile.
-  void finish_cycle(std::vector<uint64_t> published, std::map<uint64_t, std::string> refused, bool more_waiting);
+  /// The cluster does not know `topic` (said `why`): its rows wait, or are
+  /// set aside once the patience ran out (dead letters only).
+  void note_missing(const std::string& topic, const std::string& why);
+  bool patience_over(const std::string& topic) const;
+  /// Writes the stamps and set-asides gathered so far.
+  void stamp();
   kafka::OutRecord record_of(const Letter& d) const;
 
   boost::asio::io_context& io_;
@@ -71,17 +120,19 @@ class Relay {
   const Outbox& outbox_;
   CountFn count_;
   UnpublishableFn unpublishable_count_;
+  const std::chrono::milliseconds unknown_topic_patience_;
   ProducerFactory producer_factory_;
   std::shared_ptr<kafka::Producer> producer_;  // shared with the take job, which asks it about topics
 
-  bool running_ = false;
+  bool taking_ = false;
   bool again_ = false;
-  std::map<uint64_t, Delivery> outstanding_;  // outbox id -> delivery state, this cycle
-  std::map<uint64_t, std::string> route_of_;  // outbox id -> route, this cycle
-  size_t pending_ = 0;
-  size_t taken_ = 0;
-  std::string first_error_;
-  std::map<uint64_t, std::string> refused_;  // outbox id -> why Kafka will never take it
+  bool capped_ = false;  // the last kick found the in-flight limits reached
+  std::map<uint64_t, InFlight> in_flight_;
+  std::map<std::string, MissingTopic> missing_topics_;
+  std::vector<uint64_t> to_stamp_;
+  std::map<uint64_t, std::string> to_set_aside_;  // outbox id -> why Kafka will never take it
+  std::vector<uint64_t> settling_;                // handed to the running stamp job
+  bool stamping_ = false;
   int failures_in_a_row_ = 0;
   std::chrono::steady_clock::time_point not_before_{};
 };

@@ -1,6 +1,7 @@
 #include "core/kafka/consumer.h"
 
 #include <cstring>
+#include <thread>
 
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -31,6 +32,14 @@ std::vector<TopicPartitionOffset> offsets_of(const rd_kafka_topic_partition_list
 
 void route_librdkafka_logs(rd_kafka_conf_t* conf) { rd_kafka_conf_set_log_cb(conf, &log_cb); }
 
+config::KafkaConfig slice_consumer_config(const config::KafkaConfig& cfg, size_t slice) {
+  config::KafkaConfig out = cfg;
+  if (slice == 0) return out;
+  for (auto* props : {&out.properties, &out.consumer_properties})
+    if (auto it = props->find("group.instance.id"); it != props->end()) it->second += "-" + std::to_string(slice);
+  return out;
+}
+
 namespace {
 
 // librdkafka versions that fixed a fault this consumer works around
@@ -42,6 +51,12 @@ constexpr int kIllegalGenerationFixed = 0x020a00ff;  // ILLEGAL_GENERATION on co
 
 constexpr auto kStreamCheckEvery = std::chrono::milliseconds(200);
 constexpr int kSeekTimeoutMs = 10000;
+// Reading the committed offsets at assignment: each try, and in all. Inside
+// the rebalance callback, so well below max.poll.interval.ms.
+constexpr int kCommittedReadTimeoutMs = 5000;
+constexpr auto kCommittedReadFor = std::chrono::seconds(30);
+// The committed offset could not be read (read_committed()).
+constexpr int64_t kStartUnknown = -9999;  // no librdkafka logical offset
 
 bool cooperative_sticky(const config::KafkaConfig& cfg) {
   for (const auto* props : {&cfg.properties, &cfg.consumer_properties}) {
@@ -389,24 +404,23 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
     spdlog::info("kafka: assigned {}{}", describe(tps), cooperative ? " (incremental)" : "");
     // The group's committed offsets: where each partition's records must
     // start, and its lag until the first record arrives.
-    std::vector<TopicPartitionOffset> committed;
-    for (const auto& tp : tps) committed.push_back({tp, RD_KAFKA_OFFSET_INVALID});
-    if (!tps.empty()) {
-      auto list = to_list(tps);
-      if (auto e = rd_kafka_committed(rk, list.get(), kSeekTimeoutMs)) {
-        spdlog::warn("kafka: reading the committed offsets of {} failed ({}); their first records set the start",
-                     describe(tps), rd_kafka_err2str(e));
-      } else {
-        committed = offsets_of(list.get());
-      }
-    }
+    std::vector<TopicPartitionOffset> committed = self->read_committed(tps);
     for (auto& c : committed) {
-      if (c.offset < 0) c.offset = self->start_without_commit(c.tp);
+      if (c.offset == RD_KAFKA_OFFSET_INVALID) c.offset = self->start_without_commit(c.tp);
       Stream s;
       if (c.offset >= 0) s.next = c.offset;
       self->streams_[c.tp] = s;
       self->paused_.erase(c.tp);
     }
+    // Fetching starts exactly where the pipeline expects it; a partition
+    // whose start is unknown is left to librdkafka (which reads the commit
+    // itself), and its first record sets the start.
+    for (int i = 0; i < parts->cnt; ++i)
+      for (const auto& c : committed)
+        if (c.tp.topic == parts->elems[i].topic && c.tp.partition == parts->elems[i].partition)
+          parts->elems[i].offset = c.offset >= 0 ? c.offset : RD_KAFKA_OFFSET_INVALID;
+    for (auto& c : committed)
+      if (c.offset < 0) c.offset = RD_KAFKA_OFFSET_INVALID;
     self->listener_.on_assigned(committed);
     if (cooperative) {
       if (rd_kafka_error_t* e = rd_kafka_incremental_assign(rk, parts)) {
@@ -480,6 +494,56 @@ uint64_t Consumer::seek(const TopicPartitionOffset& tpo) {
   }
   rd_kafka_queue_yield(queue_);
   return ticket;
+}
+
+std::vector<TopicPartitionOffset> Consumer::read_committed(const std::vector<TopicPartition>& tps) {
+  // A partition whose committed offset is not known must not be started on a
+  // guess: taken for "no commit", auto.offset.reset would skip what was
+  // produced since the last commit (latest) or re-read the whole log
+  // (earliest). The read is retried (the coordinator may be loading, as
+  // during a broker failover) for up to kCommittedReadFor; a partition still
+  // unknown then is marked kStartUnknown.
+  std::vector<TopicPartitionOffset> out;
+  for (const auto& tp : tps) out.push_back({tp, kStartUnknown});
+  if (tps.empty()) return out;
+  const auto give_up_at = std::chrono::steady_clock::now() + kCommittedReadFor;
+  std::string last_error;
+  for (int attempt = 1;; ++attempt) {
+    auto list = to_list(tps);
+    const rd_kafka_resp_err_t e = rd_kafka_committed(rk_.get(), list.get(), kCommittedReadTimeoutMs);
+    bool all_known = !e;
+    if (!e) {
+      for (int i = 0; i < list->cnt; ++i) {
+        if (list->elems[i].err) {
+          all_known = false;
+          last_error = rd_kafka_err2str(list->elems[i].err);
+          continue;
+        }
+        for (auto& o : out)
+          if (o.tp.topic == list->elems[i].topic && o.tp.partition == list->elems[i].partition)
+            o.offset = list->elems[i].offset;  // RD_KAFKA_OFFSET_INVALID: the group never committed it
+      }
+    } else {
+      last_error = rd_kafka_err2str(e);
+    }
+    if (all_known) {
+      if (attempt > 1)
+        spdlog::info("kafka: the committed offsets of {} read after {} attempts", describe(tps), attempt);
+      return out;
+    }
+    if (std::chrono::steady_clock::now() >= give_up_at || stop_.load()) break;
+    spdlog::warn("kafka: reading the committed offsets of {} failed ({}); retrying (attempt {})", describe(tps),
+                 last_error, attempt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 * attempt, 2000)));
+  }
+  std::vector<TopicPartition> unknown;
+  for (const auto& o : out)
+    if (o.offset == kStartUnknown) unknown.push_back(o.tp);
+  spdlog::error(
+      "kafka: the committed offsets of {} could not be read for {}s ({}); librdkafka reads them itself and "
+      "their first records set the start",
+      describe(unknown), std::chrono::duration_cast<std::chrono::seconds>(kCommittedReadFor).count(), last_error);
+  return out;
 }
 
 int64_t Consumer::start_without_commit(const TopicPartition& tp) {

@@ -151,6 +151,9 @@ class Consumer {
   /// Synchronous seek; false (logged) if it did not happen.
   bool seek_now(const TopicPartition& tp, int64_t offset);
   void seek_stream(const TopicPartition& tp, Stream& s, int64_t offset);
+  /// The group's committed offsets of newly assigned partitions, read with
+  /// retries (RD_KAFKA_OFFSET_INVALID: never committed).
+  std::vector<TopicPartitionOffset> read_committed(const std::vector<TopicPartition>& tps);
   int64_t start_without_commit(const TopicPartition& tp);
   /// Whether a polled record goes to the listener; starts or settles a re-read.
   bool admit(rd_kafka_message_t* m);
@@ -186,6 +189,13 @@ class Consumer {
   std::set<TopicPartition> paused_;  // as told to librdkafka
   std::chrono::steady_clock::time_point next_stream_check_{};
 };
+
+/// The consumer settings of a host's `slice`-th database slice (one consumer
+/// per database, all in one group): a static membership id
+/// (`group.instance.id`) is the configured one for the first slice and gets
+/// "-<slice>" appended for the others, since two members with one static id
+/// fence each other out of the group.
+config::KafkaConfig slice_consumer_config(const config::KafkaConfig& cfg, size_t slice);
 
 /// librdkafka's own log lines, routed into the host log.
 void route_librdkafka_logs(rd_kafka_conf_t* conf);

@@ -197,6 +197,12 @@ std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& 
     if (!(in >> id)) return "error usage: " + cmd + " ID";
     return check(cmd == "broker_down" ? rd_kafka_mock_broker_set_down(mc, id) : rd_kafka_mock_broker_set_up(mc, id));
   }
+  if (cmd == "partition_leader") {
+    std::string name;
+    int partition = 0, broker = 0;
+    if (!(in >> name >> partition >> broker)) return "error usage: partition_leader TOPIC PARTITION BROKER (-1: none)";
+    return check(rd_kafka_mock_partition_set_leader(mc, name.c_str(), partition, broker));
+  }
   if (cmd == "rtt") {
     int id = 0, ms = 0;
     if (!(in >> id >> ms)) return "error usage: rtt ID MS";

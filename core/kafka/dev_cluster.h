@@ -9,7 +9,8 @@
 //   create_topic NAME PARTITIONS     broker_down ID       broker_up ID
 //   rtt ID MS                        push_errors APIKEY ERR [ERR...]
 //   clear_errors APIKEY              topic_error NAME ERR
-//   ping                             shutdown
+//   partition_leader TOPIC P BROKER  (BROKER -1: the partition has no leader)
+//   control_records TOPIC P COUNT    ping      shutdown
 //
 // ERR is a librdkafka error name (e.g. NOT_LEADER_FOR_PARTITION, _TRANSPORT)
 // or number; APIKEY is a protocol request number (0 = Produce, 8 =

@@ -15,6 +15,11 @@ Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_
       // authorization) are still reported at once.
       {"message.timeout.ms", "0"},
       {"linger.ms", "5"},
+      // A partition that lost its leader is looked up again only a few
+      // times in quick succession, then at this interval (5 min by
+      // default): records waiting for it would wait that long after it has
+      // a leader again.
+      {"topic.metadata.refresh.interval.ms", "10000"},
   };
   for (const auto& [k, v] : cfg.properties) props[k] = v;
   for (const auto& [k, v] : cfg.producer_properties) props[k] = v;
@@ -39,10 +44,13 @@ Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_
 }
 
 Producer::~Producer() {
-  // After a fatal error nothing more can be delivered: drop what is queued
-  // (it is still in the outbox) instead of waiting for it.
-  if (fatal_.load()) rd_kafka_purge(rk_.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-  flush(fatal_.load() ? 0 : 5000);
+  // What is still queued after a short flush (a partition without a leader,
+  // a fatal error) is dropped rather than waited for: its rows are still in
+  // the outbox, unstamped, and the next relay publishes them. Without a
+  // delivery deadline the wait could be forever, and a host must stop.
+  if (!fatal_.load()) flush(5000);
+  rd_kafka_purge(rk_.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  flush(1000);  // the purged records' reports
   stop_.store(true);
   poller_.join();
 }
@@ -64,20 +72,22 @@ void Producer::error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaqu
   spdlog::warn("DLQ producer: {} ({})", reason, rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)));
 }
 
-std::optional<std::string> Producer::topic_refused(const std::string& topic, int timeout_ms) {
+std::optional<TopicRefusal> Producer::topic_refused(const std::string& topic, int timeout_ms) {
   rd_kafka_topic_t* t = rd_kafka_topic_new(rk_.get(), topic.c_str(), nullptr);
-  if (t == nullptr) return "invalid topic name";
+  if (t == nullptr) return TopicRefusal{"topic " + topic + ": invalid topic name", false};
   const rd_kafka_metadata_t* md = nullptr;
   const rd_kafka_resp_err_t err = rd_kafka_metadata(rk_.get(), 0, t, &md, timeout_ms);
   rd_kafka_topic_destroy(t);
   if (err) return std::nullopt;  // the cluster did not answer: nothing known for good
-  std::optional<std::string> refused;
+  std::optional<TopicRefusal> refused;
   if (md->topic_cnt == 1) {
-    switch (md->topics[0].err) {
+    const rd_kafka_resp_err_t e = md->topics[0].err;
+    switch (e) {
       case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
       case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
       case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
-        refused = std::string("topic ") + topic + ": " + rd_kafka_err2str(md->topics[0].err);
+        refused = TopicRefusal{std::string("topic ") + topic + ": " + rd_kafka_err2str(e),
+                               e == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART};
         break;
       default: break;
     }

@@ -31,6 +31,15 @@ struct OutRecord {
   uint64_t id = 0;  // handed back in the delivery report
 };
 
+/// Why a topic can take no record.
+struct TopicRefusal {
+  std::string why;
+  /// The cluster does not know the topic (it may yet appear: a topic created
+  /// moments ago has not reached every broker); otherwise it never will
+  /// (not authorised, an invalid name).
+  bool unknown_topic = false;
+};
+
 class Producer {
  public:
   using DeliveryFn = std::function<void(uint64_t id, rd_kafka_resp_err_t err)>;
@@ -50,7 +59,7 @@ class Producer {
   /// can, or when the answer is only temporary. Blocks up to `timeout_ms`;
   /// thread-safe. A record sent to such a topic would wait forever, since
   /// records have no delivery deadline.
-  std::optional<std::string> topic_refused(const std::string& topic, int timeout_ms);
+  std::optional<TopicRefusal> topic_refused(const std::string& topic, int timeout_ms);
   /// True once librdkafka raised a fatal (idempotence) error: the instance
   /// must be replaced.
   bool fatal() const { return fatal_.load(); }

@@ -43,6 +43,7 @@ CircuitBreaker::Change CircuitBreaker::on_result(uint64_t record_id, bool failed
 
 void CircuitBreaker::probe_due() {
   if (state_ == State::Open) state_ = State::HalfOpen;
+  ++probe_round_;
 }
 
 bool CircuitBreaker::admit(uint64_t record_id) {
@@ -58,7 +59,10 @@ bool CircuitBreaker::admit(uint64_t record_id) {
 }
 
 void CircuitBreaker::call_abandoned(uint64_t record_id) {
-  if (probe_record_ != 0 && probe_record_ == record_id) probe_record_ = 0;
+  if (probe_record_ != 0 && probe_record_ == record_id) {
+    probe_record_ = 0;
+    ++probe_round_;
+  }
 }
 
 void CircuitBreaker::reset_window() {

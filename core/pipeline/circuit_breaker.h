@@ -16,6 +16,14 @@
 // to probe_max. Calls that were in flight when it opened do not decide
 // anything: only the probe does.
 //
+// Records that fail on their own must not look like an outage: a record's
+// failure enters the window only on its first counted call (its retries
+// failing again say nothing new about the remote), and the probe is the held
+// record tried the fewest times, a fresh one when there is one (the
+// dispatcher picks it; the engine fetches one when every held record has
+// been tried), so a handful of records that always fail can neither open the
+// circuit nor keep it open.
+//
 // Pure state; the engine owns the timer, the log lines and the fetch pause.
 #pragma once
 
@@ -48,6 +56,11 @@ class CircuitBreaker {
   std::chrono::milliseconds probe_wait() const { return probe_wait_; }
   /// The probe timer fired: one call may go out.
   void probe_due();
+  /// Half-open with no probe out: the next call admitted is the probe.
+  bool probe_wanted() const { return state_ == State::HalfOpen && probe_record_ == 0; }
+  /// Counts the chances to probe (probe due, or an abandoned probe): the
+  /// dispatcher picks a probe once per chance.
+  uint64_t probe_round() const { return probe_round_; }
   /// Whether a call of `record_id` may start now; in half-open state the
   /// first one asked becomes the probe.
   bool admit(uint64_t record_id);
@@ -69,6 +82,7 @@ class CircuitBreaker {
   int failures_ = 0;
   std::chrono::milliseconds probe_wait_{0};
   uint64_t probe_record_ = 0;  // 0: no probe out
+  uint64_t probe_round_ = 0;
 };
 
 }  // namespace idemsink::pipeline

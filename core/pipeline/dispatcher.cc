@@ -15,7 +15,7 @@ constexpr size_t kConfirmBatch = 500;
 
 Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
                        std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-                       LocalTxRunner& local_tx)
+                       ProbeFetchFn on_probe_fetch, LocalTxRunner& local_tx)
     : io_(io),
       pool_(pool),
       store_(store),
@@ -24,6 +24,7 @@ Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimS
       find_(std::move(find)),
       on_result_(std::move(on_result)),
       on_fenced_(std::move(on_fenced)),
+      on_probe_fetch_(std::move(on_probe_fetch)),
       local_tx_(local_tx),
       confirmations_(kMaxConfirmJobs),
       confirm_retry_(io) {}
@@ -33,7 +34,44 @@ void Dispatcher::make_ready(Record& r) {
   lanes_[r.route].ready.push_back(r.id);
 }
 
+void Dispatcher::set_fetch_for_probe(Route& route, bool fetch) {
+  if (route.fetch_for_probe == fetch) return;
+  route.fetch_for_probe = fetch;
+  on_probe_fetch_(route);
+}
+
+void Dispatcher::choose_probe(Route& route, Lane& lane) {
+  // Once per probe round: the scan is over the route's held records. The
+  // probe is the record probed the fewest times since the circuit opened
+  // (its uncounted calls), then tried the fewest times at all.
+  auto best = lane.ready.end();
+  std::pair<uint32_t, uint32_t> best_rank{};
+  for (auto it = lane.ready.begin(); it != lane.ready.end(); ++it) {
+    const Record* r = find_(*it);
+    if (r == nullptr || r->stage != Stage::Ready) continue;
+    const std::pair<uint32_t, uint32_t> rank{r->uncounted_calls, r->calls};
+    if (best == lane.ready.end() || rank < best_rank) {
+      best = it;
+      best_rank = rank;
+      if (rank == std::pair<uint32_t, uint32_t>{0, 0}) break;
+    }
+  }
+  if (best != lane.ready.end() && best != lane.ready.begin()) {
+    const uint64_t id = *best;
+    lane.ready.erase(best);
+    lane.ready.push_front(id);
+  }
+  // Every held record was a probe already: it may be these records, not the
+  // remote. Probe with one of them now, and fetch another for the next round.
+  if (best == lane.ready.end() || best_rank.first > 0) set_fetch_for_probe(route, true);
+}
+
 void Dispatcher::pump() {
+  for (auto& [route, lane] : lanes_)
+    if (route->circuit.probe_wanted() && lane.probe_chosen_in != route->circuit.probe_round()) {
+      lane.probe_chosen_in = route->circuit.probe_round();
+      choose_probe(*route, lane);
+    }
   bool progressed = true;
   while (progressed && in_flight_ < max_in_flight_) {
     progressed = false;

@@ -38,10 +38,12 @@ class Dispatcher {
   /// A record whose claim turned out to be taken over before its call; it
   /// was not called.
   using FencedFn = std::function<void(Record&)>;
+  /// A route's `fetch_for_probe` changed: its fetching must follow.
+  using ProbeFetchFn = std::function<void(Route&)>;
 
   Dispatcher(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
              std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-             LocalTxRunner& local_tx);
+             ProbeFetchFn on_probe_fetch, LocalTxRunner& local_tx);
 
   /// Queues a claimed record for a call slot.
   void make_ready(Record& r);
@@ -58,7 +60,12 @@ class Dispatcher {
   struct Lane {
     int in_flight = 0;
     std::deque<uint64_t> ready;
+    uint64_t probe_chosen_in = 0;  // the circuit's probe round the probe was last picked in
   };
+  /// Half-open: puts the held record tried the fewest times first in the
+  /// lane, to be the probe; asks for fetching when none is fresh.
+  void choose_probe(Route& route, Lane& lane);
+  void set_fetch_for_probe(Route& route, bool fetch);
   bool needs_confirmation(const Record& r) const;
   void take_slot(Record& r);
   void flush_confirmations();
@@ -75,6 +82,7 @@ class Dispatcher {
   FindFn find_;
   ResultFn on_result_;
   FencedFn on_fenced_;
+  ProbeFetchFn on_probe_fetch_;
   LocalTxRunner& local_tx_;
   std::map<Route*, Lane> lanes_;  // ordered: routes take turns in a stable order
   int in_flight_ = 0;

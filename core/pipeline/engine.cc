@@ -18,6 +18,20 @@ using namespace std::chrono_literals;
 using claim::Status;
 using claim::Verdict;
 
+namespace {
+
+// How long the producer waits for an unknown topic to appear before failing
+// its records (librdkafka's topic.metadata.propagation.max.ms): the relay
+// waits as long before believing a topic is missing.
+std::chrono::milliseconds unknown_topic_patience(const config::KafkaConfig& k) {
+  for (const auto* props : {&k.producer_properties, &k.properties})
+    if (auto it = props->find("topic.metadata.propagation.max.ms"); it != props->end())
+      return std::chrono::milliseconds(std::stoll(it->second));
+  return 30s;
+}
+
+}  // namespace
+
 Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
                std::vector<std::unique_ptr<Route>> routes, Metrics& metrics, std::string owner)
     : io_(io),
@@ -41,7 +55,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
             r.route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
             claimer_.claim(r);
           },
-          local_tx_),
+          [this](Route& route) { circuit_fetch(route); }, local_tx_),
       writer_(
           io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
           [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
@@ -56,7 +70,8 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
             m.dlq_published.fetch_add(published, std::memory_order_relaxed);
             m.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
           },
-          [this](size_t refused) { slice_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); }),
+          [this](size_t refused) { slice_.dlq_set_aside.fetch_add(refused, std::memory_order_relaxed); },
+          unknown_topic_patience(cfg.kafka)),
       claimer_(
           io, pool, store_, cfg, [this](uint64_t id) { return find(id); },
           [this](const Claimer::Claimed& c) { on_claimed(c); }),
@@ -66,7 +81,6 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       renew_timer_(io),
       relay_timer_(io),
       gauges_timer_(io),
-      heartbeat_timer_(io),
       summary_timer_(io) {
   for (auto& r : routes_) {
     route_by_topic_[r->cfg.topic] = {r.get(), 0};
@@ -104,12 +118,12 @@ void Engine::start(kafka::Consumer* consumer) {
   renew_timer_.start(std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
     if (renew_running_) return;
     renew_running_ = true;
-    // A relay cycle waiting for the broker keeps its outbox rows too.
-    const bool relay_waiting = relay_.waiting_for_broker();
+    // Outbox rows in flight (waiting for the broker) keep their lease too.
+    const std::vector<uint64_t> relay_in_flight = relay_.in_flight_ids();
     const auto sent = std::chrono::steady_clock::now();
-    pool_.submit("renew leases", [this, relay_waiting, sent](db::Connection& c) {
+    pool_.submit("renew leases", [this, relay_in_flight, sent](db::Connection& c) {
       store_.renew(c);
-      if (relay_waiting) outbox_.renew(c);
+      outbox_.renew(c, relay_in_flight);
       asio::post(io_, [this, sent] {
         renew_running_ = false;
         // Every claim known before the renewal was sent is leased from then on
@@ -121,10 +135,6 @@ void Engine::start(kafka::Consumer* consumer) {
   });
   relay_timer_.start(2s, [this] { relay_.kick(); });
   gauges_timer_.start(5s, [this] { refresh_gauges(); });
-  heartbeat_timer_.start(1s, [this] {
-    if (fault::once("engine_stall")) std::this_thread::sleep_for(15s);
-    metrics_.heartbeat();
-  });
   summary_timer_.start(10s, [this] {
     if (hits_since_summary_ > 0)
       spdlog::info("idempotent hits in the last 10s: {} (already-done records skipped, as designed)",
@@ -244,6 +254,7 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     // Back from a retry topic: attempts continue where the last tier stopped.
     if (tier > 0) {
       r.calls = static_cast<uint32_t>(dlq::headers::integer(msg.get(), dlq::headers::kAttempt).value_or(0));
+      r.calls_on_arrival = r.calls;
       r.uncertain_calls =
           static_cast<uint32_t>(dlq::headers::integer(msg.get(), dlq::headers::kUncertainCalls).value_or(0));
     }
@@ -252,6 +263,8 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
     ++route->live;
     if (route->buffer_exempt) --kept;  // held for the circuit: out of the backpressure count at once
+    // A record to probe with has arrived: one fetch per probe round at most.
+    route->fetch_for_probe = false;
     if (!route->circuit.closed()) circuit_fetch(*route);
 
     auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
@@ -417,7 +430,12 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
   if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
   const bool failed = outcome == IDEMSINK_OUTCOME_RETRYABLE || outcome == IDEMSINK_OUTCOME_UNCERTAIN;
-  note_health(*r.route, r.id, failed, detail);
+  // A record that already failed a counted call here and fails again says
+  // nothing new about the remote: while the circuit is closed only its first
+  // failure is a sample. (Open or half-open, only the probe's result counts,
+  // and it always does.)
+  const bool failed_before = r.calls - r.calls_on_arrival - 1 > r.uncounted_calls;
+  if (!(failed && failed_before && r.route->circuit.closed())) note_health(*r.route, r.id, failed, detail);
   if (failed && !r.route->circuit.closed() &&
       !(outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE)) {
     // The remote is down: the call does not count toward max_attempts and
@@ -483,6 +501,7 @@ void Engine::note_health(Route& route, uint64_t record_id, bool failed, const st
     spdlog::info("route {}: circuit closed after {:.1f}s open: the probe succeeded; calls and fetching resume", name,
                  open_s);
     route.probe_timer.reset();
+    route.fetch_for_probe = false;
     route.metrics->circuit_open.store(0, std::memory_order_relaxed);
     circuit_fetch(route);
     return;  // the caller pumps
@@ -518,11 +537,12 @@ void Engine::circuit_fetch(Route& route) {
     gate_.buffered_delta(exempt ? -route.live : route.live);
     route.buffer_exempt = exempt;
   }
-  // Open: no fetching. Half-open: fetch only while the route has no record
-  // at all, so that one arrives to probe with (after a rebalance took them
-  // all, or an at-most-once route's records all ended unknown).
-  const bool pause =
-      state == CircuitBreaker::State::Open || (state == CircuitBreaker::State::HalfOpen && route.live > 0);
+  // Not closed: no fetching, but for a record to probe with: when the route
+  // has none left (a rebalance took them, or an at-most-once route's records
+  // all ended unknown), or every record it holds has failed since (they may
+  // be failing on their own: a fresh one tells whether the remote is up).
+  const bool pause = state != CircuitBreaker::State::Closed && !route.fetch_for_probe &&
+                     !(state == CircuitBreaker::State::HalfOpen && route.live == 0);
   if (pause != route.topics_paused) {
     gate_.set_topics_paused(route.topics(), FetchGate::TopicPause::Circuit, pause);
     route.topics_paused = pause;
@@ -557,7 +577,21 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
       claimer_.claim(*r);
       continue;
     }
+    if (res.gave_up) {
+      dispatcher_.end_call(*r, false);
+      let_go(*r, OutcomeWriter::Kind::Ended, res.detail);
+      continue;
+    }
     dispatcher_.end_call(*r);
+    if (!res.db_refused.empty()) {
+      // Its write can never succeed as it stands: nothing was applied (rolled
+      // back to its savepoint), and the rest of its batch went on.
+      r->write_refused = sanitize_utf8(res.db_refused, 512);
+      r->route->metrics->db_rejected.fetch_add(1, std::memory_order_relaxed);
+      r->note_failure(res.detail);
+      end(*r, Status::Failed, dlq::Reason::DbRejected, "the database refused its write: " + r->write_refused);
+      continue;
+    }
     if (res.outcome == IDEMSINK_OUTCOME_OK) {
       note_health(*r->route, r->id, false, "");
       // Applied and marked done in the same transaction.
@@ -678,7 +712,7 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     std::promise<bool> idle;
     auto fut = idle.get_future();
-    asio::post(io_, [&] { idle.set_value(!relay_.running() && writer_.idle() && !claimer_.jobs_running()); });
+    asio::post(io_, [&] { idle.set_value(relay_.idle() && writer_.idle() && !claimer_.jobs_running()); });
     if (fut.get() || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(20ms);
   }
@@ -688,8 +722,7 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     claimer_.stop();
     housekeeping_.stop();
     route_control_.stop();
-    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_, &heartbeat_timer_})
-      t->stop();
+    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
     for (auto& route : routes_)

@@ -68,6 +68,12 @@ class Engine : public kafka::Consumer::Listener {
   /// (not the engine thread).
   void quiesce(std::chrono::steady_clock::time_point deadline);
 
+  /// Frees the records still held (calls that outlived the shutdown grace)
+  /// and with them the consumer's messages: librdkafka does not destroy a
+  /// consumer while a message it handed out is alive. Once the engine
+  /// thread and the database workers have stopped.
+  void drop_records() { records_.clear(); }
+
   /// Each route's handler, by route name (for the reconciler).
   std::map<std::string, plugin::Instance*> handlers() const;
 
@@ -162,7 +168,6 @@ class Engine : public kafka::Consumer::Listener {
   Periodic renew_timer_;
   Periodic relay_timer_;
   Periodic gauges_timer_;
-  Periodic heartbeat_timer_;  // /livez: the engine thread runs
   Periodic summary_timer_;
 };
 

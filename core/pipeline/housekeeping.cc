@@ -1,5 +1,7 @@
 #include "core/pipeline/housekeeping.h"
 
+#include <mysqld_error.h>
+
 #include "core/claim/schema.h"
 #include "core/common/log.h"
 
@@ -82,22 +84,33 @@ void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) 
         const std::string wait = wait_for_lock ? "30" : "0";
         const bool locked = c.query("SELECT GET_LOCK('idemsink_claim_partitions', " + wait + ")").at(0).at(0) == "1";
         claim::PartitionReport report;
+        bool done_now = true;
         if (locked) {
           try {
             report = claim::maintain_partitions(c, std::chrono::system_clock::now(),
                                                 {cfg_.claim.retention_days, kMonthsAhead});
+          } catch (const db::DbError& e) {
+            c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+            if (e.code() != ER_LOCK_WAIT_TIMEOUT) throw;
+            // Re-run at once, it would queue the claims behind it again.
+            spdlog::warn(
+                "claim partitions: a long transaction holds idemsink_claim ({}); maintenance gave way and runs "
+                "again at the next round",
+                e.what());
+            done_now = false;
+            report.months_ahead = claim::months_ahead(c, std::chrono::system_clock::now());
           } catch (...) {
             c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
             throw;
           }
-          c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+          if (done_now) c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
         } else {
           report.months_ahead = claim::months_ahead(c, std::chrono::system_clock::now());
         }
         for (const auto& p : report.added) spdlog::info("claim partitions: added {}", p);
         for (const auto& p : report.dropped) spdlog::info("claim partitions: dropped {} (past retention)", p);
         metrics_.claim_partitions_ahead.store(report.months_ahead);
-        if (done) asio::post(io_, [done, ok = locked || !wait_for_lock] { done(ok); });
+        if (done) asio::post(io_, [done, ok = done_now && (locked || !wait_for_lock)] { done(ok); });
       },
       [this, done](const db::DbError& e) {
         spdlog::error("claim partitions: maintenance failed: {}", e.what());

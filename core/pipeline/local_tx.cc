@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/common/fault.h"
+#include "core/db/isolate.h"
 #include "core/pipeline/dispatcher.h"
 #include "core/plugin/calls.h"
 #include "core/plugin/tx.h"
@@ -54,14 +55,27 @@ void LocalTxRunner::flush(Route& route) {
       outcomes.push_back(r->outcome());
     }
     ++lane.jobs;
-    pool_.submit("local_tx apply", [this, &route, ids, recs, outcomes](db::Connection& c) {
-      auto results = apply(c, route, ids, recs, outcomes);
+    auto report = [this, &route](std::vector<Result> results) {
       asio::post(io_, [this, &route, results = std::move(results)]() mutable {
         --lanes_[&route].jobs;
         on_results_(std::move(results));
         flush(route);
       });
-    });
+    };
+    pool_.submit(
+        "local_tx apply",
+        [this, &route, ids, recs, outcomes, report](db::Connection& c) {
+          report(apply(c, route, ids, recs, outcomes));
+        },
+        [ids, report](const db::DbError& e) {
+          std::vector<Result> results(ids.size());
+          for (size_t i = 0; i < ids.size(); ++i) {
+            results[i].id = ids[i];
+            results[i].gave_up = true;
+            results[i].detail = e.what();
+          }
+          report(std::move(results));
+        });
   }
 }
 
@@ -70,12 +84,29 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
                                                         const std::vector<const Record*>& recs,
                                                         const std::vector<claim::Outcome>& outcomes) {
   std::vector<Result> results(ids.size());
+  // One transaction for the batch; should the database refuse a statement of
+  // ours for its data (not a plugin's: those are handled per record), the
+  // batch is split until that record is alone and the others commit.
+  auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+    apply_in_one_transaction(c, route, std::span(ids).subspan(first, n), std::span(recs).subspan(first, n),
+                             std::span(outcomes).subspan(first, n), std::span(results).subspan(first, n));
+  });
+  for (const auto& r : rejected) {
+    results[r.index] = Result{ids[r.index], IDEMSINK_OUTCOME_PERMANENT, r.error.what()};
+    results[r.index].db_refused = r.error.what();
+  }
+  return results;
+}
+
+void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
+                                             std::span<const Record* const> recs,
+                                             std::span<const claim::Outcome> outcomes, std::span<Result> results) {
   c.begin();
   const std::vector<bool> owned = store_.lock_owned(c, outcomes);
   std::vector<claim::Outcome> ok;
   for (size_t i = 0; i < ids.size(); ++i) {
     Result& res = results[i];
-    res.id = ids[i];
+    res = Result{ids[i]};
     if (!owned[i]) {
       res.fenced = true;
       continue;
@@ -100,6 +131,11 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
       slot->detail = "apply returned without reporting a result";
     }
     if (tx.broken_code != 0) throw db::DbError(tx.broken_code, "local_tx apply: " + tx.broken_message);
+    if (tx.refused_code != 0 && slot->outcome != IDEMSINK_OUTCOME_OK) {
+      // Re-running would be refused again: this record ends, the batch goes on.
+      res.db_refused = tx.refused_message;
+      slot->outcome = IDEMSINK_OUTCOME_PERMANENT;
+    }
     if (slot->outcome == IDEMSINK_OUTCOME_OK) {
       claim::Outcome o = outcomes[i];
       o.receipt = slot->detail;
@@ -116,7 +152,6 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
   fault::hit("in_local_tx");
   c.commit();
   fault::hit("after_mark_done");
-  return results;
 }
 
 }  // namespace idemsink::pipeline

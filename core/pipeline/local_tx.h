@@ -6,13 +6,18 @@
 // a savepoint, the plugin's statements, and a rollback to the savepoint if
 // it did not report ok; then one done-UPDATE and COMMIT. A deadlock or a lost
 // connection inside a plugin statement breaks the transaction and the whole
-// job is re-run.
+// job is re-run. A statement the database refuses for its data (a value too
+// long for its column) rolls back only that record: it ends db_rejected and
+// the batch goes on. A job failing for any other reason is given up after
+// database.job_give_up_after: its records are let go uncommitted, never
+// re-run forever.
 #pragma once
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +36,13 @@ class LocalTxRunner {
     /// The claim was no longer ours (taken over, or an earlier run of this
     /// job whose reply was lost committed it): nothing was applied here.
     bool fenced = false;
+    /// The database refused the record's write for its data (MariaDB's
+    /// error): rolled back to the record's savepoint, nothing applied; the
+    /// other records of the batch went on.
+    std::string db_refused;
+    /// The job kept failing for another reason than the connection for
+    /// database.job_give_up_after (`detail` says why): nothing applied.
+    bool gave_up = false;
   };
   using FindFn = std::function<Record*(uint64_t id)>;
   /// The results of one apply job, on the engine thread.
@@ -51,6 +63,9 @@ class LocalTxRunner {
   void flush(Route& route);
   std::vector<Result> apply(db::Connection& c, Route& route, const std::vector<uint64_t>& ids,
                             const std::vector<const Record*>& recs, const std::vector<claim::Outcome>& outcomes);
+  void apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
+                                std::span<const Record* const> recs, std::span<const claim::Outcome> outcomes,
+                                std::span<Result> results);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;

@@ -58,6 +58,16 @@ std::string SliceMetrics::db_last_job_error() const {
   return db_last_job_error_;
 }
 
+void SliceMetrics::set_start_problem(std::string problem) {
+  std::lock_guard lk(mu_);
+  start_problem_ = std::move(problem);
+}
+
+std::string SliceMetrics::start_problem() const {
+  std::lock_guard lk(mu_);
+  return start_problem_;
+}
+
 std::map<std::pair<std::string, std::string>, uint64_t> SliceMetrics::db_job_failures() const {
   std::lock_guard lk(mu_);
   return db_job_failures_;
@@ -79,7 +89,9 @@ std::string Metrics::db_problem() const {
   std::string out;
   for (const auto& s : slices_) {
     const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
-    if (s->db_healthy.load() == 0) {
+    if (const std::string why = s->start_problem(); !why.empty()) {
+      out += "database " + s->database + " unreachable since start-up: " + why + "; its routes wait for it\n";
+    } else if (s->db_healthy.load() == 0) {
       out += "database unreachable" + which + "\n";
     } else if (s->db_jobs_failing.load() != 0) {
       out += "a database job is failing" + which + ": " + s->db_last_job_error() + "\n";

@@ -91,6 +91,11 @@ struct SliceMetrics {
   std::atomic<int64_t> db_jobs_failing{0};     // database jobs failing for another reason than the connection
   const kafka::ClientHealth* kafka = nullptr;  // the slice's consumer (set before the admin port opens)
 
+  /// Why the slice has not started yet (its database unreachable at
+  /// start-up), or "" once it runs.
+  void set_start_problem(std::string problem);
+  std::string start_problem() const;
+
   /// Snapshot of the pool's failures by job and class, and its last job error.
   void set_db_job_failures(std::map<std::pair<std::string, std::string>, uint64_t> failures, std::string last_error);
   std::string db_last_job_error() const;
@@ -100,6 +105,7 @@ struct SliceMetrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures_;
   std::string db_last_job_error_;
+  std::string start_problem_;
 };
 
 class Metrics {

@@ -272,7 +272,10 @@ dlq::Letter OutcomeWriter::letter_of(const Record& r, dlq::Reason reason) const 
   rd_kafka_headers_t* hdrs = nullptr;
   if (!r.db_error.empty()) {
     d.headers.push_back({dlq::headers::kDbError, r.db_error});
-  } else if (rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+  } else if (!r.write_refused.empty()) {
+    d.headers.push_back({dlq::headers::kDbError, r.write_refused});
+  }
+  if (r.db_error.empty() && rd_kafka_message_headers(r.msg.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     const char* name;
     const void* value;
     size_t size;

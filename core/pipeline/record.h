@@ -47,6 +47,10 @@ struct Route {
   int64_t live = 0;
   bool buffer_exempt = false;
   bool topics_paused = false;
+  // While its circuit is not closed: every held record has been a probe (and
+  // failed) since it opened, so the route fetches until a record arrives to
+  // probe with: records that fail on their own are not the only probes.
+  bool fetch_for_probe = false;
   /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
   std::vector<std::string> topics() const {
     std::vector<std::string> out{cfg.topic};
@@ -112,6 +116,8 @@ struct Record {
   // lease_known (a renewal sent after that covered the row too).
   std::chrono::steady_clock::time_point lease_from, lease_known;
   uint32_t calls = 0;
+  // Calls made on earlier tiers (the retry topic's idemsink.attempt header).
+  uint32_t calls_on_arrival = 0;
   // Calls that failed while the route's circuit was open: they do not count
   // toward retry.max_attempts (the remote was down, not this record's fault).
   uint32_t uncounted_calls = 0;
@@ -126,6 +132,9 @@ struct Record {
   // The database refused this record's row once (MariaDB's error): its next
   // write is stripped to what cannot be refused.
   std::string db_error;
+  // The database refused the business write of a local_tx record (MariaDB's
+  // error); its letter carries it, with the payload.
+  std::string write_refused;
   int64_t first_failure_ms = 0;
   int64_t last_failure_ms = 0;
   uint64_t call_id = 0;

@@ -44,7 +44,8 @@ std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, s
 }
 
 template <class Body>
-int guarded(idemsink_tx* tx, const char* sql, char* err, size_t cap, Body&& body) {
+int guarded(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, char* err, size_t cap,
+            Body&& body) {
   if (tx == nullptr || tx->conn == nullptr) {
     write_err(err, cap, "no transaction: tx_execute/tx_query are only valid during apply");
     return ER_UNKNOWN_ERROR;
@@ -61,13 +62,38 @@ int guarded(idemsink_tx* tx, const char* sql, char* err, size_t cap, Body&& body
     write_err(err, cap, why);
     return ER_NOT_SUPPORTED_YET;
   }
+  // The server refuses a statement above max_allowed_packet and closes the
+  // connection with it (the transaction gone, the batch re-run, refused
+  // again): such a statement is refused here, before it is sent, like a
+  // value the server refuses.
+  uint64_t bytes = std::strlen(sql);
+  for (size_t i = 0; i < n; ++i)
+    if (params[i].type == IDEMSINK_SQL_TEXT || params[i].type == IDEMSINK_SQL_BLOB) bytes += params[i].bytes.len;
+  if (bytes + 1024 > tx->conn->max_packet()) {
+    const std::string why = "statement of " + std::to_string(bytes) +
+                            " bytes exceeds the server's max_allowed_packet (" +
+                            std::to_string(tx->conn->max_packet()) + ")";
+    if (tx->refused_code == 0) {
+      tx->refused_code = ER_NET_PACKET_TOO_LARGE;
+      tx->refused_message = why;
+    }
+    write_err(err, cap, why);
+    return ER_NET_PACKET_TOO_LARGE;
+  }
   try {
     body();
     return 0;
   } catch (const db::DbError& e) {
-    if (e.error_class() != db::ErrorClass::Permanent) {
+    // A deadlock rolls the whole transaction back, a lost connection takes
+    // it with it: nothing may run after either. A refused value rolls back
+    // only its statement.
+    const db::ErrorClass cls = e.error_class();
+    if (cls == db::ErrorClass::ConnectionLost || cls == db::ErrorClass::Transient) {
       tx->broken_code = e.code();
       tx->broken_message = e.what();
+    } else if (cls == db::ErrorClass::Data && tx->refused_code == 0) {
+      tx->refused_code = e.code();
+      tx->refused_message = e.what();
     }
     write_err(err, cap, e.what());
     return static_cast<int>(e.code() ? e.code() : ER_UNKNOWN_ERROR);
@@ -76,7 +102,7 @@ int guarded(idemsink_tx* tx, const char* sql, char* err, size_t cap, Body&& body
 
 int tx_execute(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, uint64_t* affected,
                char* err, size_t cap) {
-  return guarded(tx, sql, err, cap, [&] {
+  return guarded(tx, sql, params, n, err, cap, [&] {
     uint64_t rows = tx->conn->execute_prepared(sql, to_params(params, n));
     if (affected) *affected = rows;
   });
@@ -84,7 +110,7 @@ int tx_execute(idemsink_tx* tx, const char* sql, const idemsink_sql_param* param
 
 int tx_query(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, idemsink_row_fn on_row,
              void* row_ctx, char* err, size_t cap) {
-  return guarded(tx, sql, err, cap, [&] {
+  return guarded(tx, sql, params, n, err, cap, [&] {
     for (const auto& row : tx->conn->query_prepared(sql, to_params(params, n))) {
       std::vector<idemsink_bytes> cols(row.size());
       for (size_t i = 0; i < row.size(); ++i)

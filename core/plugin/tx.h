@@ -17,6 +17,13 @@ struct idemsink_tx {
   /// further statement on this tx is refused so nothing runs outside it.
   unsigned broken_code = 0;
   std::string broken_message;
+  /// The first statement the server refused for its data (a value too long
+  /// for its column, invalid text): the transaction is intact (MariaDB rolls
+  /// back only that statement), but the record's write cannot succeed as
+  /// written. Unless the plugin still reports ok, the record is dead-lettered
+  /// as db_rejected with this error, and the other records of the batch go on.
+  unsigned refused_code = 0;
+  std::string refused_message;
 };
 
 namespace idemsink::plugin {

@@ -6,7 +6,7 @@
 #include "core/config/config.h"
 #include "core/plugin/calls.h"
 #include "core/plugin/plugin.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 #include "devkit/process.h"
 
 using namespace idemsink;

@@ -10,7 +10,7 @@
 
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -54,7 +54,7 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
 
   // And it runs: 300 records, a third of them repeats, each key greeted once.
   auto db = MariaDbServer::shared().fresh_database("out_of_tree");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("people", 2);
   std::vector<TestMessage> msgs;
   std::set<std::string> keys;

@@ -14,7 +14,7 @@
 #include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -66,7 +66,7 @@ void check_claims_all_done(const std::string& database, size_t expected) {
 
 // Runs the host with a fault armed until it kills itself, then again
 // without, until everything is committed.
-void crash_and_recover(MockKafka& kafka, const ScratchDir& dir, const std::string& config, const std::string& fault,
+void crash_and_recover(TestKafka& kafka, const ScratchDir& dir, const std::string& config, const std::string& fault,
                        const std::string& group, const Topics& topics) {
   {
     HostProcess crashing(dir, "crashing-" + fault.substr(0, fault.find(':')), config, {{"IDEMSINK_FAULT", fault}});
@@ -83,7 +83,7 @@ void crash_and_recover(MockKafka& kafka, const ScratchDir& dir, const std::strin
 void remote_crash_case(const std::string& point) {
   const std::string dbname = "crash_remote_" + point;
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   ScratchDir dir("crash");
   std::set<std::string> keys;
@@ -113,7 +113,7 @@ BOOST_AUTO_TEST_CASE(crash_windows_local_tx) {
     BOOST_TEST_CONTEXT("fault " << point) {
       const std::string dbname = "crash_local_" + point;
       auto db = MariaDbServer::shared().fresh_database(dbname);
-      MockKafka kafka;
+      TestKafka kafka;
       kafka.create_topic("ledger", 4);
       ScratchDir dir("crash");
       std::set<std::string> keys;
@@ -135,7 +135,7 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
   // points and restarted; a remote idempotent route and a local_tx route.
   const std::string dbname = "crash_10k";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 8);
   kafka.create_topic("ledger", 8);
   ScratchDir dir("crash10k");
@@ -173,7 +173,7 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
 BOOST_AUTO_TEST_CASE(at_most_once_never_calls_twice_across_a_crash) {
   const std::string dbname = "crash_at_most_once";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 4);
   kafka.create_topic("sms.dlq", 1);
   ScratchDir dir("crash");
@@ -205,7 +205,7 @@ BOOST_AUTO_TEST_CASE(database_going_away_mid_run_is_survived) {
   const std::string dbname = "crash_db_gone";
   auto& server = MariaDbServer::shared();
   auto db = server.fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   ScratchDir dir("crash");
   std::set<std::string> keys;

@@ -10,7 +10,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -24,7 +24,7 @@ constexpr const char* kToken = "s3cret-token-for-tests";
 
 // A host with its admin port; `listen_ip` is where it listens.
 struct AdminHost {
-  MockKafka kafka;
+  TestKafka kafka;
   ScratchDir dir{"admin"};
   int port = free_port();
   std::unique_ptr<HostProcess> host;

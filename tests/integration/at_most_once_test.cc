@@ -12,7 +12,7 @@
 
 #include "devkit/mariadb_server.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -47,12 +47,6 @@ std::string order_value(const std::string& id) {
   return "{\"order_id\":\"" + id + "\",\"phone\":\"+86-138-" + id + "\"}";
 }
 
-void audit_clean(const ScratchDir& dir, HostProcess& host) {
-  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
-  BOOST_TEST(rc == 0, out);
-  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
-}
-
 // Records that went unknown at some point: still unknown, or settled by reconciliation.
 int64_t went_unknown(db::Connection& c) {
   return scalar(c,
@@ -71,7 +65,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
                                                  "sms:latency_mean_ms=15,latency_p99_ms=120,timeout_after_apply=0.03"});
   const std::string dbname = "at_most_once_kills";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 8);
   kafka.create_topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
@@ -159,7 +153,7 @@ BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
   FakeServices services(fake_services_binary(), {"--hold", "60000", "--faults", "sms:timeout_after_apply=1"});
   const std::string dbname = "at_most_once_revoke";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 1);
   kafka.produce("sms", {{"K1", order_value("K1")}});
   ScratchDir dir("at-most-once");
@@ -208,7 +202,7 @@ BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed
   FakeServices services(fake_services_binary(), {"--faults", "sms:record_delay_ms=3000"});
   const std::string dbname = "at_most_once_slow";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 2);
   kafka.create_topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
@@ -236,7 +230,7 @@ BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed
 BOOST_AUTO_TEST_CASE(without_a_reconcile_hook_each_unknown_reaches_the_dlq_once) {
   const std::string dbname = "at_most_once_no_hook";
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 2);
   kafka.create_topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
@@ -274,7 +268,7 @@ BOOST_AUTO_TEST_CASE(the_call_mark_costs_one_statement_per_wave) {
   for (const std::string plugin : {"scripted_idempotent.so", "scripted_at_most_once.so"}) {
     const std::string dbname = "at_most_once_cost_" + plugin.substr(9, 4);
     auto db = MariaDbServer::shared().fresh_database(dbname);
-    MockKafka kafka;
+    TestKafka kafka;
     kafka.create_topic("orders", 4);
     std::vector<TestMessage> msgs;
     for (int i = 0; i < 2000; ++i) msgs.push_back({"c-" + std::to_string(i), "v"});

@@ -4,12 +4,15 @@
 #define BOOST_TEST_MODULE claim_store
 #include <boost/test/unit_test.hpp>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <thread>
 
 #include "core/claim/claim_store.h"
 #include "core/dlq/outbox.h"
 #include "core/claim/schema.h"
+#include "core/common/fault.h"
 #include "core/db/pool.h"
 #include "devkit/mariadb_server.h"
 
@@ -259,10 +262,11 @@ BOOST_AUTO_TEST_CASE(a_200_record_batch_takes_a_handful_of_statements) {
   };
   int64_t q0 = questions();
   uint64_t sent = db.conn->statements_sent();
-  auto res = a.claim(*db.conn, reqs);  // read + insert
-  BOOST_TEST(db.conn->statements_sent() - sent == 2u);
+  // read, then in one transaction the key directory's insert and the claim rows' insert
+  auto res = a.claim(*db.conn, reqs);
+  BOOST_TEST(db.conn->statements_sent() - sent == 5u);
   int64_t q1 = questions();
-  BOOST_TEST(q1 - q0 - 1 == 2);  // the server agrees (minus the SELECT of the counter itself)
+  BOOST_TEST(q1 - q0 - 1 == 5);  // the server agrees (minus the SELECT of the counter itself)
   std::vector<claim::Outcome> outs;
   for (const auto& r : res) outs.push_back(outcome(r));
   sent = db.conn->statements_sent();
@@ -322,6 +326,115 @@ BOOST_AUTO_TEST_CASE(a_redelivery_meets_its_row_across_a_month_end) {
   BOOST_TEST((dec[0].verdict == Verdict::Done));
   BOOST_TEST(dec[0].row.bucket == "2026-11-01");
   BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim") == 1);
+}
+
+// Two records of one biz_key dated on either side of a month end (a re-send
+// under another Kafka key), claimed at the same instant by two hosts: both
+// read nothing, both insert, each into its own month's partition. The key
+// directory lets only one of them win.
+BOOST_AUTO_TEST_CASE(two_hosts_never_both_claim_a_key_across_a_month_end) {
+  Db db("claim_month_race");
+  const int64_t nov30 = 1796083199000LL, dec1 = 1796083260000LL;
+  std::mutex mu;
+  std::condition_variable cv;
+  int read_done = 0;
+  // Each claim waits, after its read found nothing, until the other's read
+  // is done too: the race, every time.
+  fault::set_sync_point("claim_store.after_read", [&] {
+    std::unique_lock lk(mu);
+    ++read_done;
+    cv.notify_all();
+    cv.wait_for(lk, 5s, [&] { return read_done >= 2; });
+  });
+  std::vector<claim::ClaimResult> ra, rb;
+  auto run = [&](const std::string& host, int64_t ts, std::vector<claim::ClaimResult>& out) {
+    db::Connection c(db.cfg);
+    ClaimStore s(host, host + "#1", 30s);
+    out = s.claim(c, std::vector{req("order-7", "p", ts)});
+  };
+  std::thread ta(run, "host-a", nov30, std::ref(ra)), tb(run, "host-b", dec1, std::ref(rb));
+  ta.join();
+  tb.join();
+  fault::set_sync_point("claim_store.after_read", nullptr);
+  BOOST_REQUIRE(read_done == 2);
+  const bool a_owns = ra[0].verdict == Verdict::Owned, b_owns = rb[0].verdict == Verdict::Owned;
+  BOOST_TEST(a_owns != b_owns, "owned by a: " << a_owns << ", by b: " << b_owns);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim") == 1);
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim_key") == 1);
+  // The loser waits for the winner (busy), and later meets its row: one token.
+  BOOST_TEST(((a_owns ? rb[0] : ra[0]).verdict == Verdict::Busy));
+  const auto& winner = a_owns ? ra[0] : rb[0];
+  ClaimStore restarted(a_owns ? "host-a" : "host-b", a_owns ? "host-a#2" : "host-b#2", 30s);
+  const auto again = restarted.claim(*db.conn, std::vector{req("order-7", "p", a_owns ? dec1 : nov30)});
+  BOOST_TEST((again[0].verdict == Verdict::Owned));
+  BOOST_TEST(again[0].idem_token == winner.idem_token);
+  BOOST_TEST(again[0].row.bucket == winner.row.bucket);
+}
+
+// A month dropped by hand (or by an older version) leaves directory rows
+// without their claims: they guard nothing and must not make the key busy
+// for ever.
+BOOST_AUTO_TEST_CASE(a_directory_row_whose_month_is_gone_gives_way) {
+  Db db("claim_stale_directory");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  db.conn->execute("INSERT INTO idemsink_claim_key VALUES ('waybill', 'gone', DATE'2020-01-01')");
+  BOOST_TEST((a.claim(*db.conn, std::vector{req("gone")})[0].verdict == Verdict::Busy));
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim_key WHERE biz_key = 'gone'") == 0);
+  BOOST_TEST((a.claim(*db.conn, std::vector{req("gone")})[0].verdict == Verdict::Owned));
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim_key WHERE biz_key = 'gone' AND bucket = '2026-11-01'") ==
+             1);
+}
+
+// unknown -> reconciliation (or an operator) says it was never sent ->
+// failed -> replay: the re-opened claim must be called, not parked again as
+// "may have been sent" by the uncertain calls of its first life.
+BOOST_AUTO_TEST_CASE(a_replayed_claim_settled_failed_from_unknown_is_called_again) {
+  Db db("claim_replay_unknown");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("sms-1")});
+  a.confirm_calls(*db.conn, std::vector{outcome(first[0])}, true);  // the call mark, then a timeout
+  BOOST_TEST(a.mark_terminal(*db.conn, Status::Unknown,
+                             std::vector{claim::Outcome{first[0].row, first[0].attempt, 1, 1, {}, "timeout"}})[0]);
+  BOOST_TEST(a.resolve_by_operator(*db.conn, first[0].idem_token, Status::Failed, "gateway: never sent"));
+  BOOST_TEST(a.reopen_failed(*db.conn, first[0].row, first[0].idem_token, "replayed"));
+  ClaimStore b("host-b", "host-b#1", 30s);
+  auto again = b.claim(*db.conn, std::vector{req("sms-1")});
+  BOOST_TEST((again[0].verdict == Verdict::Owned));
+  BOOST_TEST(again[0].idem_token == first[0].idem_token);
+  BOOST_TEST(again[0].uncertain_calls == 0u);
+  BOOST_TEST(!again[0].maybe_called);
+}
+
+// Partition maintenance behind a long transaction (a mysqldump
+// --single-transaction): its ALTER must give way within seconds, not queue
+// every claim statement behind its pending metadata lock.
+BOOST_AUTO_TEST_CASE(partition_maintenance_gives_way_to_a_long_transaction) {
+  Db db("claim_ddl_lock_wait");
+  db::Connection dump(db.cfg);
+  dump.begin();
+  dump.query("SELECT COUNT(*) FROM idemsink_claim");  // holds the table's metadata lock until it ends
+  std::atomic<bool> returned{false};
+  std::string error;
+  std::thread maintenance([&] {
+    db::Connection c(db.cfg);
+    try {
+      // Four months further ahead than the table has: ALTER ... ADD PARTITION.
+      claim::maintain_partitions(c, std::chrono::system_clock::now() + std::chrono::hours(24 * 31 * 4), {});
+    } catch (const db::DbError& e) {
+      error = e.what();
+    }
+    returned = true;
+  });
+  const auto began = std::chrono::steady_clock::now();
+  while (!returned && std::chrono::steady_clock::now() - began < 30s) std::this_thread::sleep_for(50ms);
+  const bool gave_way = returned.load();
+  dump.rollback_quietly();  // lets a maintenance that did not give way finish, so the thread ends
+  maintenance.join();
+  BOOST_TEST(gave_way, "maintenance still waiting for the lock after 30s");
+  BOOST_TEST(error.find("1205") != std::string::npos, error);
+  // Claims flow once it gave way.
+  ClaimStore a("host-a", "host-a#1", 30s);
+  BOOST_TEST((a.claim(*db.conn, std::vector{req("after")})[0].verdict == Verdict::Owned));
 }
 
 BOOST_AUTO_TEST_CASE(lease_renewal_touches_only_our_pending_rows) {

@@ -8,7 +8,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -33,7 +33,7 @@ BOOST_AUTO_TEST_CASE(each_route_in_its_own_database_and_one_down_stalls_only_its
   auto logistics = MariaDbServer::shared().fresh_database("logistics");
   MariaDbServer finance_server;
   auto finance = finance_server.fresh_database("finance");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "payments", "payments.dlq"}) kafka.create_topic(t, 2);
   ScratchDir dir("databases");
   const int admin = free_port();

@@ -10,7 +10,7 @@
 #include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -24,7 +24,7 @@ int64_t now_ms() {
       .count();
 }
 
-std::vector<ConsumedMessage> wait_dlq(MockKafka& kafka, const std::string& topic, size_t n,
+std::vector<ConsumedMessage> wait_dlq(TestKafka& kafka, const std::string& topic, size_t n,
                                       std::chrono::milliseconds timeout = 60s) {
   std::vector<ConsumedMessage> out;
   wait_until(
@@ -53,7 +53,7 @@ const std::string kFastRetry = "[route.retry]\nmax_attempts = 5\nbackoff_initial
 
 BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_199) {
   auto db = MariaDbServer::shared().fresh_database("policy_batch");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   kafka.create_topic("sms", 1);
@@ -160,7 +160,7 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
 
 BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
   auto db = MariaDbServer::shared().fresh_database("policy_dlq_outage");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("policy");
@@ -206,7 +206,7 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
 
 BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
   auto db = MariaDbServer::shared().fresh_database("policy_poison");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("policy");
@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
 
 BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
   auto db = MariaDbServer::shared().fresh_database("policy_plugins");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   kafka.create_topic("twice", 1);
@@ -298,7 +298,7 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
 
 BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   auto db = MariaDbServer::shared().fresh_database("policy_retry_topics");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const char* t : {"orders", "orders.retry.1", "orders.retry.2", "orders.dlq"}) kafka.create_topic(t, 1);
   ScratchDir dir("policy");
   const auto calls = dir / "calls.log";

@@ -10,7 +10,7 @@
 #include "core/common/util.h"
 #include "devkit/mariadb_server.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -18,12 +18,6 @@ using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
-
-void audit_clean(const ScratchDir& dir, HostProcess& host) {
-  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
-  BOOST_TEST(rc == 0, out);
-  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
-}
 
 std::string partition_of_month(int months_from_now) {
   std::time_t t = std::time(nullptr);
@@ -50,7 +44,7 @@ std::vector<TestMessage> keyed(const std::string& prefix, int n, int64_t timesta
   return msgs;
 }
 
-std::vector<ConsumedMessage> wait_dlq(MockKafka& kafka, const std::string& topic, size_t n) {
+std::vector<ConsumedMessage> wait_dlq(TestKafka& kafka, const std::string& topic, size_t n) {
   std::vector<ConsumedMessage> out;
   wait_until(
       [&] {
@@ -65,7 +59,7 @@ std::vector<ConsumedMessage> wait_dlq(MockKafka& kafka, const std::string& topic
 
 BOOST_AUTO_TEST_CASE(receipts_and_error_texts_are_made_to_fit_their_columns) {
   auto db = MariaDbServer::shared().fresh_database("longevity_columns");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("longevity");
@@ -106,7 +100,7 @@ BOOST_AUTO_TEST_CASE(receipts_and_error_texts_are_made_to_fit_their_columns) {
 // by bytes, so they are written, published and committed.
 BOOST_AUTO_TEST_CASE(large_refused_records_fit_statements_and_reach_the_dlq) {
   auto db = MariaDbServer::shared().fresh_database("longevity_large");
-  MockKafka kafka;
+  TestKafka kafka;
   // Eight partitions: the embedded Kafka keeps only ~5 MB per partition.
   kafka.create_topic("orders", 8);
   kafka.create_topic("orders.dlq", 8);
@@ -153,7 +147,7 @@ BOOST_AUTO_TEST_CASE(large_refused_records_fit_statements_and_reach_the_dlq) {
 
 BOOST_AUTO_TEST_CASE(claim_partitions_running_out_are_created_on_the_spot) {
   auto db = MariaDbServer::shared().fresh_database("longevity_partitions_on");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   ScratchDir dir("longevity");
   const auto calls = dir / "calls.log";
@@ -182,7 +176,7 @@ BOOST_AUTO_TEST_CASE(claim_partitions_running_out_are_created_on_the_spot) {
 
 BOOST_AUTO_TEST_CASE(without_schema_changes_a_record_with_no_claim_partition_is_refused_loudly) {
   auto db = MariaDbServer::shared().fresh_database("longevity_partitions_off");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("longevity");
@@ -210,7 +204,7 @@ BOOST_AUTO_TEST_CASE(without_schema_changes_a_record_with_no_claim_partition_is_
 // set aside; a dead record of another route is published within seconds.
 BOOST_AUTO_TEST_CASE(unpublishable_dlq_rows_are_set_aside_and_later_rows_flow) {
   auto db = MariaDbServer::shared().fresh_database("longevity_unpublishable");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"bad", "bad.dlq", "good", "good.dlq"}) kafka.create_topic(t, 1);
   kafka.command("topic_error bad.dlq TOPIC_AUTHORIZATION_FAILED");
   std::vector<TestMessage> poison(600, TestMessage{std::nullopt, "no key"});
@@ -261,7 +255,7 @@ BOOST_AUTO_TEST_CASE(unpublishable_dlq_rows_are_set_aside_and_later_rows_flow) {
 // re-run and must recognise its own rows: no takeover, no unknown.
 BOOST_AUTO_TEST_CASE(a_claim_job_rerun_after_a_lost_connection_recognises_its_own_rows) {
   auto db = MariaDbServer::shared().fresh_database("longevity_rerun");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("sms", 2);
   ScratchDir dir("longevity");
   const auto calls = dir / "calls.log";
@@ -290,7 +284,7 @@ BOOST_AUTO_TEST_CASE(a_claim_job_rerun_after_a_lost_connection_recognises_its_ow
 // the others are marked done, and the one ends dead with reason db_rejected.
 BOOST_AUTO_TEST_CASE(a_row_the_database_refuses_is_isolated_and_dead_lettered) {
   auto db = MariaDbServer::shared().fresh_database("longevity_rejected");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("longevity");

@@ -12,7 +12,7 @@
 
 #include "devkit/mariadb_server.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -40,7 +40,7 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
                         {"--seed", seed, "--hold", "1200", "--faults",
                          "waybill:latency_mean_ms=3,latency_p99_ms=30,timeout_after_apply=0.2,error_5xx=0.35"});
   auto db = MariaDbServer::shared().fresh_database(name);
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "orders.retry.1", "orders.retry.2"}) kafka.create_topic(t, 2);
   kafka.produce("orders", order_messages(0, orders));
   ScratchDir dir("maybe-applied");
@@ -115,7 +115,7 @@ BOOST_AUTO_TEST_CASE(in_place_retries_never_dead_letter_an_applied_order_as_fail
 BOOST_AUTO_TEST_CASE(a_crash_loop_record_whose_call_went_out_is_reconciled_not_failed) {
   FakeServices services(fake_services_binary());
   auto db = MariaDbServer::shared().fresh_database("maybe_applied_crash_loop");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   kafka.create_topic("orders.dlq", 1);
   kafka.produce("orders", {{"K1", "{\"order_id\":\"K1\"}"}});

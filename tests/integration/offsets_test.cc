@@ -13,7 +13,7 @@
 #include "core/common/util.h"
 #include "devkit/mariadb_server.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -52,7 +52,7 @@ int audit_exit_code(const ScratchDir& dir, const std::filesystem::path& config, 
 // batch consume this skipped offsets and committed over them.
 BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
   constexpr int kRecords = 200'000, kPartitions = 16, kRuns = 2;  // buffers of 200 and 400: the most pauses
-  MockKafka kafka;
+  TestKafka kafka;
   for (int run = 0; run < kRuns; ++run) {
     BOOST_TEST_CONTEXT("run " << run) {
       const std::string dbname = "offsets_backpressure_" + std::to_string(run);
@@ -110,7 +110,7 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
 // confirmed them, and reaches the high watermark.
 BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
   auto db = MariaDbServer::shared().fresh_database("offsets_holes");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   std::set<std::string> keys;
   auto batch = [&](int from, int n) {
@@ -182,7 +182,7 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
 // counted, and recovered by reading it again from its commit point.
 BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
   auto db = MariaDbServer::shared().fresh_database("offsets_stall");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   std::set<std::string> keys;
   kafka.produce("orders", orders(4000, 4, keys));
@@ -222,7 +222,7 @@ BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
 // lag is measured from the group's committed offset, never reported as 0.
 BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offset) {
   auto db = MariaDbServer::shared().fresh_database("offsets_lag");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   std::set<std::string> keys;
   kafka.produce("orders", orders(1000, 1, keys));

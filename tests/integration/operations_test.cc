@@ -17,7 +17,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -83,7 +83,7 @@ std::string read_text(const std::filesystem::path& p) {
 // Ready: 200. Kafka unreachable: 503 naming Kafka. A member the group gave
 // no partition: 503 saying so, while its peer is ready.
 BOOST_AUTO_TEST_CASE(readyz_in_its_states) {
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   auto db = MariaDbServer::shared().fresh_database("ops_ready");
   ScratchDir dir("ops_ready");
@@ -138,7 +138,7 @@ BOOST_AUTO_TEST_CASE(readyz_in_its_states) {
 
 // A Kafka login the cluster refuses is an error in the log, and shows in /readyz.
 BOOST_AUTO_TEST_CASE(a_refused_kafka_login_is_an_error_and_not_ready) {
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   auto db = MariaDbServer::shared().fresh_database("ops_auth");
   ScratchDir dir("ops_auth");
@@ -170,7 +170,7 @@ BOOST_AUTO_TEST_CASE(a_refused_kafka_login_is_an_error_and_not_ready) {
 // obeys, a restart keeps it paused, the CLI resumes it; the other route runs
 // throughout, and every record is applied once in the end.
 BOOST_AUTO_TEST_CASE(a_paused_route_stays_paused_on_every_host_and_after_a_restart) {
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   kafka.create_topic("payments", 2);
   auto db = MariaDbServer::shared().fresh_database("ops_pause");
@@ -262,7 +262,7 @@ BOOST_AUTO_TEST_CASE(a_paused_route_stays_paused_on_every_host_and_after_a_resta
 // JSON logs parse line by line and carry the record's fields; the log file
 // is reopened on SIGHUP after logrotate moved it, and the host runs on.
 BOOST_AUTO_TEST_CASE(json_log_lines_parse_and_sighup_reopens_the_log_file) {
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   auto db = MariaDbServer::shared().fresh_database("ops_logs");
   ScratchDir dir("ops_logs");

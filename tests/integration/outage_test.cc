@@ -10,7 +10,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -58,7 +58,7 @@ double longest_open_seconds(const std::string& log) {
 void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   FakeServices services(fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=40"});
   auto db = MariaDbServer::shared().fresh_database(name);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   kafka.create_topic("orders.dlq", 1);
   ScratchDir dir("outage");
@@ -91,7 +91,7 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   BOOST_TEST(host.stop() == 0);
 
   // Both halves, by counting: every order applied once, none dead.
-    const auto stats = services.stats()["waybill"];
+  const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   const std::set<std::string> applied = services.applied("waybill");
   BOOST_TEST(applied.size() == 4000u);
@@ -128,7 +128,7 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
       fake_services_binary(),
       {"--hold", "2500", "--faults", "waybill:latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.01"});
   auto db = MariaDbServer::shared().fresh_database("outage_none");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   kafka.create_topic("orders.dlq", 1);
   kafka.produce("orders", order_messages(0, 3000));
@@ -162,7 +162,7 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
 BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
   FakeServices services(fake_services_binary(), {"--hold", "1000", "--faults", "sms:timeout_after_apply=1.0"});
   auto db = MariaDbServer::shared().fresh_database("outage_probe");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("texts", 2);
   kafka.create_topic("texts.dlq", 1);
   ScratchDir dir("outage");
@@ -206,7 +206,7 @@ BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
 BOOST_AUTO_TEST_CASE(an_open_circuit_does_not_pause_the_other_routes) {
   FakeServices services(fake_services_binary(), {"--faults", "waybill:error_5xx=1.0"});
   auto db = MariaDbServer::shared().fresh_database("outage_other_routes");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 2);
   kafka.produce("orders", order_messages(0, 1000));
   kafka.produce("stock", order_messages(0, 1000));

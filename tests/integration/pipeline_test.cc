@@ -8,7 +8,7 @@
 #include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 
 BOOST_AUTO_TEST_CASE(every_key_is_applied_once_and_offsets_reach_the_end) {
   auto db = MariaDbServer::shared().fresh_database("pipeline_happy");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 4);
   ScratchDir dir("pipeline");
   const auto calls = dir / "calls.log";

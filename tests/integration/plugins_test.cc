@@ -12,7 +12,7 @@
 #include "tests/support/certificates.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -27,7 +27,7 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   FakeServices services(fake_services_binary(), {"--hold", "1500", "--faults", "waybill:" + faults, "--faults",
                                                  "inventory:" + faults, "--faults", "sms:" + faults});
   auto db = MariaDbServer::shared().fresh_database("plugins_faults");
-  MockKafka kafka;
+  TestKafka kafka;
   const std::vector<std::string> topics{"waybill", "inventory", "sms", "ledger"};
   for (const auto& t : topics) {
     kafka.create_topic(t, 4);
@@ -129,7 +129,7 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
 BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_the_host) {
   FakeServices services(fake_services_binary());
   auto db = MariaDbServer::shared().fresh_database("plugins_hostile");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "sms", "sms.dlq"}) kafka.create_topic(t, 1);
   kafka.produce("orders", {{"deep", std::string(200000, '[') + std::string(200000, ']')},
                            {"binary", std::string("\xFF\x00\x80 raw", 7)},
@@ -167,7 +167,7 @@ BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_
 BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   FakeServices services(fake_services_binary(), {"--require-token", "t0ken-from-env"});
   auto db = MariaDbServer::shared().fresh_database("plugins_headers");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 10; ++i) msgs.push_back({"H" + std::to_string(i), "{}"});
@@ -202,7 +202,7 @@ BOOST_AUTO_TEST_CASE(https_endpoints_verify_the_service_certificate) {
   FakeServices services(fake_services_binary(),
                         {"--tls-cert", certs.path("server.pem"), "--tls-key", certs.path("server.key")});
   auto db = MariaDbServer::shared().fresh_database("plugins_https");
-  MockKafka kafka;
+  TestKafka kafka;
   for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 10; ++i) msgs.push_back({"T" + std::to_string(i), "{}"});

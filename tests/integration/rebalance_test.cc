@@ -10,7 +10,7 @@
 #include "core/common/util.h"
 #include "tests/support/host_fixture.h"
 #include "devkit/mariadb_server.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -22,7 +22,7 @@ namespace {
 void two_hosts_share_and_hand_over(const std::string& strategy) {
   const std::string dbname = "rebalance_" + strategy.substr(0, strategy.find('-'));
   auto db = MariaDbServer::shared().fresh_database(dbname);
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 8);
   ScratchDir dir("rebalance");
   const auto calls = dir / "calls.log";
@@ -88,7 +88,7 @@ BOOST_AUTO_TEST_CASE(cooperative_sticky_rebalance_hands_over_without_duplicates)
 // window while the group waits out the dead member: it must drain and exit 0.
 BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment_exits_cleanly) {
   auto db = MariaDbServer::shared().fresh_database("rebalance_early_stop");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 6);
   ScratchDir dir("rebalance");
   const auto calls = dir / "calls.log";

@@ -9,7 +9,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -39,7 +39,7 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   // they end failed, permanent, and are dead-lettered.
   FakeServices services(fake_services_binary(), {"--faults", "waybill:reject_4xx=0.25"});
   auto db = MariaDbServer::shared().fresh_database("replay");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   kafka.create_topic("orders.dlq", 1);
   const int kOrders = 200;
@@ -130,7 +130,7 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
 
 BOOST_AUTO_TEST_CASE(replay_refuses_bad_input_with_a_clear_error) {
   auto db = MariaDbServer::shared().fresh_database("replay_usage");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 1);
   ScratchDir dir("replay");
   const auto file = dir / "host.toml";
@@ -152,7 +152,7 @@ BOOST_AUTO_TEST_CASE(replay_refuses_bad_input_with_a_clear_error) {
 BOOST_AUTO_TEST_CASE(replayed_at_most_once_records_are_sent_once) {
   FakeServices services(fake_services_binary(), {"--faults", "sms:reject_4xx=1.0"});
   auto db = MariaDbServer::shared().fresh_database("replay_sms");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("texts", 1);
   kafka.create_topic("texts.dlq", 1);
   std::vector<TestMessage> msgs;

@@ -9,7 +9,7 @@
 #include "devkit/mariadb_server.h"
 #include "tests/support/certificates.h"
 #include "tests/support/host_fixture.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -91,7 +91,7 @@ BOOST_AUTO_TEST_CASE(verify_mode_connects_over_tls_and_refuses_a_wrong_ca) {
 BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
   auto& s = tls_server();
   const auto db = s.app("tls_host");
-  MockKafka kafka;
+  TestKafka kafka;
   kafka.create_topic("orders", 2);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 50; ++i) msgs.push_back({"t-" + std::to_string(i), "v"});

@@ -1,5 +1,9 @@
 #include "tests/support/host_fixture.h"
 
+#include <boost/test/unit_test.hpp>
+
+#include "devkit/services.h"
+
 #include <signal.h>
 
 #include <map>
@@ -7,7 +11,7 @@
 
 namespace idemsink::test {
 
-std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
+std::string base_config(const TestKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
                         const std::string& group, const std::string& extra_host_lines,
                         const std::string& extra_consumer_lines, const std::string& extra_kafka_lines) {
   std::ostringstream os;
@@ -36,6 +40,28 @@ std::string route_config(const RouteSpec& r) {
   }
   os << "\n";
   return os.str();
+}
+
+int http_status(int port, const std::string& target) {
+  try {
+    return http_request(port, "GET", target).first;
+  } catch (const std::exception&) {
+    return -1;  // not listening (yet)
+  }
+}
+
+int64_t admin_metric(int admin_port, const std::string& series) {
+  std::pair<int, std::string> answer;
+  try {
+    answer = http_request(admin_port, "GET", "/metrics");
+  } catch (const std::exception&) {
+    return -1;  // not listening (yet)
+  }
+  const auto& [status, body] = answer;
+  if (status != 200) return -1;
+  const auto at = body.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(body.substr(at + series.size() + 2));
 }
 
 int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
@@ -68,7 +94,7 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   return *rc;
 }
 
-void wait_committed(MockKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
+void wait_committed(TestKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
                     HostProcess& host, std::chrono::milliseconds timeout) {
   std::map<std::string, std::map<int32_t, int64_t>> hi;
   for (const auto& [topic, partitions] : topics) hi[topic] = kafka.high_watermarks(topic, partitions);
@@ -79,7 +105,13 @@ void wait_committed(MockKafka& kafka, const std::string& group, const std::vecto
           if (!host.running()) throw std::runtime_error("host exited early:\n" + host.log());
           behind.clear();
           for (const auto& [topic, partitions] : topics) {
-            auto c = kafka.committed(group, topic, partitions);
+            std::map<int32_t, int64_t> c;
+            try {
+              c = kafka.committed(group, topic, partitions);
+            } catch (const std::runtime_error& e) {
+              behind = std::string(" (reading the committed offsets failed: ") + e.what() + ")";
+              return false;  // the coordinator moving, or errors a test injected
+            }
             for (int p = 0; p < partitions; ++p)
               if (c[p] < hi[topic][p])
                 behind += " " + topic + "/" + std::to_string(p) + " " + std::to_string(c[p]) + "/" +
@@ -95,6 +127,13 @@ void wait_committed(MockKafka& kafka, const std::string& group, const std::vecto
     if (log.size() > 20000) log = "...\n" + log.substr(log.size() - 20000);
     throw std::runtime_error(std::string(e.what()) + "; behind:" + behind + "\nhost log (tail):\n" + log);
   }
+}
+
+void audit_clean(const ScratchDir& dir, HostProcess& host) {
+  static int run = 0;
+  auto [rc, out] = run_cli(dir, "audit-" + std::to_string(++run), {"audit", "--config", host.config_path().string()});
+  BOOST_TEST(rc == 0, out);
+  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
 }
 
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file) {

@@ -8,7 +8,7 @@
 
 #include "core/config/config.h"
 #include "core/db/connection.h"
-#include "tests/support/mock_kafka.h"
+#include "tests/support/test_kafka.h"
 #include "devkit/process.h"
 
 namespace idemsink::test {
@@ -18,7 +18,7 @@ using namespace idemsink::devkit;
 /// [host], [kafka], [database] and [claim] sections for tests: short
 /// session timeout (fast rejoin on the mock cluster), fast commits. The
 /// extra lines go into [host], [kafka.consumer] and [kafka].
-std::string base_config(const MockKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
+std::string base_config(const TestKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
                         const std::string& group, const std::string& extra_host_lines = "",
                         const std::string& extra_consumer_lines = "", const std::string& extra_kafka_lines = "");
 
@@ -54,14 +54,25 @@ class HostProcess {
 
 /// Waits until the group's committed offsets reach the high watermarks of
 /// every (topic, partitions); fails early, with its log, if the host exits.
-void wait_committed(MockKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
+void wait_committed(TestKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
                     HostProcess& host, std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+/// The status of GET `target` on 127.0.0.1:port, or -1 when nothing answers.
+int http_status(int port, const std::string& target);
+
+/// The value of one series in a host's /metrics (e.g.
+/// `idemsink_route_circuit_open{route="waybill"}`), or -1 when absent.
+int64_t admin_metric(int admin_port, const std::string& series);
 
 /// The first column of the first row of `sql`, as a number.
 int64_t scalar(db::Connection& c, const std::string& sql);
 
 /// Runs `idemsink ARGS...` to the end (at most 2 minutes); {exit code, stdout + stderr}.
 std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args);
+
+/// Runs `idemsink audit` for the host's config: every committed record is
+/// accounted for (a test failure otherwise, with the audit's output).
+void audit_clean(const ScratchDir& dir, HostProcess& host);
 
 /// The scripted plugin's call log, one vector of columns per call.
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);

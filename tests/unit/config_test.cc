@@ -6,6 +6,7 @@
 
 #include "core/config/config.h"
 #include "core/kafka/client.h"
+#include "core/kafka/consumer.h"
 
 using namespace idemsink::config;
 
@@ -406,4 +407,31 @@ BOOST_AUTO_TEST_CASE(a_route_database_inherits_what_it_does_not_set) {
   // Its keys are [database]'s, checked the same way.
   expect_error(text + "tls_mode = \"verify\"\n", {"route.database.tls_mode", "needs route.database.tls_ca"});
   expect_error(text + "shards = 2\n", {"route.database.shards", "unknown key"});
+}
+
+// A revocation waits up to shutdown_grace inside the rebalance callback;
+// past max.poll.interval.ms the group evicts the member and rebalances again.
+BOOST_AUTO_TEST_CASE(shutdown_grace_must_stay_below_the_max_poll_interval) {
+  expect_error("[host]\nshutdown_grace = \"300s\"\n" + kMinimal,
+               {"test.toml:2:", "host.shutdown_grace", "max.poll.interval.ms (300000ms)"});
+  const Config c = load_string(
+      "[host]\nshutdown_grace = \"300s\"\n[kafka]\nbootstrap_servers = \"b:9092\"\n[kafka.consumer]\n"
+      "\"max.poll.interval.ms\" = \"600000\"\n[database]\ndatabase = \"shop\"\n[[route]]\nname = \"a\"\n"
+      "topic = \"t\"\nplugin = \"/p.so\"\n",
+      "test.toml");
+  BOOST_TEST(c.host.shutdown_grace.count() == 300000);
+}
+
+// One consumer per database slice, all in one group: a static membership id
+// given to all of them would make them fence each other.
+BOOST_AUTO_TEST_CASE(each_slice_gets_its_own_static_membership_id) {
+  const Config c = load_string(with_kafka("[kafka.consumer]\n\"group.instance.id\" = \"host-7\"\n"), "test.toml");
+  BOOST_TEST(idemsink::kafka::slice_consumer_config(c.kafka, 0).consumer_properties.at("group.instance.id") ==
+             "host-7");
+  BOOST_TEST(idemsink::kafka::slice_consumer_config(c.kafka, 1).consumer_properties.at("group.instance.id") ==
+             "host-7-1");
+  BOOST_TEST(idemsink::kafka::slice_consumer_config(c.kafka, 2).consumer_properties.at("group.instance.id") ==
+             "host-7-2");
+  BOOST_TEST(!idemsink::kafka::slice_consumer_config(load_string(kMinimal, "t.toml").kafka, 1)
+                  .consumer_properties.count("group.instance.id"));
 }

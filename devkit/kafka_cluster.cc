@@ -1,0 +1,242 @@
+#include "devkit/kafka_cluster.h"
+
+#include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace idemsink::devkit {
+namespace {
+
+// A KRaft cluster id: 16 random bytes in URL-safe base64 without padding.
+std::string random_cluster_id() {
+  static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::random_device rd;
+  unsigned char bytes[16];
+  for (auto& b : bytes) b = static_cast<unsigned char>(rd() & 0xFF);
+  std::string out;
+  int bits = 0, value = 0;
+  for (unsigned char b : bytes) {
+    value = (value << 8) | b;
+    bits += 8;
+    while (bits >= 6) {
+      out.push_back(alphabet[(value >> (bits - 6)) & 63]);
+      bits -= 6;
+    }
+  }
+  if (bits > 0) out.push_back(alphabet[(value << (6 - bits)) & 63]);
+  return out;  // 22 characters
+}
+
+bool port_accepts(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+constexpr const char* kLog4j =
+    "status = warn\n"
+    "appender.out.type = Console\n"
+    "appender.out.name = out\n"
+    "appender.out.layout.type = PatternLayout\n"
+    "appender.out.layout.pattern = [%d{yyyy-MM-dd HH:mm:ss,SSS}] %p %m (%c)%n\n"
+    "rootLogger.level = info\n"
+    "rootLogger.appenderRef.out.ref = out\n"
+    "logger.state.name = state.change.logger\n"
+    "logger.state.level = warn\n"
+    "logger.request.name = kafka.request.logger\n"
+    "logger.request.level = warn\n";
+
+}  // namespace
+
+std::filesystem::path KafkaCluster::libs_dir() {
+  if (const char* env = std::getenv("IDEMSINK_KAFKA_LIBS"); env && *env) return env;
+#ifdef IDEMSINK_KAFKA_LIBS_DIR
+  return IDEMSINK_KAFKA_LIBS_DIR;
+#else
+  return "build/kafka/libs";
+#endif
+}
+
+std::vector<std::string> KafkaCluster::java(const std::string& main_class, std::vector<std::string> args,
+                                            int heap_mb) const {
+  std::vector<std::string> argv{
+      "java", "-Xms" + std::to_string(heap_mb) + "m", "-Xmx" + std::to_string(heap_mb) + "m",
+      // Two cores for everything: a small collector and a JIT that starts fast.
+      "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData", "-Djava.awt.headless=true",
+      "-Dlog4j2.configurationFile=" + (dir_ / "log4j2.properties").string(), "-cp", classpath_, main_class};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-cluster") {
+  const auto libs = libs_dir();
+  if (!std::filesystem::is_directory(libs) || std::filesystem::is_empty(libs))
+    throw std::runtime_error("Kafka jars not found in " + libs.string() +
+                             ": run scripts/fetch-kafka (scripts/install-deps does), or set IDEMSINK_KAFKA_LIBS");
+  classpath_ = (libs / "*").string();
+  write_file(dir_ / "log4j2.properties", kLog4j);
+  if (opt_.nodes < 1) throw std::invalid_argument("a Kafka cluster needs at least one node");
+  for (int id = 1; id <= opt_.nodes; ++id)
+    nodes_.push_back(Node{id, free_port(), free_port(), dir_ / ("node" + std::to_string(id)), nullptr});
+  std::string voters, bootstrap;
+  for (const auto& n : nodes_) {
+    voters += (voters.empty() ? "" : ",") + std::to_string(n.id) + "@127.0.0.1:" + std::to_string(n.controller_port);
+    bootstrap += (bootstrap.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(n.client_port);
+  }
+  bootstrap_ = bootstrap;
+  const std::string cluster_id = random_cluster_id();
+  const int rf = replication(), isr = min_insync();
+  for (auto& n : nodes_) {
+    std::filesystem::create_directories(n.dir);
+    std::map<std::string, std::string> props{
+        {"process.roles", "broker,controller"},
+        {"node.id", std::to_string(n.id)},
+        {"controller.quorum.voters", voters},
+        {"listeners", "PLAINTEXT://127.0.0.1:" + std::to_string(n.client_port) +
+                          ",CONTROLLER://127.0.0.1:" + std::to_string(n.controller_port)},
+        {"advertised.listeners", "PLAINTEXT://127.0.0.1:" + std::to_string(n.client_port)},
+        {"controller.listener.names", "CONTROLLER"},
+        {"inter.broker.listener.name", "PLAINTEXT"},
+        {"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
+        {"log.dirs", (n.dir / "data").string()},
+        {"num.partitions", "1"},
+        {"default.replication.factor", std::to_string(rf)},
+        {"min.insync.replicas", std::to_string(isr)},
+        {"offsets.topic.replication.factor", std::to_string(rf)},
+        {"offsets.topic.num.partitions", "4"},
+        {"transaction.state.log.replication.factor", std::to_string(rf)},
+        {"transaction.state.log.min.isr", std::to_string(isr)},
+        {"transaction.state.log.num.partitions", "4"},
+        {"group.initial.rebalance.delay.ms", "0"},
+        {"auto.create.topics.enable", "false"},
+        {"unclean.leader.election.enable", "false"},
+        // Small segments and quick checks: retention and compaction act within seconds.
+        {"log.segment.bytes", "1048576"},
+        {"log.retention.check.interval.ms", "2000"},
+        {"log.cleaner.backoff.ms", "1000"},
+        {"log.initial.task.delay.ms", "1000"},
+        // Threads and memory for two shared cores.
+        {"num.network.threads", "2"},
+        {"num.io.threads", "2"},
+        {"background.threads", "2"},
+        {"num.replica.fetchers", "1"},
+        {"num.recovery.threads.per.data.dir", "1"},
+        {"log.cleaner.threads", "1"},
+        {"log.cleaner.dedupe.buffer.size", "8388608"},
+        {"replica.lag.time.max.ms", "10000"},
+        {"controller.quorum.election.timeout.ms", "1000"},
+        {"controller.quorum.fetch.timeout.ms", "2000"},
+        {"broker.heartbeat.interval.ms", "500"},
+        {"broker.session.timeout.ms", "6000"},
+    };
+    for (const auto& [k, v] : opt_.broker_properties) props[k] = v;
+    std::ostringstream os;
+    for (const auto& [k, v] : props) os << k << "=" << v << "\n";
+    write_file(n.dir / "server.properties", os.str());
+    Process format(java("kafka.tools.StorageTool",
+                        {"format", "-t", cluster_id, "-c", (n.dir / "server.properties").string()}, 128),
+                   n.dir / "format.out", n.dir / "format.err");
+    const auto rc = format.wait(std::chrono::seconds(120));
+    if (!rc || *rc != 0)
+      throw std::runtime_error("formatting Kafka node " + std::to_string(n.id) +
+                               " failed: " + read_file(n.dir / "format.out") + read_file(n.dir / "format.err"));
+  }
+  for (auto& n : nodes_) start(n);
+  for (auto& n : nodes_) wait_listening(n);
+  // Every broker registered with the quorum: the cluster's metadata lists them all.
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap_.c_str(), err, sizeof err);
+  rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (rk == nullptr) throw std::runtime_error(std::string("kafka cluster probe: ") + err);
+  int brokers = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const rd_kafka_metadata_t* md = nullptr;
+    if (rd_kafka_metadata(rk, 1, nullptr, &md, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      brokers = md->broker_cnt;
+      rd_kafka_metadata_destroy(md);
+      if (brokers == nodes() && active_controller() != 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  rd_kafka_destroy(rk);
+  if (brokers != nodes())
+    throw std::runtime_error("Kafka cluster: " + std::to_string(brokers) + " of " + std::to_string(nodes()) +
+                             " brokers registered within 90s; node 1 log:\n" + log_tail(1));
+}
+
+KafkaCluster::~KafkaCluster() {
+  // No clean shutdown is owed to scratch data: SIGKILL, at once.
+  for (auto& n : nodes_)
+    if (n.proc) n.proc->kill_now();
+}
+
+void KafkaCluster::start(Node& n) {
+  n.proc = std::make_unique<Process>(java("kafka.Kafka", {(n.dir / "server.properties").string()}, opt_.heap_mb),
+                                     n.dir / "server.log", n.dir / "server.err");
+}
+
+void KafkaCluster::wait_listening(Node& n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!port_accepts(n.client_port)) {
+    if (!n.proc->running())
+      throw std::runtime_error("Kafka node " + std::to_string(n.id) + " exited during start-up:\n" + log_tail(n.id) +
+                               read_file(n.dir / "server.err"));
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("Kafka node " + std::to_string(n.id) + " did not listen within 90s:\n" + log_tail(n.id));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void KafkaCluster::kill(int id) { nodes_.at(static_cast<size_t>(id - 1)).proc->kill_now(); }
+
+void KafkaCluster::restart(int id) {
+  Node& n = nodes_.at(static_cast<size_t>(id - 1));
+  if (n.proc && n.proc->running()) n.proc->kill_now();
+  start(n);
+  wait_listening(n);
+}
+
+bool KafkaCluster::running(int id) { return nodes_.at(static_cast<size_t>(id - 1)).proc->running(); }
+
+int KafkaCluster::active_controller() const {
+  // "[2026-12-01 17:20:05,123] INFO [RaftManager id=2] Completed transition to Leader(localId=2, epoch=3, ..."
+  static const std::regex leader(R"(^\[([0-9-]+ [0-9:,]+)\] INFO .*Completed transition to Leader\(localId=([0-9]+))");
+  std::string latest;
+  int id = 0;
+  for (const auto& n : nodes_) {
+    std::istringstream in(read_file(n.dir / "server.log"));
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line))
+      if (line.find("transition to Leader(") != std::string::npos && std::regex_search(line, m, leader) &&
+          m[1].str() >= latest) {
+        latest = m[1].str();
+        id = std::stoi(m[2].str());
+      }
+  }
+  return id;
+}
+
+std::string KafkaCluster::log_tail(int id, size_t bytes) const {
+  const std::string log = read_file(nodes_.at(static_cast<size_t>(id - 1)).dir / "server.log");
+  return log.size() > bytes ? "...\n" + log.substr(log.size() - bytes) : log;
+}
+
+}  // namespace idemsink::devkit
