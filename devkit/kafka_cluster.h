@@ -45,6 +45,10 @@ class KafkaCluster {
   int replication() const { return nodes() >= 3 ? 3 : nodes(); }
   int min_insync() const { return nodes() >= 3 ? 2 : 1; }
 
+  /// Creates a topic replicated replication() times with min.insync.replicas
+  /// min_insync() (and `configs`), and waits until every partition has a leader.
+  void create_topic(const std::string& name, int partitions, const std::map<std::string, std::string>& configs = {});
+
   /// SIGKILL node `id` (1-based); its data stays.
   void kill(int id);
   /// Starts a killed or stopped node again on its ports and data; returns
@@ -74,6 +78,8 @@ class KafkaCluster {
   std::vector<std::string> java(const std::string& main_class, std::vector<std::string> args, int heap_mb) const;
 
   Options opt_;
+  struct AdminClient;
+  std::unique_ptr<AdminClient> admin_;  // for create_topic, made on first use
   ScratchDir dir_;
   std::string classpath_;
   std::string bootstrap_;

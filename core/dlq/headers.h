@@ -38,6 +38,8 @@ inline constexpr const char* kPayloadCut = "idemsink.payload_cut";
 /// The database refused the record's row (reason db_rejected): MariaDB's code
 /// and message. The DLQ copy then carries no payload.
 inline constexpr const char* kDbError = "idemsink.db_error";
+/// Offsets lost to retention (outbox purpose 4): the end of the range (exclusive).
+inline constexpr const char* kLostTo = "idemsink.lost_to";
 /// The outbox row's id: a consumer that must drop a rare repeat keys on it.
 inline constexpr const char* kOutboxId = "idemsink.outbox_id";
 // Retry-topic forwards only.

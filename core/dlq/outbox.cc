@@ -71,7 +71,7 @@ const char* Outbox::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
   id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   route           VARBINARY(64)   NOT NULL,
-    purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic, 3 replay to the source topic',
+    purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic, 3 replay to the source topic, 4 offsets lost to retention',
   dlq_topic       VARCHAR(249)    NOT NULL COMMENT 'where it is published (a retry topic for a forward)',
   biz_key         VARBINARY(255)  NULL,
   reason          VARCHAR(64)     NOT NULL COMMENT 'machine-readable failure class',
@@ -130,6 +130,7 @@ const char* purpose_code(Purpose p) {
     case Purpose::DeadLetter: return "1";
     case Purpose::Forward: return "2";
     case Purpose::Replay: return "3";
+    case Purpose::Lost: return "4";
   }
   return "1";
 }
@@ -229,7 +230,10 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
     d.first_failure_ms = std::stoll(*r[15]);
     d.last_failure_ms = std::stoll(*r[16]);
     d.host = *r[17];
-    d.purpose = *r[18] == "3" ? Purpose::Replay : *r[18] == "2" ? Purpose::Forward : Purpose::DeadLetter;
+    d.purpose = *r[18] == "4"   ? Purpose::Lost
+                : *r[18] == "3" ? Purpose::Replay
+                : *r[18] == "2" ? Purpose::Forward
+                                : Purpose::DeadLetter;
     out.push_back(std::move(d));
   }
   return out;

@@ -7,6 +7,10 @@
 //                beyond the replay horizon) gets only the row
 //   forward      a record moving on to its next retry topic gets its row in
 //                the transaction that releases its claim
+//   lost         offsets [src_offset, lost_to) of a partition that Kafka deleted
+//                by retention before the group read them: no record, no
+//                outcome; written before the commit passes them, listed by
+//                `idemsink audit`, never published
 //   held         an unknown record of a route whose plugin can reconcile: its
 //                row (the payload a re-drive needs) is held back for
 //                claim.unknown_dlq_after, and published only if the claim is
@@ -45,6 +49,7 @@ enum class Purpose {
   DeadLetter,  ///< to the route's DLQ topic
   Forward,     ///< to the route's next retry topic
   Replay,      ///< back to the route's source topic: an operator replays a dead record
+  Lost,        ///< not a record: offsets Kafka deleted by retention before they were read (never published)
 };
 
 /// One outbox row.

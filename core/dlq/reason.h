@@ -29,6 +29,8 @@ enum class Reason {
   NoClaimPartition,  ///< the record's month has no claim partition and schema changes are off
   // Not a dead letter: the record moves on to its next retry topic
   Retry,
+  // Not a record: offsets Kafka deleted by retention before they were read
+  DeletedByRetention,
 };
 
 const char* to_string(Reason r);

@@ -17,6 +17,7 @@ const char* purpose_name(Purpose p) {
     case Purpose::DeadLetter: return "dead letter";
     case Purpose::Forward: return "forward to a retry topic";
     case Purpose::Replay: return "replay";
+    case Purpose::Lost: return "lost offsets";
   }
   return "?";
 }

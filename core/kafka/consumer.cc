@@ -115,8 +115,6 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   rd_kafka_poll_set_consumer(rk);
   queue_ = rd_kafka_queue_get_consumer(rk);
   must_wait_first_assignment_ = rd_kafka_version() < kStickyCloseFixed && cooperative_sticky(cfg);
-  const std::string reset = props["auto.offset.reset"];
-  starts_at_end_ = reset == "latest" || reset == "largest" || reset == "end";
 }
 
 Consumer::~Consumer() {
@@ -211,7 +209,7 @@ bool Consumer::admit(rd_kafka_message_t* m) {
     s.rereading_from.reset();
     if (offset > from) {
       flush();
-      listener_.on_gap({tp, from, offset, true});
+      report_hole(tp, from, offset);
     } else if (offset == from && s.gap_end > from) {
       spdlog::warn("kafka: {}[{}]: the first read jumped from offset {} to {}; the re-read delivered them", tp.topic,
                    tp.partition, from, s.gap_end);
@@ -228,6 +226,51 @@ bool Consumer::admit(rd_kafka_message_t* m) {
   if (!s.next || offset >= *s.next) s.next = offset + 1;
   s.last_progress = std::chrono::steady_clock::now();
   return true;
+}
+
+void Consumer::report_hole(const TopicPartition& tp, int64_t from, int64_t to) {
+  // Offsets below the partition's log start were deleted by retention,
+  // whatever they held. The log start comes with every fetch response: the
+  // one that delivered the record after the hole is recent enough. On a
+  // topic that only compacts, a record below the log start was superseded
+  // by a later one of its key: an ordinary hole.
+  int64_t low = -1, high = -1;
+  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high) !=
+          RD_KAFKA_RESP_ERR_NO_ERROR ||
+      (low > from && !deletes_by_retention(tp.topic)))
+    low = -1;
+  listener_.on_gap({tp, from, to, true, low});
+}
+
+bool Consumer::deletes_by_retention(const std::string& topic) {
+  if (auto it = cleanup_deletes_.find(topic); it != cleanup_deletes_.end()) return it->second;
+  // The topic's cleanup.policy, asked once (rare: only for a hole below the
+  // log start). Unknown counts as "delete": a loss is reported, never hidden.
+  bool deletes = true;
+  rd_kafka_ConfigResource_t* res = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic.c_str());
+  rd_kafka_queue_t* q = rd_kafka_queue_new(rk_.get());
+  rd_kafka_DescribeConfigs(rk_.get(), &res, 1, nullptr, q);
+  if (rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 5000)) {
+    if (const rd_kafka_DescribeConfigs_result_t* result = rd_kafka_event_DescribeConfigs_result(ev);
+        result && !rd_kafka_event_error(ev)) {
+      size_t n = 0;
+      const rd_kafka_ConfigResource_t** resources = rd_kafka_DescribeConfigs_result_resources(result, &n);
+      for (size_t i = 0; i < n; ++i) {
+        size_t m = 0;
+        const rd_kafka_ConfigEntry_t** entries = rd_kafka_ConfigResource_configs(resources[i], &m);
+        for (size_t j = 0; j < m; ++j)
+          if (std::strcmp(rd_kafka_ConfigEntry_name(entries[j]), "cleanup.policy") == 0 &&
+              rd_kafka_ConfigEntry_value(entries[j]) != nullptr) {
+            deletes = std::strstr(rd_kafka_ConfigEntry_value(entries[j]), "delete") != nullptr;
+            cleanup_deletes_[topic] = deletes;
+          }
+      }
+    }
+    rd_kafka_event_destroy(ev);
+  }
+  rd_kafka_queue_destroy(q);
+  rd_kafka_ConfigResource_destroy(res);
+  return deletes;
 }
 
 void Consumer::seek_stream(const TopicPartition& tp, Stream& s, int64_t offset) {
@@ -267,7 +310,7 @@ void Consumer::check_streams() {
             s.rereading_from.reset();
             s.next = pos;
             s.last_progress = now;
-            listener_.on_gap({tp, from, pos, true});
+            report_hole(tp, from, pos);
           }
         } else if (pos > *s.next) {
           s.gap_end = pos;
@@ -405,8 +448,11 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
     // The group's committed offsets: where each partition's records must
     // start, and its lag until the first record arrives.
     std::vector<TopicPartitionOffset> committed = self->read_committed(tps);
+    // A partition the group never committed starts where auto.offset.reset
+    // puts it, found by librdkafka: its first record sets the start. (Asking
+    // the broker here would block the rebalance on a partition whose leader
+    // just died.)
     for (auto& c : committed) {
-      if (c.offset == RD_KAFKA_OFFSET_INVALID) c.offset = self->start_without_commit(c.tp);
       Stream s;
       if (c.offset >= 0) s.next = c.offset;
       self->streams_[c.tp] = s;
@@ -544,15 +590,6 @@ std::vector<TopicPartitionOffset> Consumer::read_committed(const std::vector<Top
       "their first records set the start",
       describe(unknown), std::chrono::duration_cast<std::chrono::seconds>(kCommittedReadFor).count(), last_error);
   return out;
-}
-
-int64_t Consumer::start_without_commit(const TopicPartition& tp) {
-  // Where auto.offset.reset starts a partition the group never committed.
-  int64_t low = 0, high = 0;
-  if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, kSeekTimeoutMs) !=
-      RD_KAFKA_RESP_ERR_NO_ERROR)
-    return RD_KAFKA_OFFSET_INVALID;  // the first record sets the start
-  return starts_at_end_ ? high : low;
 }
 
 std::optional<Consumer::Watermarks> Consumer::watermarks(const TopicPartition& tp) {

@@ -58,6 +58,10 @@ class Consumer {
     /// true: a re-read confirmed no record there (a hole the commit may pass);
     /// false: the re-read delivered records the first read had skipped.
     bool absent = false;
+    /// The partition's first offset when the hole was confirmed: the offsets
+    /// [from, min(to, log_start)) were deleted by retention before they were
+    /// read (not a transaction marker, not compaction). -1 when unknown.
+    int64_t log_start = -1;
   };
 
   class Listener {
@@ -73,7 +77,8 @@ class Consumer {
     virtual void on_stall(const TopicPartition& tp, int64_t from, int64_t end) = 0;
     /// Partitions newly assigned (poll thread, inside the rebalance), each
     /// with the offset its records start at: the group's committed offset,
-    /// or where auto.offset.reset starts it (RD_KAFKA_OFFSET_INVALID: unknown).
+    /// or RD_KAFKA_OFFSET_INVALID when there is none (or it could not be
+    /// read): then auto.offset.reset places it and its first record sets the start.
     virtual void on_assigned(const std::vector<TopicPartitionOffset>& starts) = 0;
     /// Partitions being taken away (poll thread, inside the rebalance): block
     /// until their in-flight work is drained or the grace period passed, and
@@ -154,9 +159,12 @@ class Consumer {
   /// The group's committed offsets of newly assigned partitions, read with
   /// retries (RD_KAFKA_OFFSET_INVALID: never committed).
   std::vector<TopicPartitionOffset> read_committed(const std::vector<TopicPartition>& tps);
-  int64_t start_without_commit(const TopicPartition& tp);
   /// Whether a polled record goes to the listener; starts or settles a re-read.
   bool admit(rd_kafka_message_t* m);
+  /// Reports a hole a re-read confirmed, with the partition's log start.
+  void report_hole(const TopicPartition& tp, int64_t from, int64_t to);
+  /// Whether the topic's cleanup.policy deletes old segments (cached).
+  bool deletes_by_retention(const std::string& topic);
   /// Retries failed seeks, finds holes from the positions, detects stalls.
   void check_streams();
   void check_stalls(std::chrono::steady_clock::time_point now);
@@ -171,7 +179,6 @@ class Consumer {
   HandlePtr rk_;
   rd_kafka_queue_t* queue_ = nullptr;
   bool must_wait_first_assignment_ = false;  // librdkafka < 2.3 with cooperative-sticky
-  bool starts_at_end_ = false;               // auto.offset.reset = latest
   std::atomic<bool> stop_{false};
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> first_rebalance_seen_{false};
@@ -186,7 +193,8 @@ class Consumer {
   Batch batch_;
   uint64_t seeks_applied_ = 0;
   std::map<TopicPartition, Stream> streams_;
-  std::set<TopicPartition> paused_;  // as told to librdkafka
+  std::map<std::string, bool> cleanup_deletes_;  // topic -> cleanup.policy has "delete"
+  std::set<TopicPartition> paused_;              // as told to librdkafka
   std::chrono::steady_clock::time_point next_stream_check_{};
 };
 

@@ -6,6 +6,8 @@
 #include <set>
 
 #include "core/db/connection.h"
+#include "core/dlq/headers.h"
+#include "core/dlq/outbox.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
 #include "core/pipeline/key_extractor.h"
@@ -124,6 +126,15 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
       rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
       index[p] = first + static_cast<size_t>(p);
     }
+    // Ranges the host found deleted before it read them (outbox purpose 4).
+    for (auto& r : db.query("SELECT src_offset, msg_headers, host, created_at FROM idemsink_dlq_outbox WHERE route = " +
+                            Connection::hex(route.name) + " AND purpose = 4 AND src_topic = " + db.quote(topic) +
+                            " AND src_partition = " + std::to_string(p) + " ORDER BY src_offset")) {
+      int64_t to = std::stoll(*r[0]) + 1;
+      for (const auto& h : dlq::decode_headers(r[1].value_or("")))
+        if (h.name == dlq::headers::kLostTo && h.value) to = std::stoll(*h.value);
+      pa.lost.push_back({std::stoll(*r[0]), to, "noted by host " + r[2].value_or("?") + " at " + r[3].value_or("?")});
+    }
     report.partitions.push_back(std::move(pa));
   }
   if (index.empty()) return;
@@ -163,22 +174,29 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
 
 bool AuditReport::ok() const {
   for (const auto& p : partitions)
-    if (!p.missing.empty()) return false;
+    if (!p.missing.empty() || !p.lost.empty()) return false;
   return true;
 }
 
 void AuditReport::print(std::ostream& os) const {
-  int64_t consumed = 0, missing = 0;
+  int64_t consumed = 0, missing = 0, lost = 0;
   for (const auto& p : partitions) {
     os << p.topic << "[" << p.partition << "] offsets " << p.low << ".." << p.committed << ": " << p.consumed
        << " records, " << p.by_claim << " by claim, " << p.by_outbox << " by DLQ outbox";
     if (!p.missing.empty()) os << ", " << p.missing.size() << " UNACCOUNTED at offsets " << ranges(p.missing, 20);
     os << "\n";
+    for (const auto& l : p.lost) {
+      os << p.topic << "[" << p.partition << "] offsets " << l.from << ".." << l.to - 1 << ": " << l.to - l.from
+         << " record(s) LOST: deleted by retention before the group read them (" << l.noted << ")\n";
+      lost += l.to - l.from;
+    }
     consumed += p.consumed;
     missing += static_cast<int64_t>(p.missing.size());
   }
-  os << (missing == 0 ? "audit ok: " : "audit FAILED: ") << consumed << " committed records, " << missing
-     << " unaccounted\n";
+  os << (missing == 0 && lost == 0 ? "audit ok: " : "audit FAILED: ") << consumed << " committed records, " << missing
+     << " unaccounted";
+  if (lost > 0) os << ", " << lost << " lost to retention before they were read";
+  os << "\n";
 }
 
 AuditReport audit(const config::Config& cfg) {

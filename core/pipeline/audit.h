@@ -22,6 +22,14 @@ struct PartitionAudit {
   int64_t by_claim = 0;
   int64_t by_outbox = 0;
   std::vector<int64_t> missing;  // offsets accounted for by nothing
+  /// Offset ranges [from, to) Kafka deleted by retention before the group
+  /// read them, as the host recorded them, with who and when.
+  struct Lost {
+    int64_t from;
+    int64_t to;
+    std::string noted;
+  };
+  std::vector<Lost> lost;
 };
 
 struct AuditReport {

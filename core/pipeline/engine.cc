@@ -169,7 +169,37 @@ void Engine::on_messages(kafka::Consumer::Batch batch) {
 }
 
 void Engine::on_gap(const kafka::Consumer::Gap& gap) {
-  asio::post(io_, [this, gap] { partitions_.hole(gap); });
+  asio::post(io_, [this, gap] {
+    if (auto lost = partitions_.hole(gap)) record_lost(std::move(*lost));
+  });
+}
+
+void Engine::record_lost(Partitions::Lost lost) {
+  // Written like a dead letter (an outbox row, never published), so the loss
+  // is on record before the commit passes it; the range's first offset
+  // stands for it in the partition's commit point until then.
+  auto it = route_by_topic_.find(lost.part->tp.topic);
+  if (it == route_by_topic_.end()) return;
+  dlq::Letter d;
+  d.purpose = dlq::Purpose::Lost;
+  d.route = it->second.route->cfg.name;
+  d.reason = dlq::to_string(dlq::Reason::DeletedByRetention);
+  d.error = "offsets " + std::to_string(lost.from) + ".." + std::to_string(lost.to - 1) +
+            " deleted by retention before the group read them";
+  d.src_topic = lost.part->tp.topic;
+  d.src_partition = lost.part->tp.partition;
+  d.src_offset = lost.from;
+  d.headers.push_back({dlq::headers::kLostTo, std::to_string(lost.to)});
+  d.timestamp_ms = d.first_failure_ms = d.last_failure_ms = wall_clock_ms();
+  d.host = cfg_.host.id;
+  pool_.submit("record offsets lost to retention",
+               [this, d = std::move(d), lost = std::move(lost)](db::Connection& c) mutable {
+                 outbox_.insert(c, std::span<const dlq::Letter>(&d, 1));
+                 asio::post(io_, [this, lost = std::move(lost)] {
+                   lost.part->tracker.complete(lost.from);
+                   partitions_.record_ended(*lost.part);
+                 });
+               });
 }
 
 void Engine::on_stall(const kafka::TopicPartition& tp, int64_t, int64_t) {

@@ -129,6 +129,8 @@ class Engine : public kafka::Consumer::Listener {
   /// Gives up on recording a record: its claim is handed back, its offset not committed.
   void let_go(Record& r, OutcomeWriter::Kind kind, const std::string& error);
   void refresh_gauges();
+  /// Offsets Kafka deleted before they were read: on record, then committed past.
+  void record_lost(Partitions::Lost lost);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;

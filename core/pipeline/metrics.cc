@@ -232,6 +232,10 @@ std::string Metrics::prometheus() const {
       {"idemsink_offset_skips_recovered_total", "counter",
        "Jumps of the consumer over existing records, caught and re-read.", false,
        [](const PartitionMetrics& p) { return static_cast<int64_t>(p.skips_recovered.load()); }},
+      {"idemsink_records_lost_to_retention_total", "counter",
+       "Offsets Kafka deleted by retention before this group consumed them: records no outcome exists for (alert "
+       "on it; idemsink audit lists them).",
+       false, [](const PartitionMetrics& p) { return static_cast<int64_t>(p.lost_to_retention.load()); }},
   };
   for (const auto& series : kPartitionSeries) {
     family(series.name, series.type, series.help);

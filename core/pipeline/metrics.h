@@ -64,8 +64,9 @@ struct PartitionMetrics {
   std::atomic<int64_t> lag{0};      // high watermark - commit point (the committed offset before any record)
   std::atomic<int64_t> stalled{0};  // 1 while the partition is stalled
   std::atomic<uint64_t> stalls{0};
-  std::atomic<uint64_t> gaps{0};             // verified holes (transaction markers, compaction) the commit passed
-  std::atomic<uint64_t> skips_recovered{0};  // jumps of the consumer that a re-read filled with records
+  std::atomic<uint64_t> gaps{0};               // verified holes (transaction markers, compaction) the commit passed
+  std::atomic<uint64_t> skips_recovered{0};    // jumps of the consumer that a re-read filled with records
+  std::atomic<uint64_t> lost_to_retention{0};  // offsets deleted by retention before the group consumed them
 };
 
 /// What one database's slice of the host measures: the engine, consumer,

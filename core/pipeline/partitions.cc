@@ -160,22 +160,38 @@ bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_mes
   return true;
 }
 
-void Partitions::hole(const kafka::Consumer::Gap& gap) {
+std::optional<Partitions::Lost> Partitions::hole(const kafka::Consumer::Gap& gap) {
   auto part = active(gap.tp);
-  if (!part) return;
+  if (!part) return std::nullopt;
   if (!gap.absent) {
     part->metrics->skips_recovered.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return std::nullopt;
   }
   // Only a hole that starts where this partition stands may be passed; one
   // found before our own seek of the partition (a retry hold) is stale.
-  if (part->tracker.next_expected() != gap.from) return;
+  if (part->tracker.next_expected() != gap.from) return std::nullopt;
+  if (gap.log_start > gap.from) {
+    // Never a silent skip: the first offset stands for the range, not
+    // durable until the loss is recorded, so the commit waits for that.
+    const int64_t lost_to = std::min(gap.to, gap.log_start);
+    part->tracker.add(gap.from);
+    part->tracker.skip_to(gap.to);
+    ++part->in_pipeline;  // a revocation waits for the record of the loss too
+    part->metrics->lost_to_retention.fetch_add(static_cast<uint64_t>(lost_to - gap.from), std::memory_order_relaxed);
+    spdlog::error(
+        "kafka: {}[{}] offsets {}..{} were deleted by retention before this group read them: {} record(s) the "
+        "pipeline never saw (no outcome exists for them); recorded for `idemsink audit`; the partition goes on from "
+        "offset {}",
+        gap.tp.topic, gap.tp.partition, gap.from, lost_to - 1, lost_to - gap.from, gap.to);
+    return Lost{part, gap.from, lost_to};
+  }
   part->tracker.skip_to(gap.to);
   part->metrics->gaps.fetch_add(1, std::memory_order_relaxed);
   spdlog::info(
-      "kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers, "
-      "compaction, or records deleted by retention); the commit passes them",
+      "kafka: {}[{}] offsets {}..{} hold no records (a re-read confirmed it: transaction markers or "
+      "compaction); the commit passes them",
       gap.tp.topic, gap.tp.partition, gap.from, gap.to - 1);
+  return std::nullopt;
 }
 
 void Partitions::stalled(const kafka::TopicPartition& tp) {

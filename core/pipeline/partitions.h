@@ -18,6 +18,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/config/config.h"
@@ -55,8 +56,17 @@ class Partitions {
   bool take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
             bool retry_topic);
 
-  /// A hole a re-read confirmed: the commit may pass it.
-  void hole(const kafka::Consumer::Gap& gap);
+  /// Offsets Kafka deleted by retention before this group read them: no
+  /// outcome will ever exist for them. The commit point stays at `from`
+  /// until the loss is recorded (Engine), then passes it.
+  struct Lost {
+    std::shared_ptr<Partition> part;
+    int64_t from = 0;
+    int64_t to = 0;  // exclusive
+  };
+  /// A hole a re-read confirmed: the commit may pass it; a part of it below
+  /// the partition's log start comes back as Lost, to be recorded first.
+  std::optional<Lost> hole(const kafka::Consumer::Gap& gap);
   void stalled(const kafka::TopicPartition& tp);
   /// Reads the partition again from `offset`; records polled before are stale.
   void rewind(Partition& part, int64_t offset);

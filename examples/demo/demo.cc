@@ -1,6 +1,7 @@
 // idemsink-demo: the main job, end to end on one machine.
 //
-// Starts a scratch MariaDB, the embedded Kafka (`idemsink dev-kafka`) and
+// Starts a scratch MariaDB, the embedded Kafka (`idemsink dev-kafka`; with
+// `--kafka real`, three Apache Kafka brokers in KRaft mode) and
 // the fake external services with the seed's latencies and faults, runs the
 // host on conf/demo.toml, and feeds it an order stream: every order becomes
 // a waybill, an inventory reservation, an SMS and a ledger credit, with
@@ -26,6 +27,7 @@
 
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
+#include "devkit/kafka_cluster.h"
 #include "devkit/services.h"
 
 namespace po = boost::program_options;
@@ -163,7 +165,9 @@ int main(int argc, char** argv) {
       "kill-at", po::value<double>()->default_value(0.5), "SIGKILL the host after this share of the feed (0 = never)")(
       "seed", po::value<uint64_t>()->default_value(2026), "random seed")(
       "config", po::value<std::string>()->default_value(IDEMSINK_DEMO_CONFIG), "host config")(
-      "keep", "keep the scratch directories (logs, data) after the run");
+      "kafka", po::value<std::string>()->default_value("mock"),
+      "mock: librdkafka's mock cluster (embedded, starts at once); real: Apache Kafka, 3 brokers in KRaft mode "
+      "(scripts/fetch-kafka's jars, Java 17)")("keep", "keep the scratch directories (logs, data) after the run");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -190,23 +194,37 @@ int main(int argc, char** argv) {
     say("starting a scratch MariaDB, the embedded Kafka and the fake services...");
     MariaDbServer& mariadb = MariaDbServer::shared();
     mariadb.fresh_database("idemsink_demo");
-    std::vector<std::string> topics_args;
-    for (const auto& r : kRoutes) {
-      topics_args.insert(topics_args.end(), {"--topic", r.topic + ":" + std::to_string(r.partitions)});
-      topics_args.insert(topics_args.end(), {"--topic", r.topic + ".dlq:1"});
+    const std::string backend = vm["kafka"].as<std::string>();
+    if (backend != "mock" && backend != "real") throw std::invalid_argument("--kafka takes mock or real");
+    std::unique_ptr<DevKafka> mock;
+    std::unique_ptr<KafkaCluster> real;
+    if (backend == "real") {
+      say("starting Apache Kafka: 3 brokers in KRaft mode, replication 3, min.insync.replicas 2...");
+      real = std::make_unique<KafkaCluster>(KafkaCluster::Options{});
+      for (const auto& r : kRoutes) {
+        real->create_topic(r.topic, r.partitions);
+        real->create_topic(r.topic + ".dlq", 1);
+      }
+    } else {
+      std::vector<std::string> topics_args;
+      for (const auto& r : kRoutes) {
+        topics_args.insert(topics_args.end(), {"--topic", r.topic + ":" + std::to_string(r.partitions)});
+        topics_args.insert(topics_args.end(), {"--topic", r.topic + ".dlq:1"});
+      }
+      mock = std::make_unique<DevKafka>(IDEMSINK_BINARY, topics_args);
     }
-    DevKafka kafka(IDEMSINK_BINARY, topics_args);
+    const std::string bootstrap = real ? real->bootstrap() : mock->bootstrap();
     // Seed 002's remote calls: P99 350 ms, with timeouts after applying,
     // 5xx before applying and business rejections.
     const std::string remote =
         "latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.02,error_5xx=0.02,reject_4xx=0.005";
     FakeServices services(IDEMSINK_FAKE_SERVICES, {"--hold", "2500", "--faults", "waybill:" + remote, "--faults",
                                                    "inventory:" + remote, "--faults", "sms:" + remote});
-    say("MariaDB on 127.0.0.1:" + std::to_string(mariadb.port()) + ", Kafka at " + kafka.bootstrap() +
-        ", services at " + services.url());
+    say("MariaDB on 127.0.0.1:" + std::to_string(mariadb.port()) + ", Kafka at " + bootstrap + ", services at " +
+        services.url());
 
     const int admin_port = free_port();
-    const std::map<std::string, std::string> env{{"IDEMSINK_DEMO_KAFKA", kafka.bootstrap()},
+    const std::map<std::string, std::string> env{{"IDEMSINK_DEMO_KAFKA", bootstrap},
                                                  {"IDEMSINK_DEMO_DB_SOCKET", mariadb.socket()},
                                                  {"IDEMSINK_DEMO_SERVICES", services.url()},
                                                  {"IDEMSINK_DEMO_ADMIN", "127.0.0.1:" + std::to_string(admin_port)},
@@ -225,7 +243,7 @@ int main(int argc, char** argv) {
         ")");
 
     // The feed runs on its own thread while this one reports progress.
-    Producer producer(kafka.bootstrap());
+    Producer producer(bootstrap);
     std::atomic<int64_t> produced{0}, poison_sent{0};
     std::atomic<bool> feed_done{false};
     const int64_t expected_total = static_cast<int64_t>(orders * kRoutes.size() * (1 + vm["duplicates"].as<double>()));
@@ -270,7 +288,7 @@ int main(int argc, char** argv) {
       feed_done = true;
     });
 
-    Offsets offsets(kafka.bootstrap(), producer.handle());
+    Offsets offsets(bootstrap, producer.handle());
     const double kill_at = vm["kill-at"].as<double>();
     bool killed = false;
     int64_t last_done = 0;

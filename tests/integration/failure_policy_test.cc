@@ -158,7 +158,7 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   BOOST_TEST(host.stop() == 0);
 }
 
-BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing) {
+BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing, *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("policy_dlq_outage");
   TestKafka kafka;
   kafka.create_topic("orders", 2);

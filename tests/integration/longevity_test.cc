@@ -202,7 +202,8 @@ BOOST_AUTO_TEST_CASE(without_schema_changes_a_record_with_no_claim_partition_is_
 
 // 600 DLQ rows Kafka refuses for good (the DLQ topic is not authorised) are
 // set aside; a dead record of another route is published within seconds.
-BOOST_AUTO_TEST_CASE(unpublishable_dlq_rows_are_set_aside_and_later_rows_flow) {
+BOOST_AUTO_TEST_CASE(unpublishable_dlq_rows_are_set_aside_and_later_rows_flow,
+                     *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("longevity_unpublishable");
   TestKafka kafka;
   for (const std::string t : {"bad", "bad.dlq", "good", "good.dlq"}) kafka.create_topic(t, 1);

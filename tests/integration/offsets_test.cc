@@ -108,7 +108,7 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
 // Transaction markers leave offsets without records, in the middle of a
 // partition and at its end. The commit passes them only once a re-read has
 // confirmed them, and reaches the high watermark.
-BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past) {
+BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("offsets_holes");
   TestKafka kafka;
   kafka.create_topic("orders", 2);

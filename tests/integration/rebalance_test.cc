@@ -86,7 +86,8 @@ BOOST_AUTO_TEST_CASE(cooperative_sticky_rebalance_hands_over_without_duplicates)
 // after its JoinGroup answer but before its SyncGroup answer (its first
 // assignment). A host restarted after a crash and stopped at once meets that
 // window while the group waits out the dead member: it must drain and exit 0.
-BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment_exits_cleanly) {
+BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment_exits_cleanly,
+                     *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("rebalance_early_stop");
   TestKafka kafka;
   kafka.create_topic("orders", 6);

@@ -180,7 +180,8 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
 // auto.offset.reset = latest starts on a partition with a commit and 50 new
 // records behind it. The start must be the committed offset (read again),
 // never the end of the partition: all 150 records are claimed once.
-BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed) {
+BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed,
+                     *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("wedge_offset_fetch");
   TestKafka kafka;
   kafka.create_topic("orders", 1);
@@ -339,7 +340,8 @@ BOOST_AUTO_TEST_CASE(one_database_down_at_start_stalls_only_its_routes) {
 // under way). Dead letters bound for it wait; everything else the relay
 // carries goes on: the other partition's letters, and the forwards to the
 // retry topic written after the stuck letters, whose records finish.
-BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_letters) {
+BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_letters,
+                     *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("wedge_relay_partition");
   TestKafka kafka;
   kafka.create_topic("orders", 1);
@@ -402,7 +404,7 @@ BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_le
 // first forward: its metadata had not reached the broker). Its forwards wait
 // instead of being set aside, and go once the topic exists; a record is never
 // left pending with its offset committed and nothing on its way.
-BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it) {
+BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it, *boost::unit_test::precondition(mock_only)) {
   auto db = MariaDbServer::shared().fresh_database("wedge_relay_unknown_topic");
   TestKafka kafka;
   kafka.create_topic("orders", 1);

@@ -83,50 +83,7 @@ void TestKafka::create_topic(const std::string& name, int partitions,
     command("create_topic " + name + " " + std::to_string(partitions));
     return;
   }
-  rd_kafka_NewTopic_t* topic = rd_kafka_NewTopic_new(name.c_str(), partitions, real_->replication(), nullptr, 0);
-  std::map<std::string, std::string> all{{"min.insync.replicas", std::to_string(real_->min_insync())}};
-  for (const auto& [k, v] : configs) all[k] = v;
-  for (const auto& [k, v] : all) rd_kafka_NewTopic_set_config(topic, k.c_str(), v.c_str());
-  rd_kafka_queue_t* q = rd_kafka_queue_new(producer_);
-  rd_kafka_CreateTopics(producer_, &topic, 1, nullptr, q);
-  rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 60000);
-  std::string problem = ev == nullptr ? "no answer within 60s" : "";
-  if (ev != nullptr) {
-    if (rd_kafka_event_error(ev)) {
-      problem = rd_kafka_event_error_string(ev);
-    } else if (const rd_kafka_CreateTopics_result_t* res = rd_kafka_event_CreateTopics_result(ev)) {
-      size_t n = 0;
-      const rd_kafka_topic_result_t** results = rd_kafka_CreateTopics_result_topics(res, &n);
-      for (size_t i = 0; i < n; ++i)
-        if (rd_kafka_topic_result_error(results[i]))
-          problem =
-              rd_kafka_topic_result_error_string(results[i]) ? rd_kafka_topic_result_error_string(results[i]) : "error";
-    }
-    rd_kafka_event_destroy(ev);
-  }
-  rd_kafka_queue_destroy(q);
-  rd_kafka_NewTopic_destroy(topic);
-  if (!problem.empty()) throw std::runtime_error("create_topic " + name + ": " + problem);
-  // Created is not yet served: wait until every partition has a leader.
-  rd_kafka_topic_t* rkt = rd_kafka_topic_new(producer_, name.c_str(), nullptr);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    const rd_kafka_metadata_t* md = nullptr;
-    bool ready = false;
-    if (rd_kafka_metadata(producer_, 0, rkt, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      ready = md->topic_cnt == 1 && md->topics[0].err == 0 && md->topics[0].partition_cnt == partitions;
-      for (int p = 0; ready && p < md->topics[0].partition_cnt; ++p)
-        ready = md->topics[0].partitions[p].leader >= 0 && md->topics[0].partitions[p].err == 0;
-      rd_kafka_metadata_destroy(md);
-    }
-    if (ready) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      rd_kafka_topic_destroy(rkt);
-      throw std::runtime_error("create_topic " + name + ": partitions without a leader after 60s");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  rd_kafka_topic_destroy(rkt);
+  real_->create_topic(name, partitions, configs);
 }
 
 void TestKafka::produce_transaction(const std::string& topic, const std::vector<TestMessage>& msgs, bool commit) {
@@ -179,6 +136,28 @@ std::map<int32_t, int32_t> TestKafka::leaders(const std::string& topic) {
       out[md->topics[0].partitions[i].id] = md->topics[0].partitions[i].leader;
   rd_kafka_metadata_destroy(md);
   return out;
+}
+
+int64_t TestKafka::low_watermark(const std::string& topic, int32_t partition) {
+  int64_t lo = 0, hi = 0;
+  if (auto err = rd_kafka_query_watermark_offsets(producer_, topic.c_str(), partition, &lo, &hi, 10000))
+    throw std::runtime_error(std::string("watermarks: ") + rd_kafka_err2str(err));
+  return lo;
+}
+
+void TestKafka::set_topic_configs(const std::string& topic, const std::map<std::string, std::string>& configs) {
+  if (mock_) throw std::logic_error("set_topic_configs needs the real cluster");
+  rd_kafka_ConfigResource_t* res = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic.c_str());
+  for (const auto& [k, v] : configs) rd_kafka_ConfigResource_set_config(res, k.c_str(), v.c_str());
+  rd_kafka_queue_t* q = rd_kafka_queue_new(producer_);
+  rd_kafka_AlterConfigs(producer_, &res, 1, nullptr, q);
+  rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 60000);
+  std::string problem = ev == nullptr ? "no answer within 60s" : "";
+  if (ev != nullptr && rd_kafka_event_error(ev)) problem = rd_kafka_event_error_string(ev);
+  if (ev != nullptr) rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_ConfigResource_destroy(res);
+  if (!problem.empty()) throw std::runtime_error("set_topic_configs " + topic + ": " + problem);
 }
 
 void TestKafka::broker_down(int id) {

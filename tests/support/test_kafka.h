@@ -83,6 +83,11 @@ class TestKafka {
   void produce_transaction(const std::string& topic, const std::vector<TestMessage>& msgs, bool commit);
   /// The leader broker of each partition of `topic` (-1: none).
   std::map<int32_t, int32_t> leaders(const std::string& topic);
+  /// The oldest offset Kafka still has of a partition.
+  int64_t low_watermark(const std::string& topic, int32_t partition);
+  /// Replaces a real topic's dynamic configuration (AlterConfigs: settings
+  /// not named go back to the broker's defaults).
+  void set_topic_configs(const std::string& topic, const std::map<std::string, std::string>& configs);
 
   /// Reads a topic from the beginning up to its high watermarks.
   std::vector<ConsumedMessage> read_all(const std::string& topic, int partitions, int timeout_ms = 10000);

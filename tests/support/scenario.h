@@ -1,0 +1,95 @@
+// One test's world, so that a test reads as its scenario: a fresh database
+// on the shared MariaDB, the Kafka backend IDEMSINK_TEST_KAFKA names (the mock
+// cluster, or real brokers), a scratch directory, the topics made for it and
+// the hosts it runs, plus the waits and counts every test repeats.
+//
+//   Scenario s("wedge_ledger");
+//   s.topic("payments", 2).topic("payments.dlq", 1);
+//   auto& host = s.host("lp1", {{"ledger", "payments", shipped_plugin("ledger")}});
+//   s.kafka.produce("payments", msgs);
+//   s.wait_committed(host);
+//   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_entries") == 297);
+//   BOOST_TEST(host.stop() == 0);
+//   s.audit_clean(host);
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/db/connection.h"
+#include "devkit/mariadb_server.h"
+#include "devkit/process.h"
+#include "tests/support/host_fixture.h"
+#include "tests/support/test_kafka.h"
+
+namespace idemsink::test {
+
+class Scenario {
+ public:
+  /// `name` names the database (dropped and made afresh) and the scratch
+  /// directory; `brokers` sizes the mock cluster (see TestKafka).
+  explicit Scenario(const std::string& name, int brokers = 1);
+  /// The same on a MariaDB server of the test's own (one it kills, or one
+  /// with grant tables); it must outlive the scenario.
+  Scenario(const std::string& name, devkit::MariaDbServer& server, int brokers = 1);
+
+  /// Creates a topic (waits until it is served) and remembers it: the waits
+  /// below cover every topic the scenario made.
+  Scenario& topic(const std::string& name, int partitions, const std::map<std::string, std::string>& configs = {});
+
+  /// The call log the scripted plugins of scripted() write to.
+  std::filesystem::path calls_log() const { return dir / "calls.log"; }
+  /// A route through a scripted test plugin (tests/plugins/scripted_remote.cc:
+  /// behaviour by the biz_key's prefix) that logs every call to calls_log().
+  RouteSpec scripted(const std::string& route, const std::string& topic, const std::string& extra = "",
+                     const std::string& plugin = "scripted_idempotent.so") const;
+
+  struct HostOptions {
+    std::string group = "g";
+    bool admin = false;          ///< open an admin port (admin_port() tells which)
+    std::string host_lines;      ///< more lines for [host]
+    std::string consumer_lines;  ///< more lines for [kafka.consumer]
+    std::string kafka_lines;     ///< more lines for [kafka]
+    std::string claim_lines;     ///< more lines for [claim]
+    std::map<std::string, std::string> env;
+  };
+  /// Starts `idemsink run` as host `id` with these routes.
+  HostProcess& host(const std::string& id, const std::vector<RouteSpec>& routes, HostOptions opt);
+  HostProcess& host(const std::string& id, const std::vector<RouteSpec>& routes) { return host(id, routes, {}); }
+  /// The admin port of a host started with `admin`.
+  int admin_port(const HostProcess& host) const;
+
+  /// Waits until `group` committed every topic of the scenario (or only
+  /// `topics`) to its high watermark; fails early if the host exits.
+  void wait_committed(HostProcess& host, std::chrono::milliseconds timeout = std::chrono::seconds(120),
+                      const std::vector<std::string>& topics = {}, const std::string& group = "g");
+
+  std::unique_ptr<db::Connection> connect() const;
+  /// The first column of the first row of `sql` on the scenario's database.
+  int64_t scalar(const std::string& sql) const;
+  /// Calls per biz_key in calls_log() (keys as they were, not hex).
+  std::map<std::string, int> calls_per_key() const;
+  /// Every committed record accounted for (`idemsink audit` of the host's config).
+  void audit_clean(HostProcess& host);
+
+  const std::string name;
+  TestKafka kafka;
+  const config::DatabaseConfig db;
+  const devkit::ScratchDir dir;
+
+ private:
+  std::vector<std::pair<std::string, int>> topics_;
+  std::vector<std::unique_ptr<HostProcess>> hosts_;
+  std::map<const HostProcess*, int> admin_ports_;
+};
+
+/// Hex of bytes, as the scripted plugins log biz_keys.
+std::string hex_of(std::string_view bytes);
+
+}  // namespace idemsink::test
