@@ -1,6 +1,7 @@
 #include "core/app/host.h"
 
 #include <mysqld_error.h>
+#include <signal.h>
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
@@ -200,6 +201,7 @@ class SliceStarter {
 }  // namespace
 
 int run_host(const config::Config& cfg) {
+  if (fault::once("slow_start")) std::this_thread::sleep_for(std::chrono::seconds(2));
   auto libs = load_route_plugins(cfg);
   std::map<std::string, std::shared_ptr<plugin::Library>> lib_of;  // by route name
   for (size_t i = 0; i < cfg.routes.size(); ++i) lib_of[cfg.routes[i].name] = libs[i];
@@ -223,6 +225,14 @@ int run_host(const config::Config& cfg) {
   // SIGHUP never kills it.
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::signal_set hangups(io, SIGHUP);
+  {
+    // Blocked since main(): one that came meanwhile is delivered now, to this thread.
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+  }
   auto work = asio::make_work_guard(io);
   // /livez: the engine thread runs (every slice's engine shares it).
   pipeline::Periodic heartbeat(io);

@@ -1,6 +1,8 @@
 // idemsink command line.
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage, config or plugin.
+#include <signal.h>
+
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cstdlib>
@@ -287,6 +289,16 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A host stopped while it starts (config, plugins) must drain and exit 0,
+  // not die of the signal: SIGTERM and SIGINT wait, blocked, until run_host
+  // catches them (the threads started meanwhile inherit the mask).
+  if (argc >= 2 && std::string(argv[1]) == "run") {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  }
   init_logging("info");
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage << "\n";

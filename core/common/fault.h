@@ -16,6 +16,8 @@
 //   admin_throws        the N-th admin request throws while being answered
 //   engine_stall        the N-th engine heartbeat blocks the engine thread for
 //                       15 s (a handler that never returns): /livez must fail
+//   slow_start          `run` waits 2 s before loading its plugins (a signal
+//                       that arrives while the host starts)
 // Without the variable every check is one relaxed load of a null pointer.
 //
 // Sync points are for tests that run core code in their own process (the

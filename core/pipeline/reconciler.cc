@@ -159,10 +159,13 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
     for (size_t i = 0; i < cands->size(); ++i) {
       const Candidate& c = (*cands)[i];
       // Unknown because its attempts ran out (or it kept killing hosts)
-      // after a call that may have applied it: the record has had its
-      // chances, so "never happened" settles it as failed.
-      const bool spent =
-          c.reason == dlq::to_string(dlq::Reason::MaybeApplied) || c.reason == dlq::to_string(dlq::Reason::CrashLoop);
+      // after a call that may have applied it, or its re-drives have used up
+      // the route's attempts (a remote that refuses it every time): the
+      // record has had its chances, so "never happened" settles it as failed.
+      const config::RouteConfig* rc = cfg_.route_by_name(c.row.ns);
+      const bool spent = c.reason == dlq::to_string(dlq::Reason::MaybeApplied) ||
+                         c.reason == dlq::to_string(dlq::Reason::CrashLoop) ||
+                         (rc != nullptr && c.calls >= static_cast<uint32_t>(rc->retry.max_attempts));
       if (c.answer == IDEMSINK_OUTCOME_OK) {
         resolve.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && spent) {

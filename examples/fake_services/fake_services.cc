@@ -20,7 +20,9 @@
 //
 // Faults, per request: a 5xx *before* applying (probability error_5xx); a
 // 4xx business rejection (decided per order id, so retries get the same
-// answer); a timeout *after* applying (the effect happens, the response is
+// answer); an order id starting "REJECT-" is always rejected (422), one
+// starting "DOWN-" always answered 503 (not applied): records that fail on
+// their own, whatever the faults; a timeout *after* applying (the effect happens, the response is
 // held back past any sane client timeout). Latency is log-normal with the
 // given mean and P99. A slow gateway (record_delay_ms, sms) sends at once
 // but shows the message to lookups, and answers, only that much later. One thread, asynchronous: thousands of
@@ -176,11 +178,11 @@ class World {
     if (order.empty()) return {http::status::bad_request, {{"error", "order_id required"}}};
     const auto delay = latency(s.faults);
     std::uniform_real_distribution<double> u(0, 1);
-    if (u(rng_) < s.faults.error_5xx) {  // refused before doing anything
+    if (u(rng_) < s.faults.error_5xx || order.rfind("DOWN-", 0) == 0) {  // refused before doing anything
       ++s.errors_5xx;
       return {http::status::service_unavailable, {{"error", "temporarily unavailable"}}, delay};
     }
-    if (rejected(name, order, s.faults.reject_4xx)) {  // a business rejection sticks to the order
+    if (order.rfind("REJECT-", 0) == 0 || rejected(name, order, s.faults.reject_4xx)) {  // sticks to the order
       ++s.rejected;
       return {
           http::status::unprocessable_entity, {{"error", "rejected: invalid destination for order " + order}}, delay};

@@ -300,3 +300,45 @@ BOOST_AUTO_TEST_CASE(the_call_mark_costs_one_statement_per_wave) {
                                                                 << at_most_once);
   BOOST_TEST(at_most_once - idempotent < 0.05);
 }
+
+// Found by the randomized checker (seed 6): an unknown text the gateway
+// refuses every time (503, never sent). Reconciliation found it never sent
+// and re-drove it "once", the 503 left it unknown, and the next round did
+// the same: re-driven every round, for ever, never settled. Its re-drives
+// count toward the route's attempts: once they are spent, "never sent"
+// settles it failed.
+BOOST_AUTO_TEST_CASE(an_unknown_the_gateway_refuses_every_time_is_settled_after_its_attempts) {
+  // Slow at first (the call times out: unknown), then refusing at once.
+  FakeServices services(fake_services_binary(), {"--faults", "sms:latency_mean_ms=1500,latency_p99_ms=2000"});
+  const std::string dbname = "at_most_once_refused_redrive";
+  auto db = MariaDbServer::shared().fresh_database(dbname);
+  TestKafka kafka;
+  kafka.create_topic("sms", 1);
+  kafka.create_topic("sms.dlq", 1);
+  kafka.produce("sms", {{"DOWN-1", order_value("DOWN-1")}});
+  ScratchDir dir("at-most-once");
+  HostProcess host(dir, "host",
+                   with_claim_lines(base_config(kafka, db, "host-a", "g"),
+                                    "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n") +
+                       sms_route(services, "300ms", "call_timeout = \"2s\"\n[route.retry]\nmax_attempts = 3\n"));
+  auto conn = MariaDbServer::shared().connect(dbname);
+  wait_until(
+      [&] {
+        try {
+          return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 1;
+        } catch (const db::DbError&) {
+          return false;  // the host has not made its schema yet
+        }
+      },
+      30s, "the text unknown");
+  BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"latency_mean_ms": 0})").first == 200);
+  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == 1; }, 60s,
+             "the text settled failed");
+  const std::string log = host.log();
+  size_t redrives = 0;
+  for (size_t at = log.find("re-driving it once"); at != std::string::npos; at = log.find("re-driving it once", at + 1))
+    ++redrives;
+  BOOST_TEST(redrives <= 3u);
+  BOOST_TEST(host.stop() == 0);
+  BOOST_TEST(services.stats()["sms"]["applied"].get<int>() == 0);
+}

@@ -3,6 +3,8 @@
 // halves of the contract: no effect twice, every produced record accounted
 // for (done, duplicate or dead-lettered) and committed.
 #define BOOST_TEST_MODULE wedges
+#include <signal.h>
+
 #include <boost/test/unit_test.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -462,4 +464,30 @@ BOOST_AUTO_TEST_CASE(a_call_outliving_the_shutdown_grace_does_not_keep_the_host_
   BOOST_TEST(host.stop(60s) == 0);  // shutdown_grace is 10s in these tests
   BOOST_TEST((std::chrono::steady_clock::now() - began < 30s));
   BOOST_TEST(host.log().find("still in flight after shutdown_grace") != std::string::npos);
+}
+
+// Found by the randomized checker (seed 11): a host stopped while it loads
+// its config and plugins died of the signal (exit -15) instead of draining.
+BOOST_AUTO_TEST_CASE(a_sigterm_while_the_host_starts_is_a_clean_exit) {
+  auto db = MariaDbServer::shared().fresh_database("wedge_early_sigterm");
+  TestKafka kafka;
+  kafka.create_topic("orders", 1);
+  ScratchDir dir("wedges");
+  const std::string cfg =
+      base_config(kafka, db, "host-a", "g") +
+      route_config(
+          {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
+  HostProcess host(dir, "host", cfg, {{"IDEMSINK_FAULT", "slow_start:1"}});
+  // Once it runs idemsink (not the test's fork before exec), while it starts.
+  wait_until(
+      [&] {
+        std::error_code ec;
+        return std::filesystem::read_symlink("/proc/" + std::to_string(host.proc().pid()) + "/exe", ec).filename() ==
+               "idemsink";
+      },
+      10s, "the host to exec");
+  wait_until([&] { return host.log().find("fault injection armed") != std::string::npos; }, 10s, "main to run");
+  host.proc().signal(SIGTERM);
+  BOOST_TEST(host.proc().wait(30s).value_or(-99) == 0, host.log());
+  BOOST_TEST(host.log().find("draining") != std::string::npos, host.log());
 }
