@@ -7,14 +7,11 @@
 #include <boost/test/unit_test.hpp>
 #include <csignal>
 
-#include "devkit/mariadb_server.h"
 #include "devkit/services.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 using tcp = boost::asio::ip::tcp;
 
@@ -22,26 +19,21 @@ namespace {
 
 constexpr const char* kToken = "s3cret-token-for-tests";
 
-// A host with its admin port; `listen_ip` is where it listens.
+// A host with its admin port; `listen_ip` is where it listens (so the port
+// is chosen here, not by Scenario's `admin`, which listens on loopback).
 struct AdminHost {
-  TestKafka kafka;
-  ScratchDir dir{"admin"};
+  Scenario s;
   int port = free_port();
-  std::unique_ptr<HostProcess> host;
+  HostProcess* host = nullptr;
   int probe_errors = 0;  // 500s answered to the readiness probes
-  AdminHost(const std::string& dbname, const std::string& listen_ip, bool with_token, const std::string& fault = "") {
-    auto db = MariaDbServer::shared().fresh_database(dbname);
-    kafka.create_topic("orders", 1);
+  AdminHost(const std::string& dbname, const std::string& listen_ip, bool with_token, const std::string& fault = "")
+      : s(dbname) {
+    s.topic("orders", 1);
     std::string host_lines = "admin_listen = \"" + listen_ip + ":" + std::to_string(port) + "\"\n";
     if (with_token) host_lines += "admin_token_env = \"ADMIN_TOKEN\"\n";
     std::map<std::string, std::string> env{{"ADMIN_TOKEN", kToken}};
     if (!fault.empty()) env["IDEMSINK_FAULT"] = fault;
-    host = std::make_unique<HostProcess>(
-        dir, "host",
-        base_config(kafka, db, "host-a", "g", host_lines) +
-            route_config(
-                {"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}}),
-        env);
+    host = &s.host("host-a", {s.scripted("r", "orders")}, {.host_lines = host_lines, .env = env});
     wait_until(
         [&] {
           try {
@@ -158,15 +150,14 @@ BOOST_AUTO_TEST_CASE(an_exception_while_answering_is_a_500_not_the_end_of_the_ho
 // What an operator's tools expect: a version, a build gauge, a liveness
 // probe, and SIGHUP that never stops the host.
 BOOST_AUTO_TEST_CASE(version_build_info_liveness_and_sighup) {
-  ScratchDir dir("admin");
-  auto [rc, out] = run_cli(dir, "version", {"--version"});
+  AdminHost h("admin_version", "127.0.0.1", false);
+  auto [rc, out] = run_cli(h.s.dir, "version", {"--version"});
   BOOST_TEST(rc == 0);
   BOOST_TEST(out.find("idemsink 0.") == 0u, out);
   BOOST_TEST(out.find("librdkafka 2.") != std::string::npos, out);
   BOOST_TEST(out.find("MariaDB Connector/C 3.") != std::string::npos, out);
   BOOST_TEST(out.find("plugin ABI 1.") != std::string::npos, out);
 
-  AdminHost h("admin_version", "127.0.0.1", false);
   const std::string metrics = http_request(h.port, "GET", "/metrics").second;
   BOOST_TEST(metrics.find("idemsink_build_info{commit=\"") != std::string::npos, metrics);
   BOOST_TEST(metrics.find("plugin_abi=\"1.0\"") != std::string::npos, metrics);

@@ -10,13 +10,10 @@
 #include <random>
 #include <set>
 
-#include "devkit/mariadb_server.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -29,18 +26,10 @@ int64_t scalar_or_zero(db::Connection& c, const std::string& sql) {
   }
 }
 
-std::string with_claim_lines(std::string cfg, const std::string& lines) {
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\n" + lines);
-  return cfg;
-}
-
-std::string sms_route(const FakeServices& services, const std::string& plugin_timeout, const std::string& extra = "") {
-  return route_config({"sms",
-                       "sms",
-                       shipped_plugin("sms"),
-                       "key = { from = \"json\", json = \"order_id\" }",
-                       {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"" + plugin_timeout + "\""}},
-                       extra});
+RouteSpec sms_route(const FakeServices& services, const std::string& plugin_timeout, const std::string& extra = "") {
+  auto route = shipped_route("sms", "sms", services.url(), plugin_timeout, extra);
+  route.key_toml = "key = { from = \"json\", json = \"order_id\" }";
+  return route;
 }
 
 std::string order_value(const std::string& id) {
@@ -63,11 +52,8 @@ int64_t went_unknown(db::Connection& c) {
 BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
   FakeServices services(fake_services_binary(), {"--seed", "11", "--hold", "1500", "--faults",
                                                  "sms:latency_mean_ms=15,latency_p99_ms=120,timeout_after_apply=0.03"});
-  const std::string dbname = "at_most_once_kills";
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("sms", 8);
-  kafka.create_topic("sms.dlq", 1);
+  Scenario s("at_most_once_kills");
+  s.topic("sms", 8).topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
   std::set<std::string> orders;
   std::mt19937_64 rng(5);
@@ -79,19 +65,13 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
     const std::string key = duplicate && i % 3 == 0 ? "other-" + std::to_string(i) : id;
     msgs.push_back({key, order_value(id)});
   }
-  kafka.produce("sms", msgs);
-  ScratchDir dir("at-most-once");
-  auto config = [&](const std::string& host) {
-    return with_claim_lines(base_config(kafka, db, host, "g", "max_in_flight = 100\n"),
-                            "reconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n") +
-           sms_route(services, "300ms", "call_timeout = \"5s\"");
-  };
-  auto conn = MariaDbServer::shared().connect(dbname);
-  std::map<std::string, std::unique_ptr<HostProcess>> hosts;
-  int runs = 0;
-  auto start = [&](const std::string& id) {
-    hosts[id] = std::make_unique<HostProcess>(dir, id + "-" + std::to_string(++runs), config(id));
-  };
+  s.kafka.produce("sms", msgs);
+  const auto route = sms_route(services, "300ms", "call_timeout = \"5s\"");
+  const Scenario::HostOptions opt{.host_lines = "max_in_flight = 100\n",
+                                  .claim_lines = "reconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n"};
+  auto conn = s.connect();
+  std::map<std::string, HostProcess*> hosts;
+  auto start = [&](const std::string& id) { hosts[id] = &s.host(id, {route}, opt); };
   start("host-a");
   start("host-b");
 
@@ -111,7 +91,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
     BOOST_TEST_MESSAGE("kill " << kill + 1 << " of " << victim << ": " << marked << " call(s) in flight");
     start(victim);  // the same host id takes its own claims over at once
   }
-  wait_committed(kafka, "g", {{"sms", 8}}, *hosts["host-a"], 180s);
+  s.wait_committed(*hosts["host-a"], 180s);
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
              "every unknown settled by reconciliation");
   for (auto& [id, h] : hosts) BOOST_TEST(h->stop() == 0);
@@ -138,11 +118,11 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
     BOOST_TEST((*r[1] == "2") == was_sent, *r[0] << " status " << *r[1]);
   }
   // The reconcile hook settled every unknown: nothing reached the DLQ.
-  BOOST_TEST(kafka.read_all("sms.dlq", 1).size() == 0u);
+  BOOST_TEST(s.kafka.read_all("sms.dlq", 1).size() == 0u);
   BOOST_TEST(scalar(*conn,
                     "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE held_until IS NOT NULL AND publish_error "
                     "LIKE 'settled by reconciliation%'") == unknown);
-  audit_clean(dir, *hosts["host-a"]);
+  s.audit_clean(*hosts["host-a"]);
 }
 
 // A host dies with a text out; the next host's takeover of the claim is
@@ -151,28 +131,20 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
 // next parks it as unknown instead of sending again.
 BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
   FakeServices services(fake_services_binary(), {"--hold", "60000", "--faults", "sms:timeout_after_apply=1"});
-  const std::string dbname = "at_most_once_revoke";
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("sms", 1);
-  kafka.produce("sms", {{"K1", order_value("K1")}});
-  ScratchDir dir("at-most-once");
-  auto config = [&](const std::string& host) {
-    return with_claim_lines(base_config(kafka, db, host, "g"),
-                            "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n") +
-           sms_route(services, "50s", "call_timeout = \"55s\"");
-  };
-  auto conn = MariaDbServer::shared().connect(dbname);
-  {
-    HostProcess a(dir, "host-a", config("host-a"));
-    wait_until([&] { return services.stats()["sms"]["applied"].get<int>() == 1; }, 60s, "the text sent by host-a");
-    a.kill();  // its answer never came back
-  }
+  Scenario s("at_most_once_revoke");
+  s.topic("sms", 1);
+  s.kafka.produce("sms", {{"K1", order_value("K1")}});
+  const auto route = sms_route(services, "50s", "call_timeout = \"55s\"");
+  const Scenario::HostOptions opt{.claim_lines = "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n"};
+  auto conn = s.connect();
+  auto& a = s.host("host-a", {route}, opt);
+  wait_until([&] { return services.stats()["sms"]["applied"].get<int>() == 1; }, 60s, "the text sent by host-a");
+  a.kill();  // its answer never came back
   // Hold the claim row so host-b's takeover waits on it.
-  auto locker = MariaDbServer::shared().connect(dbname);
+  auto locker = s.connect();
   locker->begin();
   locker->query("SELECT status FROM idemsink_claim WHERE biz_key = 'K1' FOR UPDATE");
-  HostProcess b(dir, "host-b", config("host-b"));
+  auto& b = s.host("host-b", {route}, opt);
   wait_until(
       [&] {
         return scalar(*conn,
@@ -180,7 +152,7 @@ BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
                       "attempt = attempt + 1%'") > 0;
       },
       60s, "host-b's takeover to wait on the row lock (after host-a's lease ran out)");
-  HostProcess c(dir, "host-c", config("host-c"));  // the group rebalances: host-b's partition is revoked
+  auto& c = s.host("host-c", {route}, opt);  // the group rebalances: host-b's partition is revoked
   wait_until([&] { return b.log().find("kafka: revoking") != std::string::npos; }, 60s, "host-b to be revoked");
   locker->commit();  // the takeover completes, on a partition host-b no longer has
 
@@ -200,20 +172,15 @@ BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
 // claim.reconcile_after (call_timeout + 10 s by default), it says "sent".
 BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed) {
   FakeServices services(fake_services_binary(), {"--faults", "sms:record_delay_ms=3000"});
-  const std::string dbname = "at_most_once_slow";
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("sms", 2);
-  kafka.create_topic("sms.dlq", 1);
+  Scenario s("at_most_once_slow");
+  s.topic("sms", 2).topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 20; ++i) msgs.push_back({"S" + std::to_string(i), order_value("S" + std::to_string(i))});
-  kafka.produce("sms", msgs);
-  ScratchDir dir("at-most-once");
-  HostProcess host(dir, "host",
-                   with_claim_lines(base_config(kafka, db, "host-a", "g"), "reconcile_interval = \"1s\"\n") +
-                       sms_route(services, "300ms", "call_timeout = \"2s\""));
-  wait_committed(kafka, "g", {{"sms", 2}}, host);
-  auto conn = MariaDbServer::shared().connect(dbname);
+  s.kafka.produce("sms", msgs);
+  auto& host = s.host("host-a", {sms_route(services, "300ms", "call_timeout = \"2s\"")},
+                      {.claim_lines = "reconcile_interval = \"1s\"\n"});
+  s.wait_committed(host);
+  auto conn = s.connect();
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 20);  // the plugin timed out
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 20; }, 60s,
              "every text found sent by reconciliation");
@@ -222,33 +189,26 @@ BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed
   BOOST_TEST(stats["applied"].get<int>() == 20);
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   BOOST_TEST(host.log().find("re-driving") == std::string::npos);
-  BOOST_TEST(kafka.read_all("sms.dlq", 1).size() == 0u);
+  BOOST_TEST(s.kafka.read_all("sms.dlq", 1).size() == 0u);
 }
 
 // A plugin without a reconcile hook: nobody but a person can settle an
 // unknown, so each reaches the DLQ, once.
 BOOST_AUTO_TEST_CASE(without_a_reconcile_hook_each_unknown_reaches_the_dlq_once) {
-  const std::string dbname = "at_most_once_no_hook";
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("sms", 2);
-  kafka.create_topic("sms.dlq", 1);
+  Scenario s("at_most_once_no_hook");
+  s.topic("sms", 2).topic("sms.dlq", 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 30; ++i) {
     const std::string key = (i % 3 == 0 ? "uncertain-" : "ok-") + std::to_string(i);
     msgs.push_back({key, "v"});
     if (i % 5 == 0) msgs.push_back({key, "v"});  // redelivered duplicates change nothing
   }
-  kafka.produce("sms", msgs);
-  ScratchDir dir("at-most-once");
-  const auto calls = dir / "calls.log";
-  HostProcess host(
-      dir, "host",
-      with_claim_lines(base_config(kafka, db, "host-a", "g"), "reconcile_interval = \"1s\"\n") +
-          route_config({"sms", "sms", "scripted_at_most_once.so", "", {{"log", "\"" + calls.string() + "\""}}}));
-  wait_committed(kafka, "g", {{"sms", 2}}, host);
+  s.kafka.produce("sms", msgs);
+  auto& host = s.host("host-a", {s.scripted("sms", "sms", "", "scripted_at_most_once.so")},
+                      {.claim_lines = "reconcile_interval = \"1s\"\n"});
+  s.wait_committed(host);
   BOOST_TEST(host.stop() == 0);
-  auto dlq = kafka.read_all("sms.dlq", 1);
+  auto dlq = s.kafka.read_all("sms.dlq", 1);
   std::map<std::string, int> letters;
   for (const auto& m : dlq) ++letters[*m.key];
   BOOST_TEST(letters.size() == 10u);
@@ -256,8 +216,8 @@ BOOST_AUTO_TEST_CASE(without_a_reconcile_hook_each_unknown_reaches_the_dlq_once)
     BOOST_TEST(key.rfind("uncertain-", 0) == 0u, key);
     BOOST_TEST(n == 1, key << " dead-lettered " << n << " times");
   }
-  BOOST_TEST(read_call_log(calls).size() == 30u);  // each record called once
-  audit_clean(dir, host);
+  BOOST_TEST(read_call_log(s.calls_log()).size() == 30u);  // each record called once
+  s.audit_clean(host);
 }
 
 // What the call mark costs: the same 2,000 records through an idempotent
@@ -266,20 +226,12 @@ BOOST_AUTO_TEST_CASE(without_a_reconcile_hook_each_unknown_reaches_the_dlq_once)
 BOOST_AUTO_TEST_CASE(the_call_mark_costs_one_statement_per_wave) {
   std::map<std::string, double> per_record;
   for (const std::string plugin : {"scripted_idempotent.so", "scripted_at_most_once.so"}) {
-    const std::string dbname = "at_most_once_cost_" + plugin.substr(9, 4);
-    auto db = MariaDbServer::shared().fresh_database(dbname);
-    TestKafka kafka;
-    kafka.create_topic("orders", 4);
-    std::vector<TestMessage> msgs;
-    for (int i = 0; i < 2000; ++i) msgs.push_back({"c-" + std::to_string(i), "v"});
-    kafka.produce("orders", msgs);
-    ScratchDir dir("at-most-once");
-    const int admin_port = free_port();
-    HostProcess host(
-        dir, "host",
-        base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n") +
-            route_config({"r", "orders", plugin, "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}}));
-    wait_committed(kafka, "g", {{"orders", 4}}, host);
+    Scenario s("at_most_once_cost_" + plugin.substr(9, 4));
+    s.topic("orders", 4);
+    s.kafka.produce("orders", keyed_messages("c-", 0, 2000, "v"));
+    auto& host = s.host("host-a", {s.scripted("r", "orders", "", plugin)}, {.admin = true});
+    const int admin_port = s.admin_port(host);
+    s.wait_committed(host);
     // The counter is published with the gauges (every 5 s): the first value
     // after the commit covers the whole run.
     double statements = 0;
@@ -310,18 +262,13 @@ BOOST_AUTO_TEST_CASE(the_call_mark_costs_one_statement_per_wave) {
 BOOST_AUTO_TEST_CASE(an_unknown_the_gateway_refuses_every_time_is_settled_after_its_attempts) {
   // Slow at first (the call times out: unknown), then refusing at once.
   FakeServices services(fake_services_binary(), {"--faults", "sms:latency_mean_ms=1500,latency_p99_ms=2000"});
-  const std::string dbname = "at_most_once_refused_redrive";
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("sms", 1);
-  kafka.create_topic("sms.dlq", 1);
-  kafka.produce("sms", {{"DOWN-1", order_value("DOWN-1")}});
-  ScratchDir dir("at-most-once");
-  HostProcess host(dir, "host",
-                   with_claim_lines(base_config(kafka, db, "host-a", "g"),
-                                    "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n") +
-                       sms_route(services, "300ms", "call_timeout = \"2s\"\n[route.retry]\nmax_attempts = 3\n"));
-  auto conn = MariaDbServer::shared().connect(dbname);
+  Scenario s("at_most_once_refused_redrive");
+  s.topic("sms", 1).topic("sms.dlq", 1);
+  s.kafka.produce("sms", {{"DOWN-1", order_value("DOWN-1")}});
+  auto& host =
+      s.host("host-a", {sms_route(services, "300ms", "call_timeout = \"2s\"\n[route.retry]\nmax_attempts = 3\n")},
+             {.claim_lines = "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n"});
+  auto conn = s.connect();
   wait_until(
       [&] {
         try {

@@ -7,14 +7,10 @@
 #include <map>
 #include <set>
 
-#include "core/common/util.h"
-#include "tests/support/host_fixture.h"
-#include "devkit/mariadb_server.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -24,24 +20,6 @@ int64_t now_ms() {
       .count();
 }
 
-std::vector<ConsumedMessage> wait_dlq(TestKafka& kafka, const std::string& topic, size_t n,
-                                      std::chrono::milliseconds timeout = 60s) {
-  std::vector<ConsumedMessage> out;
-  wait_until(
-      [&] {
-        out = kafka.read_all(topic, 1);
-        return out.size() >= n;
-      },
-      timeout, std::to_string(n) + " records on " + topic);
-  return out;
-}
-
-std::map<std::string, std::vector<std::vector<std::string>>> calls_by_key(const std::filesystem::path& log) {
-  std::map<std::string, std::vector<std::vector<std::string>>> out;
-  for (auto& cols : read_call_log(log)) out[cols.at(1)].push_back(cols);
-  return out;
-}
-
 std::string order_json(const std::string& id, int amount = 1) {
   return "{\"order\":{\"id\":\"" + id + "\",\"amount\":" + std::to_string(amount) + "}}";
 }
@@ -49,17 +27,17 @@ std::string order_json(const std::string& id, int amount = 1) {
 const std::string kJsonKey = "key = { from = \"json\", json = \"order.id\" }";
 const std::string kFastRetry = "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"10ms\"\nbackoff_max = \"50ms\"\n";
 
+// `route` with its biz_key read from the value: the order's id.
+RouteSpec json_keyed(RouteSpec route) {
+  route.key_toml = kJsonKey;
+  return route;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_199) {
-  auto db = MariaDbServer::shared().fresh_database("policy_batch");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  kafka.create_topic("sms", 1);
-  kafka.create_topic("sms.dlq", 1);
-  ScratchDir dir("policy");
-  const auto calls = dir / "calls.log";
+  Scenario s("policy_batch");
+  s.topic("orders", 1).topic("orders.dlq", 1).topic("sms", 1).topic("sms.dlq", 1);
 
   // One poll's worth on orders: 196 good, one permanent rejection, one that
   // fails three times then succeeds, one poison (not JSON), one whose key
@@ -73,42 +51,33 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
     if (i == 150) value = "{\"order\":{\"amount\":5}}";
     batch.push_back({"k" + std::to_string(i), value, {{"trace-id", "t-" + std::to_string(i)}}});
   }
-  kafka.produce("orders", batch);
+  s.kafka.produce("orders", batch);
   std::vector<TestMessage> sms;
   for (int i = 0; i < 20; ++i) sms.push_back({i == 7 ? "uncertain-7" : "sms-" + std::to_string(i), "hello"});
-  kafka.produce("sms", sms);
+  s.kafka.produce("sms", sms);
 
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill",
-                        "orders",
-                        "scripted_idempotent.so",
-                        kJsonKey,
-                        {{"log", "\"" + calls.string() + "\""}},
-                        kFastRetry}) +
-          route_config(
-              {"sms", "sms", "scripted_at_most_once.so", "", {{"log", "\"" + calls.string() + "\""}}, kFastRetry}));
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  wait_committed(kafka, "g", {{"sms", 1}}, host);
-  BOOST_TEST(kafka.committed("g", "orders", 1)[0] == 200);
-  BOOST_TEST(kafka.committed("g", "sms", 1)[0] == 20);
+  auto& host = s.host("host-a", {json_keyed(s.scripted("waybill", "orders", kFastRetry)),
+                                 s.scripted("sms", "sms", kFastRetry, "scripted_at_most_once.so")});
+  s.wait_committed(host, {"orders"});
+  s.wait_committed(host, {"sms"});
+  BOOST_TEST(s.kafka.committed("g", "orders", 1)[0] == 200);
+  BOOST_TEST(s.kafka.committed("g", "sms", 1)[0] == 20);
 
   // No replay: every good record was called exactly once.
-  auto calls_of = calls_by_key(calls);
+  auto calls_of = s.calls_by_key();
   for (int i = 0; i < 200; ++i) {
     if (i == 37 || i == 80 || i == 120 || i == 150) continue;
-    BOOST_TEST(calls_of[to_hex("o-" + std::to_string(i))].size() == 1u, "o-" << i);
+    BOOST_TEST(calls_of["o-" + std::to_string(i)].size() == 1u, "o-" << i);
   }
-  BOOST_TEST(calls_of[to_hex("perm-37")].size() == 1u);  // permanent: never retried
-  const auto& retried = calls_of[to_hex("retry3-80")];
+  BOOST_TEST(calls_of["perm-37"].size() == 1u);  // permanent: never retried
+  const auto& retried = calls_of["retry3-80"];
   BOOST_REQUIRE(retried.size() == 4u);                              // three failures, then success
   for (const auto& c : retried) BOOST_TEST(c[2] == retried[0][2]);  // one token throughout
   BOOST_TEST(retried.back()[4] == "ok");
-  BOOST_TEST(calls_of[to_hex("uncertain-7")].size() == 1u);  // at most once: never called again
+  BOOST_TEST(calls_of["uncertain-7"].size() == 1u);  // at most once: never called again
 
   // The database says the same.
-  auto conn = MariaDbServer::shared().connect("policy_batch");
+  auto conn = s.connect();
   auto count = [&](const std::string& where) {
     return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + where)[0][0]);
   };
@@ -122,7 +91,7 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   BOOST_TEST(*conn->query("SELECT calls FROM idemsink_claim WHERE biz_key = 'retry3-80'")[0][0] == "4");
 
   // DLQ: the rejection, the poison and the missing key, with their headers.
-  auto dlq = wait_dlq(kafka, "orders.dlq", 3);
+  auto dlq = s.wait_records("orders.dlq", 3);
   BOOST_REQUIRE(dlq.size() == 3u);
   std::map<std::string, ConsumedMessage> by_reason;
   for (auto& m : dlq) by_reason[m.headers["idemsink.reason"]] = m;
@@ -148,7 +117,7 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   BOOST_TEST(by_reason["undecodable_value"].headers.count("idemsink.idem_token") == 0u);  // never claimed
   BOOST_TEST(*by_reason["undecodable_value"].value == "{not json at all");
 
-  auto sms_dlq = wait_dlq(kafka, "sms.dlq", 1);
+  auto sms_dlq = s.wait_records("sms.dlq", 1);
   BOOST_REQUIRE(sms_dlq.size() == 1u);
   BOOST_TEST(sms_dlq[0].headers.at("idemsink.reason") == "uncertain");
   BOOST_TEST(*sms_dlq[0].key == "uncertain-7");
@@ -159,43 +128,33 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
 }
 
 BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing, *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("policy_dlq_outage");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("policy");
-  const auto calls = dir / "calls.log";
+  Scenario s("policy_dlq_outage");
+  s.topic("orders", 2).topic("orders.dlq", 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 400; ++i)
     msgs.push_back(
         {"k" + std::to_string(i), order_json(i % 20 == 0 ? "perm-" + std::to_string(i) : "o-" + std::to_string(i))});
-  kafka.produce("orders", msgs);
+  s.kafka.produce("orders", msgs);
   // The DLQ refuses every produce request for a while.
   std::string errors = "push_errors Produce";
   for (int i = 0; i < 60; ++i) errors += " NOT_ENOUGH_REPLICAS";
-  kafka.command(errors);
+  s.kafka.command(errors);
 
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + "[kafka.producer]\n\"retry.backoff.ms\" = \"250\"\n\n" +
-                       route_config({"waybill",
-                                     "orders",
-                                     "scripted_idempotent.so",
-                                     kJsonKey,
-                                     {{"log", "\"" + calls.string() + "\""}},
-                                     kFastRetry}));
+  auto& host = s.host("host-a", {json_keyed(s.scripted("waybill", "orders", kFastRetry))},
+                      {.producer_lines = "\"retry.backoff.ms\" = \"250\"\n"});
   // The source partitions move to the end although the DLQ is down: the
   // dead records are durable in the outbox, not yet published.
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
-  auto conn = MariaDbServer::shared().connect("policy_dlq_outage");
+  s.wait_committed(host);
+  auto conn = s.connect();
   BOOST_TEST(std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox")[0][0]) == 20);
   BOOST_TEST(std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0]) > 0,
              "the DLQ took the records before the source partitions were committed: the outage was not tested");
   // When the DLQ takes writes again, the relay publishes each row once.
-  auto dlq = wait_dlq(kafka, "orders.dlq", 20, 120s);
+  auto dlq = s.wait_records("orders.dlq", 20, 120s);
   wait_until(
       [&] { return conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0] == "0"; },
       60s, "the outbox to drain");
-  dlq = kafka.read_all("orders.dlq", 1);
+  dlq = s.kafka.read_all("orders.dlq", 1);
   std::map<std::string, int> seen;
   for (const auto& m : dlq)
     ++seen[m.headers.at("idemsink.source.offset") + "/" + m.headers.at("idemsink.source.partition")];
@@ -205,12 +164,8 @@ BOOST_AUTO_TEST_CASE(dlq_outage_blocks_nothing_and_loses_nothing, *boost::unit_t
 }
 
 BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
-  auto db = MariaDbServer::shared().fresh_database("policy_poison");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("policy");
-  const auto calls = dir / "calls.log";
+  Scenario s("policy_poison");
+  s.topic("orders", 1).topic("orders.dlq", 1);
   const int64_t day = 86'400'000;
   std::vector<TestMessage> msgs{
       {"a", order_json("good-1")},
@@ -224,16 +179,10 @@ BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
       {"i", order_json("future-1"), {}, -1, now_ms() + 2 * day},  // timestamp_in_future
       {"j", order_json("good-3")},
   };
-  kafka.produce("orders", msgs);
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                                         "orders",
-                                                                         "scripted_idempotent.so",
-                                                                         kJsonKey,
-                                                                         {{"log", "\"" + calls.string() + "\""}},
-                                                                         "max_record_bytes = 2000\n"}));
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  auto dlq = wait_dlq(kafka, "orders.dlq", 7);
+  s.kafka.produce("orders", msgs);
+  auto& host = s.host("host-a", {json_keyed(s.scripted("waybill", "orders", "max_record_bytes = 2000\n"))});
+  s.wait_committed(host);
+  auto dlq = s.wait_records("orders.dlq", 7);
   std::map<std::string, std::string> reason_by_key;
   for (const auto& m : dlq) reason_by_key[*m.key] = m.headers.at("idemsink.reason");
   BOOST_TEST(reason_by_key["b"] == "undecodable_value");
@@ -244,35 +193,25 @@ BOOST_AUTO_TEST_CASE(poison_input_goes_to_the_dlq_with_a_reason) {
   BOOST_TEST(reason_by_key["h"] == "beyond_replay_horizon");
   BOOST_TEST(reason_by_key["i"] == "timestamp_in_future");
   BOOST_TEST(dlq.size() == 7u);
-  auto calls_of = calls_by_key(calls);
+  auto calls_of = s.calls_by_key();
   BOOST_TEST(calls_of.size() == 3u);  // good-1, good-2 (once), good-3
   BOOST_TEST(host.running());
   BOOST_TEST(host.stop() == 0);
 }
 
 BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
-  auto db = MariaDbServer::shared().fresh_database("policy_plugins");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  kafka.create_topic("twice", 1);
-  kafka.create_topic("twice.dlq", 1);
-  ScratchDir dir("policy");
-  const auto calls = dir / "calls.log";
-  kafka.produce("orders", {{"throw-1", "x"}, {"hang-1", "x"}, {"fine-1", "x"}});
-  kafka.produce("twice", {{"t-1", "x"}, {"t-2", "x"}, {"bad-1", "x"}});
+  Scenario s("policy_plugins");
+  s.topic("orders", 1).topic("orders.dlq", 1).topic("twice", 1).topic("twice.dlq", 1);
+  s.kafka.produce("orders", {{"throw-1", "x"}, {"hang-1", "x"}, {"fine-1", "x"}});
+  s.kafka.produce("twice", {{"t-1", "x"}, {"t-2", "x"}, {"bad-1", "x"}});
   const std::string retry =
       "call_timeout = \"300ms\"\n[route.retry]\nmax_attempts = 3\nbackoff_initial = \"10ms\"\n"
       "backoff_max = \"20ms\"\n";
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config(
-              {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}, retry}) +
-          route_config({"twice", "twice", "double_complete.so", "", {}, retry}));
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  wait_committed(kafka, "g", {{"twice", 1}}, host);
-  auto conn = MariaDbServer::shared().connect("policy_plugins");
+  auto& host = s.host(
+      "host-a", {s.scripted("waybill", "orders", retry), {"twice", "twice", "double_complete.so", "", {}, retry}});
+  s.wait_committed(host, {"orders"});
+  s.wait_committed(host, {"twice"});
+  auto conn = s.connect();
   auto status = [&](const std::string& key) {
     return *conn->query("SELECT status FROM idemsink_claim WHERE biz_key = '" + key + "'")[0][0];
   };
@@ -283,7 +222,7 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
   BOOST_TEST(status("throw-1") == "4");
   BOOST_TEST(status("hang-1") == "4");
   BOOST_TEST(status("fine-1") == "2");
-  BOOST_TEST(calls_by_key(calls)[to_hex("hang-1")].size() == 3u);
+  BOOST_TEST(s.calls_by_key()["hang-1"].size() == 3u);
   // A plugin that reports twice counts once; an invalid outcome is not success.
   BOOST_TEST(status("t-1") == "2");
   BOOST_TEST(status("t-2") == "2");
@@ -297,32 +236,22 @@ BOOST_AUTO_TEST_CASE(misbehaving_plugins_are_contained) {
 }
 
 BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
-  auto db = MariaDbServer::shared().fresh_database("policy_retry_topics");
-  TestKafka kafka;
-  for (const char* t : {"orders", "orders.retry.1", "orders.retry.2", "orders.dlq"}) kafka.create_topic(t, 1);
-  ScratchDir dir("policy");
-  const auto calls = dir / "calls.log";
+  Scenario s("policy_retry_topics");
+  for (const char* t : {"orders", "orders.retry.1", "orders.retry.2", "orders.dlq"}) s.topic(t, 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 50; ++i) msgs.push_back({"o-" + std::to_string(i), "v"});
   msgs[10] = {"retry1-a", "v", {{"trace-id", "t-a"}}};  // fails once: succeeds from retry topic 1
   msgs[20] = {"retry2-b", "v"};                         // fails twice: succeeds from retry topic 2
   msgs[30] = {"retry9-c", "v"};                         // keeps failing: dead-lettered after the last tier
-  kafka.produce("orders", msgs);
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                            "orders",
-                                                            "scripted_idempotent.so",
-                                                            "",
-                                                            {{"log", "\"" + calls.string() + "\""}},
-                                                            "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n"}));
+  s.kafka.produce("orders", msgs);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders", "[route.retry]\ntopics = [\"1500ms\", \"3s\"]\n")});
   // The source partition does not wait for the retries.
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  auto early = calls_by_key(calls);
-  BOOST_TEST(early[to_hex("retry2-b")].size() < 3u, "the source commit waited for the second retry");
-  wait_committed(kafka, "g", {{"orders.retry.1", 1}}, host);
-  wait_committed(kafka, "g", {{"orders.retry.2", 1}}, host);
-  auto dlq = wait_dlq(kafka, "orders.dlq", 1);
+  s.wait_committed(host, {"orders"});
+  auto early = s.calls_by_key();
+  BOOST_TEST(early["retry2-b"].size() < 3u, "the source commit waited for the second retry");
+  s.wait_committed(host, {"orders.retry.1"});
+  s.wait_committed(host, {"orders.retry.2"});
+  auto dlq = s.wait_records("orders.dlq", 1);
   BOOST_REQUIRE(dlq.size() == 1u);
   BOOST_TEST(*dlq[0].key == "retry9-c");
   BOOST_TEST(dlq[0].headers.at("idemsink.reason") == "retries_exhausted");
@@ -334,9 +263,9 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   for (const auto& [k, v] : dlq[0].all_headers) ++names[k];
   for (const auto& [k, n] : names) BOOST_TEST(n == 1, k << " appears " << n << " times");
 
-  auto by_key = calls_by_key(calls);
-  const auto& a = by_key[to_hex("retry1-a")];
-  const auto& b = by_key[to_hex("retry2-b")];
+  auto by_key = s.calls_by_key();
+  const auto& a = by_key["retry1-a"];
+  const auto& b = by_key["retry2-b"];
   BOOST_REQUIRE(a.size() == 2u);
   BOOST_REQUIRE(b.size() == 3u);
   BOOST_TEST(a[0][2] == a[1][2]);  // the same idem_token on every tier
@@ -346,8 +275,8 @@ BOOST_AUTO_TEST_CASE(delayed_retry_topics_move_failures_aside) {
   // Each tier waited its delay.
   BOOST_TEST(std::stoll(a[1][5]) - std::stoll(a[0][5]) >= 1500);
   BOOST_TEST(std::stoll(b[2][5]) - std::stoll(b[1][5]) >= 3000);
-  BOOST_TEST(by_key[to_hex("retry9-c")].size() == 3u);  // source + two tiers
-  auto conn = MariaDbServer::shared().connect("policy_retry_topics");
+  BOOST_TEST(by_key["retry9-c"].size() == 3u);  // source + two tiers
+  auto conn = s.connect();
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry2-b'")[0][0] == "2");
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'retry9-c'")[0][0] == "3");
   BOOST_TEST(host.stop() == 0);

@@ -7,14 +7,10 @@
 #include <map>
 #include <set>
 
-#include "core/common/util.h"
-#include "devkit/mariadb_server.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -44,36 +40,18 @@ std::vector<TestMessage> keyed(const std::string& prefix, int n, int64_t timesta
   return msgs;
 }
 
-std::vector<ConsumedMessage> wait_dlq(TestKafka& kafka, const std::string& topic, size_t n) {
-  std::vector<ConsumedMessage> out;
-  wait_until(
-      [&] {
-        out = kafka.read_all(topic, 1);
-        return out.size() >= n;
-      },
-      60s, std::to_string(n) + " records on " + topic);
-  return out;
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(receipts_and_error_texts_are_made_to_fit_their_columns) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_columns");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("longevity");
-  const auto calls = dir / "calls.log";
+  Scenario s("longevity_columns");
+  s.topic("orders", 2).topic("orders.dlq", 1);
   auto msgs = keyed("o-", 40);
   for (auto& m : keyed("bigreceipt-", 5)) msgs.push_back(m);
   for (auto& m : keyed("badtext-", 5)) msgs.push_back(m);
-  kafka.produce("orders", msgs);
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
-  auto conn = MariaDbServer::shared().connect("longevity_columns");
+  s.kafka.produce("orders", msgs);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")});
+  s.wait_committed(host);
+  auto conn = s.connect();
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 45);
   // A 5,000-byte receipt is stored cut, and says so.
   for (const auto& r : conn->query("SELECT receipt FROM idemsink_claim WHERE biz_key LIKE 'bigreceipt-%'")) {
@@ -85,48 +63,40 @@ BOOST_AUTO_TEST_CASE(receipts_and_error_texts_are_made_to_fit_their_columns) {
     BOOST_TEST(*r[0] == "3");
     BOOST_TEST(*r[1] == "bad ?? byte ???? and ??? end");
   }
-  auto dlq = wait_dlq(kafka, "orders.dlq", 5);
+  auto dlq = s.wait_records("orders.dlq", 5);
   BOOST_TEST(dlq.size() == 5u);
   for (const auto& m : dlq) BOOST_TEST(m.headers.at("idemsink.error") == "bad ?? byte ???? and ??? end");
   const std::string log = host.log();
   BOOST_TEST(log.find("will re-run it") == std::string::npos);
   BOOST_TEST(log.find("\xC0") == std::string::npos);  // no raw invalid bytes in the log
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 // Twenty refused records of 900 KB in one poll: their DLQ copies are 36 MB
 // of SQL as hex, more than the server's 16 MiB packet. Statements are sized
 // by bytes, so they are written, published and committed.
 BOOST_AUTO_TEST_CASE(large_refused_records_fit_statements_and_reach_the_dlq) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_large");
-  TestKafka kafka;
+  Scenario s("longevity_large");
   // Eight partitions: the embedded Kafka keeps only ~5 MB per partition.
-  kafka.create_topic("orders", 8);
-  kafka.create_topic("orders.dlq", 8);
-  ScratchDir dir("longevity");
+  s.topic("orders", 8).topic("orders.dlq", 8);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 20; ++i)
     msgs.push_back({std::nullopt, std::string(900'000, static_cast<char>('a' + i)), {}, i % 8});
-  kafka.produce("orders", msgs);
-  std::string cfg =
-      base_config(kafka, db, "host-a", "g") +
-      route_config(
-          {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  cfg.replace(cfg.find("[kafka.consumer]"), 16,
-              "[kafka.producer]\n\"message.max.bytes\" = \"2000000\"\n[kafka.consumer]");
-  HostProcess host(dir, "host", cfg);
-  wait_committed(kafka, "g", {{"orders", 8}}, host);
+  s.kafka.produce("orders", msgs);
+  auto& host =
+      s.host("host-a", {s.scripted("waybill", "orders")}, {.producer_lines = "\"message.max.bytes\" = \"2000000\"\n"});
+  s.wait_committed(host);
   // All twenty published (the embedded Kafka may drop the oldest of them
   // from a partition past ~5 MB: their acknowledgements are counted).
   wait_until(
       [&] {
         int64_t published = 0;
-        for (const auto& [p, hi] : kafka.high_watermarks("orders.dlq", 8)) published += hi;
+        for (const auto& [p, hi] : s.kafka.high_watermarks("orders.dlq", 8)) published += hi;
         return published == 20;
       },
       120s, "20 large records in the DLQ");
-  auto conn = MariaDbServer::shared().connect("longevity_large");
+  auto conn = s.connect();
   wait_until(
       [&] {
         return scalar(*conn,
@@ -134,7 +104,7 @@ BOOST_AUTO_TEST_CASE(large_refused_records_fit_statements_and_reach_the_dlq) {
                       "LENGTH(msg_value) = 900000") == 20;
       },
       60s, "20 outbox rows with their whole payload, stamped published");
-  const auto dlq = kafka.read_all("orders.dlq", 8, 60000);
+  const auto dlq = s.kafka.read_all("orders.dlq", 8, 60000);
   BOOST_TEST(!dlq.empty());
   for (const auto& m : dlq) {
     BOOST_TEST(m.value->size() == 900'000u);
@@ -142,162 +112,128 @@ BOOST_AUTO_TEST_CASE(large_refused_records_fit_statements_and_reach_the_dlq) {
   }
   BOOST_TEST(host.log().find("will re-run it") == std::string::npos);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 BOOST_AUTO_TEST_CASE(claim_partitions_running_out_are_created_on_the_spot) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_partitions_on");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  ScratchDir dir("longevity");
-  const auto calls = dir / "calls.log";
+  Scenario s("longevity_partitions_on");
+  s.topic("orders", 2);
   // Records of two months ago: their claims are in a partition the calendar
   // keeps, so the audit still finds them after the current ones are gone.
   const int64_t two_months_ago =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count() -
       int64_t{62} * 86'400'000;
-  kafka.produce("orders", keyed("before-", 20, two_months_ago));
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
-  auto conn = MariaDbServer::shared().connect("longevity_partitions_on");
+  s.kafka.produce("orders", keyed("before-", 20, two_months_ago));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")});
+  s.wait_committed(host);
+  auto conn = s.connect();
   drop_current_and_later_partitions(*conn);
-  kafka.produce("orders", keyed("after-", 20));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  s.kafka.produce("orders", keyed("after-", 20));
+  s.wait_committed(host);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE biz_key LIKE 'after-%' AND status = 2") == 20);
   BOOST_TEST(host.log().find("creating the partitions now") != std::string::npos);
   BOOST_TEST(host.log().find("claim partitions: added " + partition_of_month(0)) != std::string::npos);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 BOOST_AUTO_TEST_CASE(without_schema_changes_a_record_with_no_claim_partition_is_refused_loudly) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_partitions_off");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("longevity");
-  std::string cfg =
-      base_config(kafka, db, "host-a", "g") +
-      route_config(
-          {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\napply_schema = false\n");
-  write_file(dir / "schema.toml", cfg);
-  auto [rc, out] = run_cli(dir, "schema", {"schema", "apply", "--config", (dir / "schema.toml").string()});
+  Scenario s("longevity_partitions_off");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  const std::vector<RouteSpec> routes{s.scripted("waybill", "orders")};
+  const Scenario::HostOptions no_schema{.claim_lines = "apply_schema = false\n"};
+  write_file(s.dir / "schema.toml", s.config("host-a", routes, no_schema));
+  auto [rc, out] = run_cli(s.dir, "schema", {"schema", "apply", "--config", (s.dir / "schema.toml").string()});
   BOOST_REQUIRE_MESSAGE(rc == 0, out);
-  drop_current_and_later_partitions(*MariaDbServer::shared().connect("longevity_partitions_off"));
-  kafka.produce("orders", keyed("o-", 5));
-  HostProcess host(dir, "host", cfg);
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  auto dlq = wait_dlq(kafka, "orders.dlq", 5);
+  drop_current_and_later_partitions(*s.connect());
+  s.kafka.produce("orders", keyed("o-", 5));
+  auto& host = s.host("host-a", routes, no_schema);
+  s.wait_committed(host);
+  auto dlq = s.wait_records("orders.dlq", 5);
   BOOST_TEST(dlq.size() == 5u);
   for (const auto& m : dlq) BOOST_TEST(m.headers.at("idemsink.reason") == "no_claim_partition");
   BOOST_TEST(host.log().find("no claim partition for") != std::string::npos);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 // 600 DLQ rows Kafka refuses for good (the DLQ topic is not authorised) are
 // set aside; a dead record of another route is published within seconds.
 BOOST_AUTO_TEST_CASE(unpublishable_dlq_rows_are_set_aside_and_later_rows_flow,
                      *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_unpublishable");
-  TestKafka kafka;
-  for (const std::string t : {"bad", "bad.dlq", "good", "good.dlq"}) kafka.create_topic(t, 1);
-  kafka.command("topic_error bad.dlq TOPIC_AUTHORIZATION_FAILED");
+  Scenario s("longevity_unpublishable");
+  for (const std::string t : {"bad", "bad.dlq", "good", "good.dlq"}) s.topic(t, 1);
+  s.kafka.command("topic_error bad.dlq TOPIC_AUTHORIZATION_FAILED");
   std::vector<TestMessage> poison(600, TestMessage{std::nullopt, "no key"});
-  kafka.produce("bad", poison);
-  ScratchDir dir("longevity");
-  const std::string plugin_opts = "\"" + (dir / "calls.log").string() + "\"";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"bad", "bad", "scripted_idempotent.so", "", {{"log", plugin_opts}}}) +
-                       route_config({"good", "good", "scripted_idempotent.so", "", {{"log", plugin_opts}}}));
-  wait_committed(kafka, "g", {{"bad", 1}}, host);
-  auto conn = MariaDbServer::shared().connect("longevity_unpublishable");
+  s.kafka.produce("bad", poison);
+  auto& host = s.host("host-a", {s.scripted("bad", "bad"), s.scripted("good", "good")});
+  s.wait_committed(host, {"bad"});
+  auto conn = s.connect();
   wait_until(
       [&] {
         return scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 600;
       },
       120s, "600 rows set aside");
   const auto t0 = std::chrono::steady_clock::now();
-  kafka.produce("good", {{std::nullopt, "no key either"}});
-  wait_until([&] { return kafka.read_all("good.dlq", 1).size() == 1; }, 30s, "the good route's dead record published");
+  s.kafka.produce("good", {{std::nullopt, "no key either"}});
+  wait_until([&] { return s.kafka.read_all("good.dlq", 1).size() == 1; }, 30s,
+             "the good route's dead record published");
   BOOST_TEST_MESSAGE(
       "published "
       << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()
       << "ms after it was produced, behind 600 unpublishable rows");
   BOOST_TEST(host.log().find("can never be published") != std::string::npos);
 
-  auto [rc, listing] = run_cli(dir, "dlq-list", {"dlq", "--config", host.config_path().string()});
+  auto [rc, listing] = run_cli(s.dir, "dlq-list", {"dlq", "--config", host.config_path().string()});
   BOOST_TEST(rc == 1);
   BOOST_TEST(listing.find("600 outbox row(s) Kafka refused for good") != std::string::npos, listing);
   // The operator fixes the topic's permissions, retries one row and discards another.
-  kafka.command("topic_error bad.dlq NO_ERROR");
+  s.kafka.command("topic_error bad.dlq NO_ERROR");
   const auto ids =
       conn->query("SELECT id FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL ORDER BY id LIMIT 2");
-  BOOST_TEST(run_cli(dir, "dlq-retry", {"dlq", "--config", host.config_path().string(), "--retry", *ids[0][0]}).first ==
-             0);
-  BOOST_TEST(run_cli(dir, "dlq-discard",
+  BOOST_TEST(
+      run_cli(s.dir, "dlq-retry", {"dlq", "--config", host.config_path().string(), "--retry", *ids[0][0]}).first == 0);
+  BOOST_TEST(run_cli(s.dir, "dlq-discard",
                      {"dlq", "--config", host.config_path().string(), "--discard", *ids[1][0], "--note", "test"})
                  .first == 0);
-  wait_until([&] { return kafka.read_all("bad.dlq", 1).size() == 1; }, 30s, "the retried row published");
+  wait_until([&] { return s.kafka.read_all("bad.dlq", 1).size() == 1; }, 30s, "the retried row published");
   BOOST_TEST(scalar(*conn,
                     "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL AND "
                     "published_at IS NULL") == 598);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 // The connection drops right after a claim INSERT committed: the job is
 // re-run and must recognise its own rows: no takeover, no unknown.
 BOOST_AUTO_TEST_CASE(a_claim_job_rerun_after_a_lost_connection_recognises_its_own_rows) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_rerun");
-  TestKafka kafka;
-  kafka.create_topic("sms", 2);
-  ScratchDir dir("longevity");
-  const auto calls = dir / "calls.log";
-  kafka.produce("sms", keyed("s-", 300));
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"sms", "sms", "scripted_at_most_once.so", "", {{"log", "\"" + calls.string() + "\""}}}),
-      {{"IDEMSINK_FAULT", "lost_connection_after_claim_write:1"}});
-  wait_committed(kafka, "g", {{"sms", 2}}, host);
+  Scenario s("longevity_rerun");
+  s.topic("sms", 2);
+  s.kafka.produce("sms", keyed("s-", 300));
+  auto& host = s.host("host-a", {s.scripted("sms", "sms", "", "scripted_at_most_once.so")},
+                      {.env = {{"IDEMSINK_FAULT", "lost_connection_after_claim_write:1"}}});
+  s.wait_committed(host);
   BOOST_TEST(host.log().find("fault lost_connection_after_claim_write") != std::string::npos);
-  auto conn = MariaDbServer::shared().connect("longevity_rerun");
+  auto conn = s.connect();
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 300);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 0);
   BOOST_TEST(scalar(*conn, "SELECT SUM(takeovers) FROM idemsink_claim") == 0);
-  std::map<std::string, int> sent;
-  for (const auto& cols : read_call_log(calls)) ++sent[cols.at(1)];
+  const auto sent = s.calls_per_key();
   BOOST_TEST(sent.size() == 300u);
   for (const auto& [key, n] : sent) BOOST_TEST(n == 1, key);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }
 
 // The database refuses one row of a batch (a trigger stands in for a column
 // that cannot take the value): the batch is split until that row is alone,
 // the others are marked done, and the one ends dead with reason db_rejected.
 BOOST_AUTO_TEST_CASE(a_row_the_database_refuses_is_isolated_and_dead_lettered) {
-  auto db = MariaDbServer::shared().fresh_database("longevity_rejected");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("longevity");
-  const auto calls = dir / "calls.log";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill",
-                                     "orders",
-                                     "scripted_idempotent.so",
-                                     "",
-                                     {{"log", "\"" + calls.string() + "\""}, {"delay", "\"20ms\""}}}));
-  auto conn = MariaDbServer::shared().connect("longevity_rejected");
+  Scenario s("longevity_rejected");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  auto& host = s.host("host-a", {with_delay(s.scripted("waybill", "orders"), "20ms")});
+  auto conn = s.connect();
   wait_until([&] { return !conn->query("SHOW TABLES LIKE 'idemsink_claim'").empty(); }, 60s, "the schema");
   conn->execute(
       "CREATE TRIGGER refuse_poison BEFORE UPDATE ON idemsink_claim FOR EACH ROW BEGIN IF NEW.biz_key = 'poison' AND "
@@ -305,16 +241,16 @@ BOOST_AUTO_TEST_CASE(a_row_the_database_refuses_is_isolated_and_dead_lettered) {
       "receipt'; END IF; END");
   auto msgs = keyed("o-", 30);
   msgs.insert(msgs.begin() + 15, TestMessage{"poison", "{}"});
-  kafka.produce("orders", msgs);
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
+  s.kafka.produce("orders", msgs);
+  s.wait_committed(host);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 30);
   // The effect happened but could not be recorded done: unknown, for reconciliation.
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'poison'")[0][0] == "4");
-  auto dlq = wait_dlq(kafka, "orders.dlq", 1);
+  auto dlq = s.wait_records("orders.dlq", 1);
   BOOST_REQUIRE(dlq.size() == 1u);
   BOOST_TEST(dlq[0].headers.at("idemsink.reason") == "db_rejected");
   BOOST_TEST(dlq[0].headers.at("idemsink.db_error").find("1406") != std::string::npos);
   BOOST_TEST(host.log().find("will re-run it") == std::string::npos);
   BOOST_TEST(host.stop() == 0);
-  audit_clean(dir, host);
+  s.audit_clean(host);
 }

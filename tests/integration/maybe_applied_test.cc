@@ -10,24 +10,18 @@
 #include <map>
 #include <set>
 
-#include "devkit/mariadb_server.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
 
-std::string with_reconcile_every_second(std::string cfg) {
-  // Unknowns are dead-lettered at once (no hold for reconciliation), so the
-  // DLQ copies of settled records can be checked for their headers.
-  cfg.replace(cfg.find("[claim]\n"), 8,
-              "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"1s\"\nunknown_dlq_after = \"0s\"\n");
-  return cfg;
-}
+// Unknowns are dead-lettered at once (no hold for reconciliation), so the
+// DLQ copies of settled records can be checked for their headers.
+const std::string kReconcileEverySecond =
+    "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\nunknown_dlq_after = \"0s\"\n";
 
 struct Tally {
   size_t orders = 0, applied = 0, done = 0, dead = 0, settled_done = 0, settled_failed = 0, applied_but_dead = 0,
@@ -39,22 +33,15 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
   FakeServices services(fake_services_binary(),
                         {"--seed", seed, "--hold", "1200", "--faults",
                          "waybill:latency_mean_ms=3,latency_p99_ms=30,timeout_after_apply=0.2,error_5xx=0.35"});
-  auto db = MariaDbServer::shared().fresh_database(name);
-  TestKafka kafka;
-  for (const std::string t : {"orders", "orders.dlq", "orders.retry.1", "orders.retry.2"}) kafka.create_topic(t, 2);
-  kafka.produce("orders", order_messages(0, orders));
-  ScratchDir dir("maybe-applied");
-  RouteSpec route{"waybill",
-                  "orders",
-                  shipped_plugin("waybill"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"300ms\""}},
-                  "call_timeout = \"5s\"\n[route.retry]\n" + retry};
-  HostProcess host(dir, "host",
-                   with_reconcile_every_second(base_config(kafka, db, "host-a", "g", "max_in_flight = 200\n")) +
-                       route_config(route));
-  wait_committed(kafka, "g", {{"orders", 2}}, host, 180s);
-  auto conn = MariaDbServer::shared().connect(name);
+  Scenario s(name);
+  for (const std::string t : {"orders", "orders.dlq", "orders.retry.1", "orders.retry.2"}) s.topic(t, 2);
+  s.kafka.produce("orders", order_messages(0, orders));
+  auto& host = s.host(
+      "host-a",
+      {shipped_route("waybill", "orders", services.url(), "300ms", "call_timeout = \"5s\"\n[route.retry]\n" + retry)},
+      {.host_lines = "max_in_flight = 200\n", .claim_lines = kReconcileEverySecond});
+  s.wait_committed(host, {"orders"}, 180s);
+  auto conn = s.connect();
   // Every unknown settled by the reconcile hook.
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
              "every claim done or failed");
@@ -89,7 +76,7 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
   BOOST_TEST(t.done == t.applied);
   BOOST_TEST(t.settled_done > 0u, "the scenario never produced an applied call that later ran out of attempts");
   // The DLQ entries of settled records say how many calls were uncertain.
-  auto dlq = kafka.read_all("orders.dlq", 2);
+  auto dlq = s.kafka.read_all("orders.dlq", 2);
   size_t with_uncertain = 0;
   for (const auto& m : dlq)
     if (m.headers.count("idemsink.uncertain_calls") && m.headers.at("idemsink.reason") == "maybe_applied")
@@ -114,28 +101,21 @@ BOOST_AUTO_TEST_CASE(in_place_retries_never_dead_letter_an_applied_order_as_fail
 // crash-loop guard: it ends unknown and the reconcile hook finds the waybill.
 BOOST_AUTO_TEST_CASE(a_crash_loop_record_whose_call_went_out_is_reconciled_not_failed) {
   FakeServices services(fake_services_binary());
-  auto db = MariaDbServer::shared().fresh_database("maybe_applied_crash_loop");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  kafka.produce("orders", {{"K1", "{\"order_id\":\"K1\"}"}});
-  ScratchDir dir("maybe-applied");
-  RouteSpec route{"waybill",
-                  "orders",
-                  shipped_plugin("waybill"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
-  std::string cfg = with_reconcile_every_second(base_config(kafka, db, "host-a", "g")) + route_config(route);
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nmax_takeovers = 2\n");
+  Scenario s("maybe_applied_crash_loop");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  s.kafka.produce("orders", {{"K1", "{\"order_id\":\"K1\"}"}});
+  const auto route = shipped_route("waybill", "orders", services.url(), "2s");
+  const std::string claim_lines = "max_takeovers = 2\n" + kReconcileEverySecond;
   // The host dies right after the API applied the order, twice.
   for (int run = 0; run < 2; ++run) {
-    HostProcess crashing(dir, "crashing-" + std::to_string(run), cfg, {{"IDEMSINK_FAULT", "after_handler_ok:1"}});
+    auto& crashing =
+        s.host("host-a", {route}, {.claim_lines = claim_lines, .env = {{"IDEMSINK_FAULT", "after_handler_ok:1"}}});
     auto rc = crashing.proc().wait(60s);
     BOOST_REQUIRE_MESSAGE(rc && *rc == -9, "expected a SIGKILL\n" << crashing.log());
   }
-  HostProcess host(dir, "host", cfg);
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  auto conn = MariaDbServer::shared().connect("maybe_applied_crash_loop");
+  auto& host = s.host("host-a", {route}, {.claim_lines = claim_lines});
+  s.wait_committed(host);
+  auto conn = s.connect();
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 1; }, 60s,
              "the crash-loop record reconciled done");
   BOOST_TEST(host.stop() == 0);

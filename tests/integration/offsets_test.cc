@@ -10,14 +10,10 @@
 #include <set>
 #include <sstream>
 
-#include "core/common/util.h"
-#include "devkit/mariadb_server.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -36,57 +32,42 @@ std::vector<TestMessage> orders(int n, int partitions, std::set<std::string>& ke
   return msgs;
 }
 
-int audit_exit_code(const ScratchDir& dir, const std::filesystem::path& config, std::string* out = nullptr) {
-  static int run = 0;
-  const std::string name = "audit-" + std::to_string(++run);
-  Process audit({idemsink_binary(), "audit", "--config", config.string()}, dir / (name + ".out"),
-                dir / (name + ".err"));
-  auto rc = audit.wait(300s);
-  if (out) *out = audit.out() + audit.err();
-  return rc.value_or(-1);
-}
-
 }  // namespace
 
 // Hundreds of pause/resume cycles while records flow: with librdkafka 2.0's
 // batch consume this skipped offsets and committed over them.
 BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
   constexpr int kRecords = 200'000, kPartitions = 16, kRuns = 2;  // buffers of 200 and 400: the most pauses
-  TestKafka kafka;
   for (int run = 0; run < kRuns; ++run) {
     BOOST_TEST_CONTEXT("run " << run) {
-      const std::string dbname = "offsets_backpressure_" + std::to_string(run);
-      auto db = MariaDbServer::shared().fresh_database(dbname);
+      Scenario s("offsets_backpressure_" + std::to_string(run));
       const std::string topic = "orders" + std::to_string(run);
-      kafka.create_topic(topic, kPartitions);
+      s.topic(topic, kPartitions);
       std::set<std::string> keys;
-      kafka.produce(topic, orders(kRecords, kPartitions, keys));
-      ScratchDir dir("offsets");
-      const auto calls = dir / "calls.log";
+      s.kafka.produce(topic, orders(kRecords, kPartitions, keys));
       // Small fetches answered at once: a resumed partition refills the
       // buffer quickly, a little at a time, and the next pause follows soon.
-      HostProcess host(
-          dir, "host",
-          base_config(kafka, db, "host-a", "g" + std::to_string(run),
-                      "max_buffered_records = " + std::to_string(200 << run) + "\n",
-                      "\"fetch.wait.max.ms\" = \"10\"\n\"max.partition.fetch.bytes\" = \"4096\"\n"
-                      "\"queued.min.messages\" = \"100\"\n") +
-              route_config({"waybill", topic, "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
-      wait_committed(kafka, "g" + std::to_string(run), {{topic, kPartitions}}, host, 600s);
+      const std::string group = "g" + std::to_string(run);
+      auto& host =
+          s.host("host-a", {s.scripted("waybill", topic)},
+                 {.group = group,
+                  .host_lines = "max_buffered_records = " + std::to_string(200 << run) + "\n",
+                  .consumer_lines = "\"fetch.wait.max.ms\" = \"10\"\n\"max.partition.fetch.bytes\" = \"4096\"\n"
+                                    "\"queued.min.messages\" = \"100\"\n"});
+      s.wait_committed(host, 600s, {topic}, group);
 
       // Every key claimed and applied exactly once.
-      std::map<std::string, int> per_key;
-      for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
+      auto per_key = s.calls_per_key();
       size_t missing = 0, twice = 0;
       for (const auto& k : keys) {
-        const int n = per_key[to_hex(k)];
+        const int n = per_key[k];
         if (n == 0) ++missing;
         if (n > 1) ++twice;
       }
       BOOST_TEST(missing == 0u, missing << " of " << keys.size() << " keys never called");
       BOOST_TEST(twice == 0u, twice << " keys called more than once");
-      auto conn = MariaDbServer::shared().connect(dbname);
-      BOOST_TEST(std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]) == keys.size());
+      BOOST_TEST(std::stoul(*s.connect()->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]) ==
+                 keys.size());
 
       const std::string log = host.log();
       size_t pauses = 0;
@@ -97,8 +78,8 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
       BOOST_TEST(pauses >= 100u, "only " << pauses << " pauses: the scenario did not exercise backpressure");
       BOOST_TEST(host.stop() == 0);
 
-      std::string audit_out;
-      BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 0, audit_out);
+      const auto [audit_rc, audit_out] = s.audit(host);
+      BOOST_TEST(audit_rc == 0, audit_out);
       BOOST_TEST(audit_out.find("audit ok: " + std::to_string(kRecords) + " committed records") != std::string::npos,
                  audit_out);
     }
@@ -109,9 +90,8 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
 // partition and at its end. The commit passes them only once a re-read has
 // confirmed them, and reaches the high watermark.
 BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("offsets_holes");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
+  Scenario s("offsets_holes");
+  s.topic("orders", 2);
   std::set<std::string> keys;
   auto batch = [&](int from, int n) {
     std::vector<TestMessage> msgs;
@@ -119,33 +99,27 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::preco
       keys.insert("h-" + std::to_string(i));
       msgs.push_back({"h-" + std::to_string(i), "v", {}, i % 2});
     }
-    kafka.produce("orders", msgs);
+    s.kafka.produce("orders", msgs);
   };
   batch(0, 200);
-  kafka.command("control_records orders 0 3");
+  s.kafka.command("control_records orders 0 3");
   batch(200, 200);
-  kafka.command("control_records orders 0 2");
-  kafka.command("control_records orders 1 1");
+  s.kafka.command("control_records orders 0 2");
+  s.kafka.command("control_records orders 1 1");
   batch(400, 100);
-  kafka.command("control_records orders 0 1");  // trailing: no record will ever follow it
-  const auto hi = kafka.high_watermarks("orders", 2);
+  s.kafka.command("control_records orders 0 1");  // trailing: no record will ever follow it
+  const auto hi = s.kafka.high_watermarks("orders", 2);
   BOOST_REQUIRE(hi.at(0) == 250 + 3 + 2 + 1);
   BOOST_REQUIRE(hi.at(1) == 250 + 1);
 
-  ScratchDir dir("offsets");
-  const auto calls = dir / "calls.log";
-  const int admin_port = free_port();
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
-  BOOST_TEST(kafka.committed("g", "orders", 2) == hi);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")}, {.admin = true});
+  const int admin_port = s.admin_port(host);
+  s.wait_committed(host);
+  BOOST_TEST(s.kafka.committed("g", "orders", 2) == hi);
 
-  std::map<std::string, int> per_key;
-  for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
+  auto per_key = s.calls_per_key();
   BOOST_TEST(per_key.size() == keys.size());
-  for (const auto& k : keys) BOOST_TEST(per_key[to_hex(k)] == 1, k);
+  for (const auto& k : keys) BOOST_TEST(per_key[k] == 1, k);
 
   // Four holes, each logged with its range and counted.
   const std::string log = host.log();
@@ -162,15 +136,15 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::preco
   for (std::string line; std::getline(lines, line);)
     if (line.rfind("# TYPE ", 0) == 0) BOOST_TEST(families.insert(line).second, "declared twice: " << line);
   BOOST_TEST(host.stop() == 0);
-  std::string audit_out;
-  BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 0, audit_out);
+  auto [audit_rc, audit_out] = s.audit(host);
+  BOOST_TEST(audit_rc == 0, audit_out);
   BOOST_TEST(audit_out.find("audit ok: 500 committed records") != std::string::npos, audit_out);
 
   // Records whose claims vanish are unaccounted: exit 1, naming their offsets.
-  MariaDbServer::shared()
-      .connect("offsets_holes")
-      ->execute("DELETE FROM idemsink_claim WHERE biz_key IN ('h-10', 'h-12', 'h-40')");  // orders[0] offsets 5, 6, 20
-  BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 1, audit_out);
+  s.connect()->execute(
+      "DELETE FROM idemsink_claim WHERE biz_key IN ('h-10', 'h-12', 'h-40')");  // orders[0] offsets 5, 6, 20
+  std::tie(audit_rc, audit_out) = s.audit(host);
+  BOOST_TEST(audit_rc == 1, audit_out);
   BOOST_TEST(audit_out.find("orders[0] offsets 0..256: 250 records, 247 by claim, 0 by DLQ outbox, 3 UNACCOUNTED at "
                             "offsets 5..6, 20") != std::string::npos,
              audit_out);
@@ -181,30 +155,23 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::preco
 // while it has records below its high watermark is a stall: logged,
 // counted, and recovered by reading it again from its commit point.
 BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
-  auto db = MariaDbServer::shared().fresh_database("offsets_stall");
-  TestKafka kafka;
-  kafka.create_topic("orders", 4);
+  Scenario s("offsets_stall");
+  s.topic("orders", 4);
   std::set<std::string> keys;
-  kafka.produce("orders", orders(4000, 4, keys));
-  ScratchDir dir("offsets");
-  const auto calls = dir / "calls.log";
-  const int admin_port = free_port();
+  s.kafka.produce("orders", orders(4000, 4, keys));
   // The 300th record polled, and every later one of its partition, vanish.
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
-                  "stall_timeout = \"2s\"\n") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
-      {{"IDEMSINK_FAULT", "drop_fetch:300"}});
-  wait_committed(kafka, "g", {{"orders", 4}}, host);
+  auto& host =
+      s.host("host-a", {s.scripted("waybill", "orders")},
+             {.admin = true, .kafka_lines = "stall_timeout = \"2s\"\n", .env = {{"IDEMSINK_FAULT", "drop_fetch:300"}}});
+  const int admin_port = s.admin_port(host);
+  s.wait_committed(host);
   const std::string log = host.log();
   BOOST_TEST(log.find("fault drop_fetch") != std::string::npos);
   BOOST_TEST(log.find("is stalled") != std::string::npos, log);
   BOOST_TEST(log.find("is flowing again") != std::string::npos);
-  std::map<std::string, int> per_key;
-  for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
+  auto per_key = s.calls_per_key();
   BOOST_TEST(per_key.size() == keys.size());
-  for (const auto& k : keys) BOOST_TEST(per_key[to_hex(k)] == 1, k);
+  for (const auto& k : keys) BOOST_TEST(per_key[k] == 1, k);
   const std::string metrics = http_request(admin_port, "GET", "/metrics").second;
   BOOST_TEST(metrics.find("idemsink_partition_stalls_total{topic=\"orders\"") != std::string::npos);
   int stalls = 0;
@@ -214,30 +181,24 @@ BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
   BOOST_TEST(stalls == 1);
   BOOST_TEST(metrics.find("idemsink_partition_stalled{topic=\"orders\",partition=\"0\"} 0") != std::string::npos);
   BOOST_TEST(host.stop() == 0);
-  std::string audit_out;
-  BOOST_TEST(audit_exit_code(dir, host.config_path(), &audit_out) == 0, audit_out);
+  const auto [audit_rc, audit_out] = s.audit(host);
+  BOOST_TEST(audit_rc == 0, audit_out);
 }
 
 // Right after an assignment, before any record of a partition arrives, its
 // lag is measured from the group's committed offset, never reported as 0.
 BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offset) {
-  auto db = MariaDbServer::shared().fresh_database("offsets_lag");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
+  Scenario s("offsets_lag");
+  s.topic("orders", 1);
   std::set<std::string> keys;
-  kafka.produce("orders", orders(1000, 1, keys));
-  kafka.commit("g", "orders", {{0, 100}});
-  ScratchDir dir("offsets");
-  const auto calls = dir / "calls.log";
-  const int admin_port = free_port();
+  s.kafka.produce("orders", orders(1000, 1, keys));
+  s.kafka.commit("g", "orders", {{0, 100}});
   // Every record of the partition vanishes (and the stall check waits a
   // minute): the host is assigned the partition and consumes nothing of it.
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin_port) + "\"\n", "",
-                  "stall_timeout = \"60s\"\n") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
-      {{"IDEMSINK_FAULT", "drop_fetch:1"}});
+  auto& host =
+      s.host("host-a", {s.scripted("waybill", "orders")},
+             {.admin = true, .kafka_lines = "stall_timeout = \"60s\"\n", .env = {{"IDEMSINK_FAULT", "drop_fetch:1"}}});
+  const int admin_port = s.admin_port(host);
   nlohmann::json partition;
   wait_until(
       [&] {

@@ -7,14 +7,11 @@
 #include <regex>
 #include <set>
 
-#include "devkit/mariadb_server.h"
 #include "devkit/services.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -27,15 +24,6 @@ void set_waybill_faults(FakeServices& services, const std::string& json) {
 void set_sms_faults(FakeServices& services, const std::string& json) {
   const auto [status, body] = http_request(services.port(), "POST", "/admin/faults/sms", json);
   if (status != 200) throw std::runtime_error("fake services refused faults " + json + ": " + body);
-}
-
-// The value of one series in the host's /metrics, or -1 when absent.
-int64_t metric(int admin_port, const std::string& series) {
-  const auto [status, body] = http_request(admin_port, "GET", "/metrics");
-  if (status != 200) return -1;
-  const auto at = body.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stoll(body.substr(at + series.size() + 2));
 }
 
 size_t count_lines(const std::string& log, const std::string& needle) {
@@ -57,36 +45,26 @@ double longest_open_seconds(const std::string& log) {
 // `outage` while 3,000 more arrive; then it recovers.
 void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   FakeServices services(fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=40"});
-  auto db = MariaDbServer::shared().fresh_database(name);
-  TestKafka kafka;
-  kafka.create_topic("orders", 4);
-  kafka.create_topic("orders.dlq", 1);
-  ScratchDir dir("outage");
-  const int admin = free_port();
-  RouteSpec route{"waybill",
-                  "orders",
-                  shipped_plugin("waybill"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g",
-                               "max_in_flight = 500\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
-                       route_config(route));
-  kafka.produce("orders", order_messages(0, 1000));
-  wait_committed(kafka, "g", {{"orders", 4}}, host);
+  Scenario s(name);
+  s.topic("orders", 4).topic("orders.dlq", 1);
+  auto& host = s.host("host-a", {shipped_route("waybill", "orders", services.url(), "2s")},
+                      {.admin = true, .host_lines = "max_in_flight = 500\n"});
+  const int admin = s.admin_port(host);
+  s.kafka.produce("orders", order_messages(0, 1000));
+  s.wait_committed(host);
 
   set_waybill_faults(services, R"({"error_5xx": 1.0})");
   const auto outage_began = std::chrono::steady_clock::now();
-  kafka.produce("orders", order_messages(1000, 4000));
-  wait_until([&] { return metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
+  s.kafka.produce("orders", order_messages(1000, 4000));
+  wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
              "the circuit to open");
   std::this_thread::sleep_until(outage_began + outage);  // the outage's length is the scenario
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
-  BOOST_TEST(metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
+  BOOST_TEST(admin_metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
   set_waybill_faults(services, R"({"error_5xx": 0.0})");
 
-  wait_committed(kafka, "g", {{"orders", 4}}, host, 180s);
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 0);
+  s.wait_committed(host, 180s);
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 0);
   const std::string log = host.log();
   BOOST_TEST(host.stop() == 0);
 
@@ -95,11 +73,11 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   const std::set<std::string> applied = services.applied("waybill");
   BOOST_TEST(applied.size() == 4000u);
-  auto conn = MariaDbServer::shared().connect(name);
+  auto conn = s.connect();
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
-  BOOST_TEST(kafka.read_all("orders.dlq", 1).empty());
+  BOOST_TEST(s.kafka.read_all("orders.dlq", 1).empty());
   // The host kept its partitions throughout: one assignment, no rebalance.
   const size_t assignments = count_lines(log, "kafka: assigned");
   const size_t revocations = count_lines(log, "kafka: revoking") + count_lines(log, "kafka: lost");
@@ -127,32 +105,21 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
   FakeServices services(
       fake_services_binary(),
       {"--hold", "2500", "--faults", "waybill:latency_mean_ms=60,latency_p99_ms=350,timeout_after_apply=0.01"});
-  auto db = MariaDbServer::shared().fresh_database("outage_none");
-  TestKafka kafka;
-  kafka.create_topic("orders", 4);
-  kafka.create_topic("orders.dlq", 1);
-  kafka.produce("orders", order_messages(0, 3000));
-  ScratchDir dir("outage");
-  const int admin = free_port();
-  RouteSpec route{"waybill",
-                  "orders",
-                  shipped_plugin("waybill"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g",
-                               "max_in_flight = 500\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
-                       route_config(route));
-  wait_committed(kafka, "g", {{"orders", 4}}, host, 180s);
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") == 0);
+  Scenario s("outage_none");
+  s.topic("orders", 4).topic("orders.dlq", 1);
+  s.kafka.produce("orders", order_messages(0, 3000));
+  auto& host = s.host("host-a", {shipped_route("waybill", "orders", services.url(), "2s")},
+                      {.admin = true, .host_lines = "max_in_flight = 500\n"});
+  const int admin = s.admin_port(host);
+  s.wait_committed(host, 180s);
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") == 0);
   const std::string log = host.log();
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(count_lines(log, "circuit opened") == 0u);
   const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   BOOST_TEST(stats["timeouts_after_apply"].get<int>() > 0, "no call timed out: the scenario tested nothing");
-  auto conn = MariaDbServer::shared().connect("outage_none");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3000);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3000);
 }
 
 // An at-most-once gateway that times out every call: the records end
@@ -161,21 +128,10 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
 // recovers the texts that arrived meanwhile go out, each once.
 BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
   FakeServices services(fake_services_binary(), {"--hold", "1000", "--faults", "sms:timeout_after_apply=1.0"});
-  auto db = MariaDbServer::shared().fresh_database("outage_probe");
-  TestKafka kafka;
-  kafka.create_topic("texts", 2);
-  kafka.create_topic("texts.dlq", 1);
-  ScratchDir dir("outage");
-  const int admin = free_port();
-  RouteSpec route{"sms",
-                  "texts",
-                  shipped_plugin("sms"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"300ms\""}}};
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g", "admin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
-          route_config(route));
+  Scenario s("outage_probe");
+  s.topic("texts", 2).topic("texts.dlq", 1);
+  auto& host = s.host("host-a", {shipped_route("sms", "texts", services.url(), "300ms")}, {.admin = true});
+  const int admin = s.admin_port(host);
   std::vector<TestMessage> first, later;
   for (int i = 0; i < 100; ++i)
     first.push_back(
@@ -183,15 +139,14 @@ BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
   for (int i = 100; i < 150; ++i)
     later.push_back(
         {"T" + std::to_string(i), "{\"order_id\":\"T" + std::to_string(i) + "\",\"phone\":\"+8613800000000\"}"});
-  kafka.produce("texts", first);
-  wait_committed(kafka, "g", {{"texts", 2}}, host);  // all 100 ended unknown
-  auto conn = MariaDbServer::shared().connect("outage_probe");
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 1);
+  s.kafka.produce("texts", first);
+  s.wait_committed(host);  // all 100 ended unknown
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 1);
 
-  kafka.produce("texts", later);
+  s.kafka.produce("texts", later);
   set_sms_faults(services, R"({"timeout_after_apply": 0.0})");
-  wait_committed(kafka, "g", {{"texts", 2}}, host, 120s);
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 0);
+  s.wait_committed(host, 120s);
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"sms\"}") == 0);
   const std::string log = host.log();
   BOOST_TEST(host.stop() == 0);
   const auto stats = services.stats()["sms"];
@@ -205,28 +160,21 @@ BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
 // not pause the healthy route's partitions.
 BOOST_AUTO_TEST_CASE(an_open_circuit_does_not_pause_the_other_routes) {
   FakeServices services(fake_services_binary(), {"--faults", "waybill:error_5xx=1.0"});
-  auto db = MariaDbServer::shared().fresh_database("outage_other_routes");
-  TestKafka kafka;
-  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 2);
-  kafka.produce("orders", order_messages(0, 1000));
-  kafka.produce("stock", order_messages(0, 1000));
-  ScratchDir dir("outage");
-  const int admin = free_port();
-  auto route = [&](const std::string& name, const std::string& topic) {
-    return route_config(
-        {name, topic, shipped_plugin(name), "", {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}});
-  };
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g",
-                  "max_buffered_records = 300\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n") +
-          route("waybill", "orders") + route("inventory", "stock"));
+  Scenario s("outage_other_routes");
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) s.topic(t, 2);
+  s.kafka.produce("orders", order_messages(0, 1000));
+  s.kafka.produce("stock", order_messages(0, 1000));
+  auto& host = s.host("host-a",
+                      {shipped_route("waybill", "orders", services.url(), "2s"),
+                       shipped_route("inventory", "stock", services.url(), "2s")},
+                      {.admin = true, .host_lines = "max_buffered_records = 300\n"});
+  const int admin = s.admin_port(host);
   // The inventory route finishes while the waybill API is still down.
-  wait_committed(kafka, "g", {{"stock", 2}}, host, 120s);
-  BOOST_TEST(metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
-  BOOST_TEST(metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
+  s.wait_committed(host, {"stock"}, 120s);
+  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1);
+  BOOST_TEST(admin_metric(admin, "idemsink_records_dead_total{route=\"waybill\"}") == 0);
   set_waybill_faults(services, R"({"error_5xx": 0.0})");
-  wait_committed(kafka, "g", {{"orders", 2}, {"stock", 2}}, host, 120s);
+  s.wait_committed(host, {"orders", "stock"}, 120s);
   BOOST_TEST(host.stop() == 0);
   const auto stats = services.stats();
   BOOST_TEST(stats["waybill"]["applied"].get<int>() == 1000);

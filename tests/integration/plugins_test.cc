@@ -10,30 +10,20 @@
 #include <set>
 
 #include "tests/support/certificates.h"
-#include "tests/support/host_fixture.h"
-#include "devkit/mariadb_server.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
-
-namespace {}  // namespace
 
 BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   const std::string faults =
       "latency_mean_ms=4,latency_p99_ms=40,timeout_after_apply=0.1,error_5xx=0.05,reject_4xx=0.01";
   FakeServices services(fake_services_binary(), {"--hold", "1500", "--faults", "waybill:" + faults, "--faults",
                                                  "inventory:" + faults, "--faults", "sms:" + faults});
-  auto db = MariaDbServer::shared().fresh_database("plugins_faults");
-  TestKafka kafka;
+  Scenario s("plugins_faults");
   const std::vector<std::string> topics{"waybill", "inventory", "sms", "ledger"};
-  for (const auto& t : topics) {
-    kafka.create_topic(t, 4);
-    kafka.create_topic(t + ".dlq", 1);
-  }
-  ScratchDir dir("plugins");
+  for (const auto& t : topics) s.topic(t, 4).topic(t + ".dlq", 1);
   // 2500 records per topic; one in five re-publishes an earlier order.
   std::set<std::string> orders;
   for (const auto& t : topics) {
@@ -45,29 +35,22 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
       msgs.push_back({id, "{\"order_id\":\"" + id + "\",\"account\":\"acct-" + std::to_string(n % 40) +
                               "\",\"amount\":" + std::to_string(n % 90 + 10) + ".25,\"phone\":\"+8613800000000\"}"});
     }
-    kafka.produce(t, msgs);
+    s.kafka.produce(t, msgs);
   }
-  auto route = [&](const std::string& name) {
-    RouteSpec r{name,
-                name,
-                shipped_plugin(name),
-                "",
-                {},
-                "call_timeout = \"5s\"\n[route.retry]\nmax_attempts = 12\n"
-                "backoff_initial = \"20ms\"\nbackoff_max = \"200ms\"\n"};
-    if (name != "ledger") r.options = {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"300ms\""}};
-    return route_config(r);
-  };
+  const std::string retry =
+      "call_timeout = \"5s\"\n[route.retry]\nmax_attempts = 12\n"
+      "backoff_initial = \"20ms\"\nbackoff_max = \"200ms\"\n";
+  std::vector<RouteSpec> routes;
+  for (const auto& t : topics)
+    routes.push_back(t == "ledger" ? RouteSpec{t, t, shipped_plugin(t), "", {}, retry}
+                                   : shipped_route(t, t, services.url(), "300ms", retry));
   // The reconcile hook settles unknown SMS every second.
-  std::string cfg = base_config(kafka, db, "host-a", "g", "max_in_flight = 400\n");
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n");
-  for (const auto& t : topics) cfg += route(t);
-  HostProcess host(dir, "host", cfg);
+  auto& host = s.host("host-a", routes,
+                      {.host_lines = "max_in_flight = 400\n",
+                       .claim_lines = "reconcile_interval = \"1s\"\nreconcile_after = \"1s\"\n"});
 
-  std::vector<std::pair<std::string, int>> committed;
-  for (const auto& t : topics) committed.push_back({t, 4});
-  wait_committed(kafka, "g", committed, host, 180s);
-  auto conn = MariaDbServer::shared().connect("plugins_faults");
+  s.wait_committed(host, 180s);
+  auto conn = s.connect();
   // The unknown SMS (timeouts after sending) get settled by the reconcile hook.
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 0; }, 60s,
              "unknown SMS claims to be reconciled");
@@ -76,30 +59,30 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   BOOST_TEST_MESSAGE("fake services: " << stats["waybill"].dump().substr(0, 300));
   for (const char* svc : {"waybill", "inventory"}) {
     BOOST_TEST_CONTEXT(svc) {
-      const auto& s = stats[svc];
-      BOOST_TEST(s["double_applied"].get<int>() == 0);
-      BOOST_TEST(s["timeouts_after_apply"].get<int>() > 0);  // the faults really happened
-      BOOST_TEST(s["errors_5xx"].get<int>() > 0);
+      const auto& counters = stats[svc];
+      BOOST_TEST(counters["double_applied"].get<int>() == 0);
+      BOOST_TEST(counters["timeouts_after_apply"].get<int>() > 0);  // the faults really happened
+      BOOST_TEST(counters["errors_5xx"].get<int>() > 0);
       const int done = static_cast<int>(scalar(
           *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 2"));
       const int failed = static_cast<int>(scalar(
           *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 3"));
       BOOST_TEST(done + failed == static_cast<int>(orders.size()));
-      BOOST_TEST(s["orders"].get<int>() == done);          // one effect per done order, none for rejected ones
-      BOOST_TEST(failed == s["rejected_4xx"].get<int>());  // a rejection is final: one call per rejected order
+      BOOST_TEST(counters["orders"].get<int>() == done);          // one effect per done order, none for rejected ones
+      BOOST_TEST(failed == counters["rejected_4xx"].get<int>());  // a rejection is final: one call per rejected order
       BOOST_TEST(failed > 0);
-      for (const auto& [order, n] : s["per_order"].items()) BOOST_TEST(n.get<int>() == 1, order);
+      for (const auto& [order, n] : counters["per_order"].items()) BOOST_TEST(n.get<int>() == 1, order);
       // Rejected orders are dead-lettered once each.
-      BOOST_TEST(static_cast<int>(kafka.read_all(std::string(svc) + ".dlq", 1).size()) == failed);
+      BOOST_TEST(static_cast<int>(s.kafka.read_all(std::string(svc) + ".dlq", 1).size()) == failed);
     }
   }
   {
-    const auto& s = stats["sms"];
-    BOOST_TEST(s["double_applied"].get<int>() == 0);  // at most once, even with timeouts after sending
-    BOOST_TEST(s["timeouts_after_apply"].get<int>() > 0);
+    const auto& counters = stats["sms"];
+    BOOST_TEST(counters["double_applied"].get<int>() == 0);  // at most once, even with timeouts after sending
+    BOOST_TEST(counters["timeouts_after_apply"].get<int>() > 0);
     const int done =
         static_cast<int>(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2"));
-    BOOST_TEST(s["orders"].get<int>() == done);  // every SMS counted done was really sent, once
+    BOOST_TEST(counters["orders"].get<int>() == done);  // every SMS counted done was really sent, once
     BOOST_TEST(scalar(*conn,
                       "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2 AND "
                       "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
@@ -107,18 +90,16 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   // Ledger: each order credited once; the shipped duplicate check agrees.
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == static_cast<int64_t>(orders.size()));
   BOOST_TEST(host.stop() == 0);
-  auto check = run_cli(dir, "check", {"reconcile", "--check", "--config", host.config_path().string()});
+  auto check = run_cli(s.dir, "check", {"reconcile", "--check", "--config", host.config_path().string()});
   BOOST_TEST(check.first == 0, check.second);
   BOOST_TEST(check.second.find("ledger/duplicate_credits: 0 problem(s)") != std::string::npos, check.second);
-  auto audit = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
-  BOOST_TEST(audit.first == 0, audit.second);
-  BOOST_TEST(audit.second.find("audit ok") != std::string::npos, audit.second);
+  s.audit_clean(host);
 
   // A double credit slipped in behind idemsink's back is what the check is for.
   conn->execute(
       "INSERT INTO ledger_entries (biz_key, entry_type, account, amount_cents, idem_token) "
       "SELECT biz_key, entry_type, account, amount_cents, idem_token FROM ledger_entries LIMIT 1");
-  check = run_cli(dir, "check2", {"reconcile", "--check", "--config", host.config_path().string()});
+  check = run_cli(s.dir, "check2", {"reconcile", "--check", "--config", host.config_path().string()});
   BOOST_TEST(check.first == 1, check.second);
   BOOST_TEST(check.second.find("1 problem(s)") != std::string::npos, check.second);
 }
@@ -128,21 +109,16 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
 // reason; a binary value is carried as base64. The host runs on.
 BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_the_host) {
   FakeServices services(fake_services_binary());
-  auto db = MariaDbServer::shared().fresh_database("plugins_hostile");
-  TestKafka kafka;
-  for (const std::string t : {"orders", "orders.dlq", "sms", "sms.dlq"}) kafka.create_topic(t, 1);
-  kafka.produce("orders", {{"deep", std::string(200000, '[') + std::string(200000, ']')},
-                           {"binary", std::string("\xFF\x00\x80 raw", 7)},
-                           {"plain", "{\"order_id\":\"plain\"}"}});
-  kafka.produce("sms", {{std::string("S\xC0\xAF"), "{\"phone\":\"1\"}"}, {"S2", "{\"phone\":\"2\"}"}});
-  ScratchDir dir("plugins");
-  auto route = [&](const std::string& name, const std::string& topic) {
-    return route_config({name, topic, shipped_plugin(name), "", {{"endpoint", "\"" + services.url() + "\""}}});
-  };
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + route("waybill", "orders") + route("sms", "sms"));
-  wait_committed(kafka, "g", {{"orders", 1}, {"sms", 1}}, host);
-  auto conn = MariaDbServer::shared().connect("plugins_hostile");
+  Scenario s("plugins_hostile");
+  for (const std::string t : {"orders", "orders.dlq", "sms", "sms.dlq"}) s.topic(t, 1);
+  s.kafka.produce("orders", {{"deep", std::string(200000, '[') + std::string(200000, ']')},
+                             {"binary", std::string("\xFF\x00\x80 raw", 7)},
+                             {"plain", "{\"order_id\":\"plain\"}"}});
+  s.kafka.produce("sms", {{std::string("S\xC0\xAF"), "{\"phone\":\"1\"}"}, {"S2", "{\"phone\":\"2\"}"}});
+  auto& host = s.host(
+      "host-a", {shipped_route("waybill", "orders", services.url()), shipped_route("sms", "sms", services.url())});
+  s.wait_committed(host);
+  auto conn = s.connect();
   std::map<std::string, std::string> status;
   for (const auto& r : conn->query("SELECT biz_key, status FROM idemsink_claim")) status[*r[0]] = *r[1];
   BOOST_TEST(status["deep"] == "3");  // failed: refused, never sent
@@ -153,7 +129,7 @@ BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_
   const auto stats = services.stats();
   BOOST_TEST(stats["waybill"]["applied"].get<int>() == 2);
   BOOST_TEST(stats["sms"]["requests"].get<int>() == 1);
-  auto dlq = kafka.read_all("orders.dlq", 1);
+  auto dlq = s.kafka.read_all("orders.dlq", 1);
   BOOST_REQUIRE(dlq.size() == 1u);
   BOOST_TEST(dlq[0].headers["idemsink.reason"] == "permanent");
   BOOST_TEST(dlq[0].headers["idemsink.error"].find("200000 levels deep") != std::string::npos,
@@ -166,31 +142,21 @@ BOOST_AUTO_TEST_CASE(hostile_records_are_refused_before_sending_and_never_crash_
 // request; a route without it is refused by the service (401: permanent).
 BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   FakeServices services(fake_services_binary(), {"--require-token", "t0ken-from-env"});
-  auto db = MariaDbServer::shared().fresh_database("plugins_headers");
-  TestKafka kafka;
-  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < 10; ++i) msgs.push_back({"H" + std::to_string(i), "{}"});
-  kafka.produce("orders", msgs);
-  kafka.produce("stock", msgs);
-  ScratchDir dir("plugins");
-  const std::string endpoint = "\"" + services.url() + "\"";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill",
-                                     "orders",
-                                     shipped_plugin("waybill"),
-                                     "",
-                                     {{"endpoint", endpoint}, {"headers", "\"Authorization: Bearer ${API_TOKEN}\""}}}) +
-                       route_config({"inventory", "stock", shipped_plugin("inventory"), "", {{"endpoint", endpoint}}}),
-                   {{"API_TOKEN", "t0ken-from-env"}});
-  wait_committed(kafka, "g", {{"orders", 1}, {"stock", 1}}, host);
+  Scenario s("plugins_headers");
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) s.topic(t, 1);
+  const auto msgs = keyed_messages("H", 0, 10);
+  s.kafka.produce("orders", msgs);
+  s.kafka.produce("stock", msgs);
+  auto waybill = shipped_route("waybill", "orders", services.url());
+  waybill.options["headers"] = "\"Authorization: Bearer ${API_TOKEN}\"";
+  auto& host = s.host("host-a", {waybill, shipped_route("inventory", "stock", services.url())},
+                      {.env = {{"API_TOKEN", "t0ken-from-env"}}});
+  s.wait_committed(host);
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(services.stats()["inventory"]["applied"].get<int>() == 0);
-  auto conn = MariaDbServer::shared().connect("plugins_headers");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3") == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3") == 10);
   BOOST_TEST(host.log().find("t0ken-from-env") == std::string::npos);
 }
 
@@ -201,41 +167,27 @@ BOOST_AUTO_TEST_CASE(https_endpoints_verify_the_service_certificate) {
   TestCertificates certs;
   FakeServices services(fake_services_binary(),
                         {"--tls-cert", certs.path("server.pem"), "--tls-key", certs.path("server.key")});
-  auto db = MariaDbServer::shared().fresh_database("plugins_https");
-  TestKafka kafka;
-  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) kafka.create_topic(t, 1);
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < 10; ++i) msgs.push_back({"T" + std::to_string(i), "{}"});
-  kafka.produce("orders", msgs);
-  kafka.produce("stock", msgs);
-  ScratchDir dir("plugins");
-  const std::string endpoint = "\"" + services.tls_url() + "\"";
+  Scenario s("plugins_https");
+  for (const std::string t : {"orders", "orders.dlq", "stock", "stock.dlq"}) s.topic(t, 1);
+  const auto msgs = keyed_messages("T", 0, 10);
+  s.kafka.produce("orders", msgs);
+  s.kafka.produce("stock", msgs);
   const std::string give_up_fast = "[route.retry]\nmax_attempts = 2\nbackoff_initial = \"10ms\"\n";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill",
-                                     "orders",
-                                     shipped_plugin("waybill"),
-                                     "",
-                                     {{"endpoint", endpoint}, {"tls_ca", "\"" + certs.path("ca.pem") + "\""}},
-                                     give_up_fast}) +
-                       route_config({"inventory",
-                                     "stock",
-                                     shipped_plugin("inventory"),
-                                     "",
-                                     {{"endpoint", endpoint}, {"tls_ca", "\"" + certs.path("other-ca.pem") + "\""}},
-                                     // Every call failing would open the route's circuit and hold the
-                                     // records for the certificate to be fixed; off, they reach the DLQ
-                                     // with the error this test reads.
-                                     give_up_fast + "[route.circuit]\nenabled = false\n"}));
-  wait_committed(kafka, "g", {{"orders", 1}, {"stock", 1}}, host);
+  auto waybill = shipped_route("waybill", "orders", services.tls_url(), "", give_up_fast);
+  waybill.options["tls_ca"] = "\"" + certs.path("ca.pem") + "\"";
+  // Every call failing would open the route's circuit and hold the records
+  // for the certificate to be fixed; off, they reach the DLQ with the error
+  // this test reads.
+  auto inventory =
+      shipped_route("inventory", "stock", services.tls_url(), "", give_up_fast + "[route.circuit]\nenabled = false\n");
+  inventory.options["tls_ca"] = "\"" + certs.path("other-ca.pem") + "\"";
+  auto& host = s.host("host-a", {waybill, inventory});
+  s.wait_committed(host);
   BOOST_TEST(host.stop() == 0);
   const auto stats = services.stats();
   BOOST_TEST(stats["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(stats["inventory"]["requests"].get<int>() == 0);  // nothing reached the impostor
-  auto conn = MariaDbServer::shared().connect("plugins_https");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
-  BOOST_TEST(scalar(*conn,
-                    "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3 AND "
-                    "last_error LIKE '%certificate verify failed%'") == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3 AND "
+                      "last_error LIKE '%certificate verify failed%'") == 10);
 }

@@ -7,25 +7,18 @@
 #include <map>
 #include <set>
 
-#include "core/common/util.h"
-#include "tests/support/host_fixture.h"
-#include "devkit/mariadb_server.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
 
 void two_hosts_share_and_hand_over(const std::string& strategy) {
   const std::string dbname = "rebalance_" + strategy.substr(0, strategy.find('-'));
-  auto db = MariaDbServer::shared().fresh_database(dbname);
-  TestKafka kafka;
-  kafka.create_topic("orders", 8);
-  ScratchDir dir("rebalance");
-  const auto calls = dir / "calls.log";
+  Scenario s(dbname);
+  s.topic("orders", 8);
   std::vector<TestMessage> msgs;
   std::set<std::string> keys;
   for (int i = 0; i < 3000; ++i) {
@@ -33,17 +26,11 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
     keys.insert(key);
     msgs.push_back({key, "v" + key});
   }
-  kafka.produce("orders", msgs);
-  auto config = [&](const std::string& host) {
-    return base_config(kafka, db, host, "g", "max_in_flight = 200\n",
-                       "\"partition.assignment.strategy\" = \"" + strategy + "\"\n") +
-           route_config({"waybill",
-                         "orders",
-                         "scripted_idempotent.so",
-                         "",
-                         {{"log", "\"" + calls.string() + "\""}, {"delay", "\"40ms\""}}});
-  };
-  auto conn = MariaDbServer::shared().connect(dbname);
+  s.kafka.produce("orders", msgs);
+  const auto route = with_delay(s.scripted("waybill", "orders"), "40ms");
+  const Scenario::HostOptions opt{.host_lines = "max_in_flight = 200\n",
+                                  .consumer_lines = "\"partition.assignment.strategy\" = \"" + strategy + "\"\n"};
+  auto conn = s.connect();
   auto done_count = [&] {
     try {
       return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]);
@@ -52,22 +39,21 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
     }
   };
 
-  HostProcess a(dir, "host-a", config("host-a"));
+  auto& a = s.host("host-a", {route}, opt);
   wait_until([&] { return done_count() >= 300; }, 60s, "host-a to make progress");
-  HostProcess b(dir, "host-b", config("host-b"));  // partitions move while A has calls in flight
+  auto& b = s.host("host-b", {route}, opt);  // partitions move while A has calls in flight
   wait_until([&] { return b.log().find("kafka: assigned") != std::string::npos; }, 60s, "host-b to get partitions");
   wait_until([&] { return done_count() >= 1500; }, 120s, "both hosts to make progress");
   BOOST_TEST(a.stop() == 0);  // A drains and leaves; B takes everything
-  wait_committed(kafka, "g", {{"orders", 8}}, b);
+  s.wait_committed(b);
   BOOST_TEST(b.stop() == 0);
 
   // Clean hand-overs: no key was ever called twice, by either host.
-  std::map<std::string, int> invocations;
-  for (const auto& cols : read_call_log(calls)) ++invocations[cols.at(1)];
+  auto invocations = s.calls_per_key();
   BOOST_TEST(invocations.size() == keys.size());
   int twice = 0;
   for (const auto& k : keys)
-    if (invocations[to_hex(k)] != 1) ++twice;
+    if (invocations[k] != 1) ++twice;
   BOOST_TEST(twice == 0, twice << " keys called more than once");
   BOOST_TEST(done_count() == static_cast<int>(keys.size()));
   BOOST_TEST(a.log().find("revoking") != std::string::npos);
@@ -88,42 +74,33 @@ BOOST_AUTO_TEST_CASE(cooperative_sticky_rebalance_hands_over_without_duplicates)
 // window while the group waits out the dead member: it must drain and exit 0.
 BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment_exits_cleanly,
                      *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("rebalance_early_stop");
-  TestKafka kafka;
-  kafka.create_topic("orders", 6);
-  ScratchDir dir("rebalance");
-  const auto calls = dir / "calls.log";
+  Scenario s("rebalance_early_stop");
+  s.topic("orders", 6);
   std::vector<TestMessage> msgs;
   std::set<std::string> keys;
   for (int i = 0; i < 3000; ++i) {
     keys.insert("o-" + std::to_string(i));
     msgs.push_back({"o-" + std::to_string(i), "v"});
   }
-  kafka.produce("orders", msgs);
-  auto config = [&](const std::string& host, const std::string& extra_consumer = "") {
-    return base_config(kafka, db, host, "g", "",
-                       "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n" + extra_consumer) +
-           route_config({"waybill",
-                         "orders",
-                         "scripted_idempotent.so",
-                         "",
-                         {{"log", "\"" + calls.string() + "\""}, {"delay", "\"20ms\""}}});
-  };
-  HostProcess a(dir, "host-a", config("host-a"));
-  HostProcess b(dir, "host-b", config("host-b"));
-  auto c = std::make_unique<HostProcess>(dir, "host-c", config("host-c"));
-  for (HostProcess* h : {&a, &b, c.get()})
+  s.kafka.produce("orders", msgs);
+  const auto route = with_delay(s.scripted("waybill", "orders"), "20ms");
+  const std::string cooperative = "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n";
+  auto& a = s.host("host-a", {route}, {.consumer_lines = cooperative});
+  auto& b = s.host("host-b", {route}, {.consumer_lines = cooperative});
+  HostProcess* c = &s.host("host-c", {route}, {.consumer_lines = cooperative});
+  for (HostProcess* h : {&a, &b, c})
     wait_until([&] { return h->log().find("kafka: assigned") != std::string::npos; }, 60s, "every host assigned");
   c->kill();
   // Slow requests widen the window between the JoinGroup and SyncGroup answers.
-  kafka.command("rtt 1 800");
+  s.kafka.command("rtt 1 800");
+  const auto debug_log = [](std::string& cfg) {
+    cfg.replace(cfg.find("log_level = \"info\""), 18, "log_level = \"debug\"");
+  };
   for (int round = 0; round < 2; ++round) {
     BOOST_TEST_CONTEXT("restart " << round) {
       // The restarted host logs the group protocol, to be stopped right
       // after its JoinGroup answer, before any assignment.
-      std::string cfg = config("host-c", "\"debug\" = \"cgrp\"\n");
-      cfg.replace(cfg.find("log_level = \"info\""), 18, "log_level = \"debug\"");
-      c = std::make_unique<HostProcess>(dir, "host-c-" + std::to_string(round), cfg);
+      c = &s.host("host-c", {route}, {.consumer_lines = cooperative + "\"debug\" = \"cgrp\"\n", .edit = debug_log});
       wait_until([&] { return c->log().find("JoinGroup response") != std::string::npos; }, 60s,
                  "host-c's JoinGroup answer");
       const int rc = c->stop();
@@ -132,14 +109,15 @@ BOOST_AUTO_TEST_CASE(cooperative_sticky_host_stopped_before_its_first_assignment
       BOOST_TEST(c->log().find("idemsink host host-c stopped") != std::string::npos);
     }
   }
-  kafka.command("rtt 1 0");
-  wait_committed(kafka, "g", {{"orders", 6}}, a);
+  s.kafka.command("rtt 1 0");
+  s.wait_committed(a);
   BOOST_TEST(a.stop() == 0);
   BOOST_TEST(b.stop() == 0);
   // Every key called, each with one token (a call repeated after the kill
   // carries the same token: the remote applies it once).
   std::map<std::string, std::set<std::string>> tokens;
-  for (const auto& cols : read_call_log(calls)) tokens[cols.at(1)].insert(cols.at(2));
+  for (const auto& [key, calls] : s.calls_by_key())
+    for (const auto& cols : calls) tokens[key].insert(cols.at(2));
   BOOST_TEST(tokens.size() == keys.size());
   for (const auto& [key, t] : tokens) BOOST_TEST(t.size() == 1u, key);
 }

@@ -6,14 +6,11 @@
 #include <map>
 #include <regex>
 
-#include "devkit/mariadb_server.h"
 #include "devkit/services.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
-using namespace idemsink::devkit;
 using namespace std::chrono_literals;
 
 namespace {
@@ -38,23 +35,15 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   // The waybill API rejects a fixed share of orders as a business error (4xx):
   // they end failed, permanent, and are dead-lettered.
   FakeServices services(fake_services_binary(), {"--faults", "waybill:reject_4xx=0.25"});
-  auto db = MariaDbServer::shared().fresh_database("replay");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.create_topic("orders.dlq", 1);
+  Scenario s("replay");
+  s.topic("orders", 2).topic("orders.dlq", 1);
   const int kOrders = 200;
-  kafka.produce("orders", order_messages(0, kOrders));
-  ScratchDir dir("replay");
-  RouteSpec route{"waybill",
-                  "orders",
-                  shipped_plugin("waybill"),
-                  "",
-                  {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}};
-  HostProcess host(dir, "host", base_config(kafka, db, "host-a", "g") + route_config(route));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
-  auto conn = MariaDbServer::shared().connect("replay");
-  wait_until([&] { return kafka.read_all("orders.dlq", 1).size() == services.stats()["waybill"]["rejected_4xx"]; }, 60s,
-             "every rejection on the DLQ");
+  s.kafka.produce("orders", order_messages(0, kOrders));
+  auto& host = s.host("host-a", {shipped_route("waybill", "orders", services.url(), "2s")});
+  s.wait_committed(host);
+  auto conn = s.connect();
+  wait_until([&] { return s.kafka.read_all("orders.dlq", 1).size() == services.stats()["waybill"]["rejected_4xx"]; },
+             60s, "every rejection on the DLQ");
 
   // The dead ones, with the tokens their first attempts carried.
   std::map<std::string, std::string> first_token;  // biz_key -> idem_token
@@ -69,13 +58,13 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   // One replay while the remote still rejects: back to the DLQ, marked replayed.
   const std::string again = first_token.begin()->first;
   auto [rc_one, out_one] =
-      run_cli(dir, "replay-one", {"replay", "--config", cfg, "--route", "waybill", "--key", again});
+      run_cli(s.dir, "replay-one", {"replay", "--config", cfg, "--route", "waybill", "--key", again});
   BOOST_TEST(rc_one == 0, out_one);
   BOOST_TEST(out_one.find("1 failed claim(s) matched, 1 re-opened") != std::string::npos, out_one);
-  auto dlq = kafka.read_all("orders.dlq", 1);
+  auto dlq = s.kafka.read_all("orders.dlq", 1);
   wait_until(
       [&] {
-        dlq = kafka.read_all("orders.dlq", 1);
+        dlq = s.kafka.read_all("orders.dlq", 1);
         return static_cast<int>(dlq.size()) == dead + 1;
       },
       60s, "the replayed record dead again");
@@ -91,7 +80,7 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
 
   // A dry run changes nothing.
   auto [rc_dry, out_dry] =
-      run_cli(dir, "replay-dry", {"replay", "--config", cfg, "--route", "waybill", "--dry-run", "--since", "1h"});
+      run_cli(s.dir, "replay-dry", {"replay", "--config", cfg, "--route", "waybill", "--dry-run", "--since", "1h"});
   BOOST_TEST(rc_dry == 0, out_dry);
   BOOST_TEST(count_in(out_dry, "would replay: key ") == dead, out_dry);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == dead);
@@ -99,15 +88,15 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   // Two replays at once, while the host runs.
   const std::vector<std::string> args{idemsink_binary(), "replay",  "--config", cfg,
                                       "--route",         "waybill", "--reason", "permanent"};
-  Process a(args, dir / "replay-a.out", dir / "replay-a.err");
-  Process b(args, dir / "replay-b.out", dir / "replay-b.err");
+  Process a(args, s.dir / "replay-a.out", s.dir / "replay-a.err");
+  Process b(args, s.dir / "replay-b.out", s.dir / "replay-b.err");
   BOOST_TEST(a.wait(120s).value_or(-1) == 0, a.out() + a.err());
   BOOST_TEST(b.wait(120s).value_or(-1) == 0, b.out() + b.err());
   // Between them, each dead record re-opened once.
   BOOST_TEST(replayed_count(a.out()) + replayed_count(b.out()) == dead, a.out() + b.out());
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == kOrders; }, 120s,
              "every order done");
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  s.wait_committed(host);
 
   // Each order applied once; each dead one under the token of its first attempt.
   const auto stats = services.stats()["waybill"];
@@ -119,30 +108,25 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   }
   // One replay row per replayed record, two for the one replayed twice.
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE purpose = 3") == dead + 1);
-  BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == static_cast<size_t>(dead + 1));  // no new dead letters
+  BOOST_TEST(s.kafka.read_all("orders.dlq", 1).size() == static_cast<size_t>(dead + 1));  // no new dead letters
   // A second replay finds nothing; the audit is clean.
-  auto [rc_none, out_none] = run_cli(dir, "replay-none", {"replay", "--config", cfg, "--route", "waybill"});
+  auto [rc_none, out_none] = run_cli(s.dir, "replay-none", {"replay", "--config", cfg, "--route", "waybill"});
   BOOST_TEST(out_none.find("0 failed claim(s) matched") != std::string::npos, out_none);
-  auto [rc_audit, out_audit] = run_cli(dir, "audit", {"audit", "--config", cfg});
+  auto [rc_audit, out_audit] = s.audit(host);
   BOOST_TEST(rc_audit == 0, out_audit);
   BOOST_TEST(host.stop() == 0);
 }
 
 BOOST_AUTO_TEST_CASE(replay_refuses_bad_input_with_a_clear_error) {
-  auto db = MariaDbServer::shared().fresh_database("replay_usage");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  ScratchDir dir("replay");
-  const auto file = dir / "host.toml";
-  write_file(
-      file,
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill", "orders", shipped_plugin("waybill"), "", {{"endpoint", "\"http://127.0.0.1:1\""}}}));
-  auto [rc_route, out_route] = run_cli(dir, "no-route", {"replay", "--config", file.string(), "--route", "nope"});
+  Scenario s("replay_usage");
+  s.topic("orders", 1);
+  const auto file = s.dir / "host.toml";
+  write_file(file, s.config("host-a", {shipped_route("waybill", "orders", "http://127.0.0.1:1")}));
+  auto [rc_route, out_route] = run_cli(s.dir, "no-route", {"replay", "--config", file.string(), "--route", "nope"});
   BOOST_TEST(rc_route == 2);
   BOOST_TEST(out_route.find("--route nope: no such route") != std::string::npos, out_route);
   auto [rc_since, out_since] =
-      run_cli(dir, "bad-since", {"replay", "--config", file.string(), "--route", "waybill", "--since", "yesterday"});
+      run_cli(s.dir, "bad-since", {"replay", "--config", file.string(), "--route", "waybill", "--since", "yesterday"});
   BOOST_TEST(rc_since == 2);
   BOOST_TEST(out_since.find("--since \"yesterday\"") != std::string::npos, out_since);
 }
@@ -151,28 +135,19 @@ BOOST_AUTO_TEST_CASE(replay_refuses_bad_input_with_a_clear_error) {
 // call) must not make the replay think they may have been sent.
 BOOST_AUTO_TEST_CASE(replayed_at_most_once_records_are_sent_once) {
   FakeServices services(fake_services_binary(), {"--faults", "sms:reject_4xx=1.0"});
-  auto db = MariaDbServer::shared().fresh_database("replay_sms");
-  TestKafka kafka;
-  kafka.create_topic("texts", 1);
-  kafka.create_topic("texts.dlq", 1);
+  Scenario s("replay_sms");
+  s.topic("texts", 1).topic("texts.dlq", 1);
   std::vector<TestMessage> msgs;
   for (int i = 0; i < 10; ++i)
     msgs.push_back(
         {"S" + std::to_string(i), "{\"order_id\":\"S" + std::to_string(i) + "\",\"phone\":\"+8613800000000\"}"});
-  kafka.produce("texts", msgs);
-  ScratchDir dir("replay");
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"sms",
-                                     "texts",
-                                     shipped_plugin("sms"),
-                                     "",
-                                     {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"2s\""}}}));
-  wait_committed(kafka, "g", {{"texts", 1}}, host);
-  auto conn = MariaDbServer::shared().connect("replay_sms");
+  s.kafka.produce("texts", msgs);
+  auto& host = s.host("host-a", {shipped_route("sms", "texts", services.url(), "2s")});
+  s.wait_committed(host);
+  auto conn = s.connect();
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == 10);
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"reject_4xx": 0.0})").first == 200);
-  auto [rc, out] = run_cli(dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "sms"});
+  auto [rc, out] = run_cli(s.dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "sms"});
   BOOST_TEST(rc == 0, out);
   wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 10; }, 60s,
              "every text sent");

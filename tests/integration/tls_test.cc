@@ -8,8 +8,7 @@
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
 #include "tests/support/certificates.h"
-#include "tests/support/host_fixture.h"
-#include "tests/support/test_kafka.h"
+#include "tests/support/scenario.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -30,8 +29,9 @@ struct TlsServer {
     root.execute("CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY 'app-pw' REQUIRE SSL");
     root.execute("GRANT ALL PRIVILEGES ON *.* TO 'app'@'%'");
   }
-  config::DatabaseConfig app(const std::string& dbname) {
-    auto cfg = server.fresh_database(dbname);
+  config::DatabaseConfig app(const std::string& dbname) { return as_app(server.fresh_database(dbname)); }
+  /// The same database, reached as the application's user with verification.
+  config::DatabaseConfig as_app(config::DatabaseConfig cfg) {
     cfg.user = "app";
     cfg.password = "app-pw";
     cfg.tls_mode = "verify";
@@ -89,25 +89,16 @@ BOOST_AUTO_TEST_CASE(verify_mode_connects_over_tls_and_refuses_a_wrong_ca) {
 }
 
 BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
-  auto& s = tls_server();
-  const auto db = s.app("tls_host");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < 50; ++i) msgs.push_back({"t-" + std::to_string(i), "v"});
-  kafka.produce("orders", msgs);
-  ScratchDir dir("tls");
-  std::string cfg =
-      base_config(kafka, db, "host-a", "g") +
-      route_config(
-          {"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  cfg.replace(
-      cfg.find("[database]\n"), 11,
-      "[database]\npassword = \"app-pw\"\ntls_mode = \"verify\"\ntls_ca = \"" + s.certs.path("ca.pem") + "\"\n");
-  HostProcess host(dir, "host", cfg);
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  auto& tls = tls_server();
+  Scenario s("tls_host", tls.server);
+  const auto db = tls.as_app(s.db);
+  s.topic("orders", 2);
+  s.kafka.produce("orders", keyed_messages("t-", 0, 50, "v"));
+  // The host connects as the application's user, with its password, over TLS.
+  auto& host = s.host("host-a", {s.scripted("r", "orders")}, {.database = db});
+  s.wait_committed(host);
   BOOST_TEST(host.stop() == 0);
-  BOOST_TEST(read_call_log(dir / "calls.log").size() == 50u);
+  BOOST_TEST(read_call_log(s.calls_log()).size() == 50u);
   db::Connection c(db);
   BOOST_TEST(*c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0] == "50");
 }

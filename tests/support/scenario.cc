@@ -2,6 +2,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <stdexcept>
+
 namespace idemsink::test {
 
 Scenario::Scenario(const std::string& name, int brokers) : Scenario(name, devkit::MariaDbServer::shared(), brokers) {}
@@ -20,16 +23,38 @@ RouteSpec Scenario::scripted(const std::string& route, const std::string& topic,
   return RouteSpec{route, topic, plugin, "", {{"log", "\"" + calls_log().string() + "\""}}, extra};
 }
 
+std::string Scenario::config(const std::string& id, const std::vector<RouteSpec>& routes,
+                             const HostOptions& opt) const {
+  const config::DatabaseConfig& d = opt.database ? *opt.database : db;
+  std::string cfg = base_config(kafka, d, id, opt.group, opt.host_lines, opt.consumer_lines, opt.kafka_lines);
+  auto insert_after = [&](const std::string& header, const std::string& lines) {
+    cfg.replace(cfg.find(header), header.size(), header + lines);
+  };
+  if (!opt.claim_lines.empty()) insert_after("[claim]\n", opt.claim_lines);
+  if (!opt.producer_lines.empty()) {
+    const std::string consumer = "[kafka.consumer]\n";
+    cfg.replace(cfg.find(consumer), consumer.size(), "[kafka.producer]\n" + opt.producer_lines + consumer);
+  }
+  std::string database_lines;
+  if (!d.password.empty()) database_lines += "password = \"" + d.password + "\"\n";
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"tls_mode", &d.tls_mode},
+                                   {"tls_ca", &d.tls_ca},
+                                   {"tls_cert", &d.tls_cert},
+                                   {"tls_key", &d.tls_key}})
+    if (!value->empty()) database_lines += std::string(key) + " = \"" + *value + "\"\n";
+  if (!database_lines.empty()) insert_after("[database]\n", database_lines);
+  for (const auto& r : routes) cfg += route_config(r);
+  if (opt.edit) opt.edit(cfg);
+  return cfg;
+}
+
 HostProcess& Scenario::host(const std::string& id, const std::vector<RouteSpec>& routes, HostOptions opt) {
-  std::string host_lines = opt.host_lines;
   int port = 0;
   if (opt.admin) {
     port = devkit::free_port();
-    host_lines += "admin_listen = \"127.0.0.1:" + std::to_string(port) + "\"\n";
+    opt.host_lines += "admin_listen = \"127.0.0.1:" + std::to_string(port) + "\"\n";
   }
-  std::string cfg = base_config(kafka, db, id, opt.group, host_lines, opt.consumer_lines, opt.kafka_lines);
-  if (!opt.claim_lines.empty()) cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\n" + opt.claim_lines);
-  for (const auto& r : routes) cfg += route_config(r);
+  const std::string cfg = config(id, routes, opt);
   hosts_.push_back(std::make_unique<HostProcess>(dir, id + "-" + std::to_string(hosts_.size()), cfg, opt.env));
   if (opt.admin) admin_ports_[hosts_.back().get()] = port;
   return *hosts_.back();
@@ -44,6 +69,9 @@ int Scenario::admin_port(const HostProcess& host) const {
 void Scenario::wait_committed(HostProcess& host, std::chrono::milliseconds timeout,
                               const std::vector<std::string>& topics, const std::string& group) {
   std::vector<std::pair<std::string, int>> which;
+  for (const auto& t : topics)
+    if (std::none_of(topics_.begin(), topics_.end(), [&](const auto& made) { return made.first == t; }))
+      throw std::logic_error("wait_committed: the scenario made no topic " + t);
   for (const auto& [t, partitions] : topics_)
     if (topics.empty() || std::find(topics.begin(), topics.end(), t) != topics.end()) which.emplace_back(t, partitions);
   // DLQ topics are not consumed by the group: they are not waited for.
@@ -51,6 +79,20 @@ void Scenario::wait_committed(HostProcess& host, std::chrono::milliseconds timeo
     return topics.empty() && t.first.size() > 4 && t.first.compare(t.first.size() - 4, 4, ".dlq") == 0;
   });
   test::wait_committed(kafka, group, which, host, timeout);
+}
+
+std::vector<ConsumedMessage> Scenario::wait_records(const std::string& topic, size_t n,
+                                                    std::chrono::milliseconds timeout) {
+  const auto made = std::find_if(topics_.begin(), topics_.end(), [&](const auto& t) { return t.first == topic; });
+  if (made == topics_.end()) throw std::logic_error("wait_records: the scenario made no topic " + topic);
+  std::vector<ConsumedMessage> out;
+  devkit::wait_until(
+      [&] {
+        out = kafka.read_all(topic, made->second);
+        return out.size() >= n;
+      },
+      timeout, std::to_string(n) + " records on " + topic);
+  return out;
 }
 
 std::unique_ptr<db::Connection> Scenario::connect() const { return std::make_unique<db::Connection>(db); }
@@ -70,19 +112,60 @@ std::string hex_of(std::string_view bytes) {
   return out;
 }
 
-std::map<std::string, int> Scenario::calls_per_key() const {
+namespace {
+
+std::string unhex(const std::string& h) {
+  std::string key;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) key.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  return key;
+}
+
+}  // namespace
+
+std::map<std::string, int> Scenario::calls_per_key(const std::filesystem::path& log) {
   std::map<std::string, int> out;
-  if (!std::filesystem::exists(calls_log())) return out;
-  for (const auto& cols : read_call_log(calls_log())) {
-    const std::string& h = cols.at(1);
-    std::string key;
-    for (size_t i = 0; i + 1 < h.size(); i += 2)
-      key.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-    ++out[key];
-  }
+  if (!std::filesystem::exists(log)) return out;
+  for (const auto& cols : read_call_log(log)) ++out[unhex(cols.at(1))];
   return out;
 }
 
-void Scenario::audit_clean(HostProcess& host) { test::audit_clean(dir, host); }
+std::map<std::string, std::vector<std::vector<std::string>>> Scenario::calls_by_key() const {
+  std::map<std::string, std::vector<std::vector<std::string>>> out;
+  if (!std::filesystem::exists(calls_log())) return out;
+  for (auto& cols : read_call_log(calls_log())) out[unhex(cols.at(1))].push_back(std::move(cols));
+  return out;
+}
+
+std::pair<int, std::string> Scenario::audit(HostProcess& host) {
+  const std::string run = "audit-" + std::to_string(++audits_);
+  devkit::Process p({idemsink_binary(), "audit", "--config", host.config_path().string()}, dir / (run + ".out"),
+                    dir / (run + ".err"));
+  const auto rc = p.wait(std::chrono::minutes(5));
+  return {rc.value_or(-1), p.out() + p.err()};
+}
+
+void Scenario::audit_clean(HostProcess& host) {
+  const auto [rc, out] = audit(host);
+  BOOST_TEST(rc == 0, out);
+  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
+}
+
+std::vector<TestMessage> keyed_messages(const std::string& prefix, int from, int to, const std::string& value) {
+  std::vector<TestMessage> out;
+  for (int i = from; i < to; ++i) out.push_back({prefix + std::to_string(i), value});
+  return out;
+}
+
+RouteSpec with_delay(RouteSpec route, const std::string& delay) {
+  route.options["delay"] = "\"" + delay + "\"";
+  return route;
+}
+
+RouteSpec shipped_route(const std::string& plugin, const std::string& topic, const std::string& endpoint,
+                        const std::string& timeout, const std::string& extra) {
+  RouteSpec r{plugin, topic, shipped_plugin(plugin), "", {{"endpoint", "\"" + endpoint + "\""}}, extra};
+  if (!timeout.empty()) r.options["timeout"] = "\"" + timeout + "\"";
+  return r;
+}
 
 }  // namespace idemsink::test

@@ -15,8 +15,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,25 +59,56 @@ class Scenario {
     std::string consumer_lines;  ///< more lines for [kafka.consumer]
     std::string kafka_lines;     ///< more lines for [kafka]
     std::string claim_lines;     ///< more lines for [claim]
+    std::string producer_lines;  ///< lines for a [kafka.producer] table
+    /// Another database than the scenario's (a wrong one, another user);
+    /// its password and TLS settings are written too.
+    std::optional<config::DatabaseConfig> database;
+    /// A last change to the generated text, for what no field above says.
+    std::function<void(std::string&)> edit;
     std::map<std::string, std::string> env;
   };
-  /// Starts `idemsink run` as host `id` with these routes.
+  /// The config host() starts `id` with (without the admin port): for the
+  /// CLI commands a test runs on a config of its own.
+  std::string config(const std::string& id, const std::vector<RouteSpec>& routes, const HostOptions& opt) const;
+  std::string config(const std::string& id, const std::vector<RouteSpec>& routes) const {
+    return config(id, routes, {});
+  }
+  /// Starts `idemsink run` as host `id` with these routes. The scenario owns
+  /// every host it started, until its end.
   HostProcess& host(const std::string& id, const std::vector<RouteSpec>& routes, HostOptions opt);
   HostProcess& host(const std::string& id, const std::vector<RouteSpec>& routes) { return host(id, routes, {}); }
   /// The admin port of a host started with `admin`.
   int admin_port(const HostProcess& host) const;
 
   /// Waits until `group` committed every topic of the scenario (or only
-  /// `topics`) to its high watermark; fails early if the host exits.
+  /// `topics`) to its high watermark; fails early if the host exits. Without
+  /// `topics`, the DLQ topics (named *.dlq) are left out: no group reads them.
   void wait_committed(HostProcess& host, std::chrono::milliseconds timeout = std::chrono::seconds(120),
                       const std::vector<std::string>& topics = {}, const std::string& group = "g");
+  void wait_committed(HostProcess& host, const std::vector<std::string>& topics,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
+    wait_committed(host, timeout, topics);
+  }
+  /// Reads `topic` (every partition the scenario made it with) until it holds
+  /// at least `n` records; returns them all.
+  std::vector<ConsumedMessage> wait_records(const std::string& topic, size_t n,
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
   std::unique_ptr<db::Connection> connect() const;
   /// The first column of the first row of `sql` on the scenario's database.
   int64_t scalar(const std::string& sql) const;
-  /// Calls per biz_key in calls_log() (keys as they were, not hex).
-  std::map<std::string, int> calls_per_key() const;
-  /// Every committed record accounted for (`idemsink audit` of the host's config).
+  /// Calls per biz_key in calls_log() (keys as they were, not hex), or in
+  /// another log a scripted plugin wrote.
+  std::map<std::string, int> calls_per_key() const { return calls_per_key(calls_log()); }
+  static std::map<std::string, int> calls_per_key(const std::filesystem::path& log);
+  /// Every call per biz_key in calls_log(), in order; each call's columns as
+  /// read_call_log() gives them: route, biz_key (hex), idem_token, attempt,
+  /// outcome, time in ms.
+  std::map<std::string, std::vector<std::vector<std::string>>> calls_by_key() const;
+  /// `idemsink audit` of the host's config: {exit code (-1: no end within 5
+  /// minutes), what it printed}.
+  std::pair<int, std::string> audit(HostProcess& host);
+  /// Every committed record accounted for: the audit exits 0 saying "audit ok".
   void audit_clean(HostProcess& host);
 
   const std::string name;
@@ -87,9 +120,21 @@ class Scenario {
   std::vector<std::pair<std::string, int>> topics_;
   std::vector<std::unique_ptr<HostProcess>> hosts_;
   std::map<const HostProcess*, int> admin_ports_;
+  int audits_ = 0;
 };
 
 /// Hex of bytes, as the scripted plugins log biz_keys.
 std::string hex_of(std::string_view bytes);
+
+/// Records keyed <prefix><from> .. <prefix><to - 1>, each with `value`.
+std::vector<TestMessage> keyed_messages(const std::string& prefix, int from, int to, const std::string& value = "{}");
+
+/// `route` (a scripted() one) with every call taking `delay` (e.g. "5ms").
+RouteSpec with_delay(RouteSpec route, const std::string& delay);
+
+/// A shipped plugin's route (waybill, inventory, sms) calling `endpoint`
+/// (a FakeServices url()), with the plugin's `timeout` when one is given.
+RouteSpec shipped_route(const std::string& plugin, const std::string& topic, const std::string& endpoint,
+                        const std::string& timeout = "", const std::string& extra = "");
 
 }  // namespace idemsink::test

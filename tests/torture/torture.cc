@@ -582,7 +582,8 @@ struct Verdict {
   void fail(const std::string& inv, const std::string& what) { failed.emplace_back(inv, what); }
 };
 
-// Waits for progress: every topic committed to its end, no claim pending.
+// Waits for progress: every topic committed to its end, no claim pending,
+// the outbox drained.
 void check_progress(World& w, Verdict& v, std::chrono::seconds bound) {
   std::string behind;
   const auto deadline = Clock::now() + bound;
@@ -600,6 +601,11 @@ void check_progress(World& w, Verdict& v, std::chrono::seconds bound) {
         db::Connection c(*cfg);
         const int64_t pending = scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)");
         if (pending > 0) behind += " " + std::to_string(pending) + " claim(s) pending or unknown in " + cfg->database;
+        // A letter is progress too: the relay retries a leaderless DLQ
+        // partition with a backoff of up to 30 s after the fault has ended.
+        const int64_t unpublished = scalar(c,
+            "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE dlq_topic <> '' AND published_at IS NULL");
+        if (unpublished > 0) behind += " " + std::to_string(unpublished) + " outbox row(s) unpublished in " + cfg->database;
       }
     } catch (const std::exception& e) {
       behind = std::string(" (") + e.what() + ")";
