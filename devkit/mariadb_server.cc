@@ -1,6 +1,10 @@
 #include "devkit/mariadb_server.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include <stdexcept>
 #include <thread>
@@ -32,6 +36,16 @@ MariaDbServer::MariaDbServer(std::vector<std::string> extra_args, bool grant_tab
   if (!rc || *rc != 0)
     throw std::runtime_error("mariadb-install-db failed: " + read_file(dir_ / "install.err") +
                              read_file(dir_ / "install.out"));
+  if (rsync_as_nobody()) {
+    // A joining Galera node receives its state by rsync, whose daemon drops
+    // root for nobody: the data directory must be open to it (and what the
+    // server creates later, see start()).
+    namespace fs = std::filesystem;
+    fs::permissions(dir_.path(), fs::perms::all);
+    for (const auto& e : fs::recursive_directory_iterator(dir_ / "data"))
+      fs::permissions(e.path(), fs::perms::all);
+    fs::permissions(dir_ / "data", fs::perms::all);
+  }
   port_ = free_port();
   socket_ = (dir_ / "mysqld.sock").string();
   start();
@@ -42,6 +56,10 @@ MariaDbServer::~MariaDbServer() {
     server_->signal(SIGTERM);
     if (!server_->wait(std::chrono::seconds(20))) server_->kill_now();
   }
+}
+
+bool MariaDbServer::rsync_as_nobody() const {
+  return ::geteuid() == 0 && std::find(extra_args_.begin(), extra_args_.end(), "--wsrep-on=ON") != extra_args_.end();
 }
 
 void MariaDbServer::start() {
@@ -59,7 +77,9 @@ void MariaDbServer::start() {
                                 "--pid-file=" + (dir_ / "mysqld.pid").string()};
   if (!grant_tables_) args.push_back("--skip-grant-tables");
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-  server_ = std::make_unique<Process>(args, dir_ / "server.out", dir_ / "server.err");
+  std::map<std::string, std::string> env;
+  if (rsync_as_nobody()) env = {{"UMASK", "0666"}, {"UMASK_DIR", "0777"}};  // the modes of new files, directories
+  server_ = std::make_unique<Process>(args, dir_ / "server.out", dir_ / "server.err", env);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     try {
@@ -106,6 +126,90 @@ config::DatabaseConfig MariaDbServer::fresh_database(const std::string& name) {
   c.execute("DROP DATABASE IF EXISTS `" + name + "`");
   c.execute("CREATE DATABASE `" + name + "` CHARACTER SET utf8mb4");
   return database(name);
+}
+
+std::vector<std::string> MariaDbServer::replication_args(int server_id) {
+  return {"--server-id=" + std::to_string(server_id), "--log-bin=mysql-bin", "--binlog-format=ROW",
+          "--log-slave-updates", "--relay-log=relay-bin"};
+}
+
+std::vector<std::string> MariaDbServer::galera_args(size_t index, const std::vector<int>& gcomm_ports,
+                                                   bool bootstrap) {
+  std::string members;
+  for (int p : gcomm_ports) members += (members.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
+  const std::string me = "127.0.0.1:" + std::to_string(gcomm_ports.at(index));
+  std::vector<std::string> args{
+      "--wsrep-on=ON",
+      "--wsrep-provider=/usr/lib/galera/libgalera_smm.so",
+      "--wsrep-cluster-name=idemsink-test",
+      "--wsrep-cluster-address=gcomm://" + (bootstrap ? std::string() : members),
+      "--wsrep-node-name=node" + std::to_string(index + 1),
+      "--wsrep-node-address=" + me,
+      "--wsrep-provider-options=gmcast.listen_addr=tcp://" + me + ";ist.recv_addr=127.0.0.1:" +
+          std::to_string(free_port()) + ";gcache.size=64M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S",
+      "--wsrep-sst-method=rsync",
+      "--wsrep-sst-receive-address=127.0.0.1:" + std::to_string(free_port()),
+      "--binlog-format=ROW",
+      "--default-storage-engine=InnoDB",
+      "--innodb-autoinc-lock-mode=2",
+  };
+  if (bootstrap) args.push_back("--wsrep-new-cluster");
+  return args;
+}
+
+void MariaDbServer::execute(const std::string& sql) const {
+  db::Connection c(root_over_socket());
+  c.execute(sql);
+}
+
+void MariaDbServer::replicate_from(const MariaDbServer& primary, int delay_s, bool semi_sync) {
+  if (semi_sync) {
+    // Never falls back to asynchronous (the timeout is long): every commit the
+    // primary acknowledges has reached this replica.
+    primary.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON, rpl_semi_sync_master_timeout = 600000");
+    execute("SET GLOBAL rpl_semi_sync_slave_enabled = ON");
+  }
+  execute("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = " + std::to_string(primary.port()) +
+          ", MASTER_USER = 'root', MASTER_PASSWORD = '', MASTER_USE_GTID = slave_pos, MASTER_DELAY = " +
+          std::to_string(delay_s));
+  execute("START SLAVE");
+  db::Connection c(root_over_socket());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    auto rows = c.query("SHOW SLAVE STATUS");
+    // Slave_IO_Running and Slave_SQL_Running are columns 10 and 11.
+    if (!rows.empty() && rows[0].size() > 11 && rows[0][10].value_or("") == "Yes" && rows[0][11].value_or("") == "Yes")
+      return;
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("replication did not start within 30s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void MariaDbServer::promote(bool apply_received) {
+  db::Connection c(root_over_socket());
+  if (apply_received) {
+    // The primary is gone: nothing more arrives. Wait until the SQL thread
+    // has applied what the relay log holds.
+    c.execute("STOP SLAVE IO_THREAD");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::stoll(c.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE "
+                              "'%read all relay log%'")
+                          .at(0)
+                          .at(0)
+                          .value_or("0")) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the relay log was not applied in 60s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  c.execute("STOP SLAVE");
+  c.execute("RESET SLAVE ALL");
+  c.execute("SET GLOBAL read_only = OFF");
+}
+
+void MariaDbServer::lag_by(int delay_s) {
+  execute("STOP SLAVE");
+  execute("CHANGE MASTER TO MASTER_DELAY = " + std::to_string(delay_s));
+  execute("START SLAVE");
 }
 
 std::unique_ptr<db::Connection> MariaDbServer::connect(const std::string& name) const {

@@ -37,6 +37,33 @@ class MariaDbServer {
   /// clients (TLS, a user's privileges).
   config::DatabaseConfig root_over_socket() const;
 
+  // Replication, for failover tests. Start both servers with
+  // replication_args(id) (binlog on, a server id of their own).
+
+  /// mariadbd arguments of a server taking part in replication.
+  static std::vector<std::string> replication_args(int server_id);
+  /// Makes this server a replica of `primary`, applying what it receives
+  /// `delay_s` seconds late (a replica that lags); with `semi_sync`, the
+  /// primary's commits wait until this replica has received them.
+  void replicate_from(const MariaDbServer& primary, int delay_s = 0, bool semi_sync = false);
+  /// Promotes a replica whose primary is gone: what it received but has not
+  /// applied yet is applied first when `apply_received` (semi-synchronous:
+  /// nothing acknowledged is lost), thrown away otherwise (asynchronous with
+  /// a lag: the last seconds are lost); then it stops replicating and takes
+  /// writes.
+  void promote(bool apply_received);
+  /// From now on, this replica applies what it receives `delay_s` seconds
+  /// late (the schema and the rows so far are already here).
+  void lag_by(int delay_s);
+  /// SQL as root over the socket.
+  void execute(const std::string& sql) const;
+
+  /// mariadbd arguments of node `index` (0-based) of a Galera cluster whose
+  /// nodes listen for group communication on `gcomm_ports`; node 0 with
+  /// `bootstrap` starts the cluster, the others join it (state transfer by
+  /// rsync).
+  static std::vector<std::string> galera_args(size_t index, const std::vector<int>& gcomm_ports, bool bootstrap);
+
   int port() const { return port_; }
   /// The server process (its CPU time, for benchmarks).
   pid_t pid() const { return server_->pid(); }
@@ -44,6 +71,8 @@ class MariaDbServer {
 
  private:
   void start();
+  /// A Galera node run by root: the joiner's rsync daemon runs as nobody.
+  bool rsync_as_nobody() const;
   ScratchDir dir_;
   std::vector<std::string> extra_args_;
   bool grant_tables_;

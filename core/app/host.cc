@@ -14,6 +14,7 @@
 
 #include "core/admin/admin_server.h"
 #include "core/app/build_info.h"
+#include "core/claim/offsets.h"
 #include "core/claim/schema.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -56,7 +57,8 @@ std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::C
 std::vector<std::string> schema_statements(const config::Config& cfg,
                                            const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   std::vector<std::string> stmts{claim::claim_table(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3}),
-                                 claim::key_directory_table(), dlq::Outbox::schema(), pipeline::RouteControl::schema()};
+                                 claim::key_directory_table(), claim::meta_table(), claim::OffsetStore::schema(),
+                                 dlq::Outbox::schema(), pipeline::RouteControl::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -79,6 +81,7 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
       throw;
     }
     c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+    claim::token_namespace(c, true);  // made once per deployment; kept by every replica
     c.execute(dlq::Outbox::schema());
     dlq::Outbox::migrate(c);
     c.execute(pipeline::RouteControl::schema());
@@ -136,6 +139,15 @@ void prepare_database(Slice& s) {
            {"idemsink_claim", "idemsink_claim_key", "idemsink_dlq_outbox", "idemsink_route_control"})
         c.query(std::string("SELECT 1 FROM ") + table + " LIMIT 0");
     });
+  }
+  if (s.cfg.claim.derived_tokens) {
+    std::string ns;
+    db::Pool::run_once(s.cfg.database,
+                       [&](db::Connection& c) { ns = claim::token_namespace(c, s.cfg.claim.apply_schema); });
+    if (ns.empty())
+      throw db::DbError(0, "claim.derived_tokens needs the deployment's token namespace in idemsink_meta, and "
+                           "claim.apply_schema is off: run `idemsink schema apply` once");
+    s.engine->set_token_namespace(ns);
   }
   s.engine->route_control().load_at_start();
 }

@@ -140,6 +140,11 @@ std::string bucket_of(int64_t timestamp_ms) {
 ClaimStore::ClaimStore(std::string host_id, std::string owner, std::chrono::milliseconds lease)
     : host_id_(std::move(host_id)), owner_(std::move(owner)), lease_(lease) {}
 
+std::string ClaimStore::new_token(const std::string& ns, const std::string& biz_key) const {
+  if (token_namespace_.empty()) return random_uuid();
+  return name_uuid(token_namespace_, ns + '\0' + biz_key);
+}
+
 std::string ClaimStore::lease_expr() const {
   return "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
 }
@@ -218,7 +223,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
         continue;
       }
       auto [tok, fresh] = tokens.try_emplace(index(r.key.ns, r.key.biz_key));
-      if (fresh) tok->second = random_uuid();
+      if (fresh) tok->second = new_token(r.key.ns, r.key.biz_key);
       sql += (rows++ ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
              date_literal(r.key.bucket) + ", 1, 1, '" + tok->second + "', " + owner + ", " + lease + ", " +
              Connection::hex(r.payload_hash) + ", " + c.quote(r.src_topic) + ", " + std::to_string(r.src_partition) +

@@ -135,6 +135,13 @@ class ClaimStore {
 
   const std::string& owner() const { return owner_; }
 
+  /// Derive new claims' idem_tokens from (namespace, biz_key) in this UUID
+  /// namespace (claim.derived_tokens); "" draws them at random. Set before
+  /// the first claim.
+  void set_token_namespace(std::string ns) { token_namespace_ = std::move(ns); }
+  /// The token a new claim of this key gets.
+  std::string new_token(const std::string& ns, const std::string& biz_key) const;
+
   /// Claims a batch. Requests must have distinct (ns, biz_key). `memory`
   /// belongs to the job and survives its re-runs.
   std::vector<ClaimResult> claim(db::Connection& c, std::span<const ClaimRequest> reqs, ClaimJobMemory& memory) const;
@@ -250,6 +257,7 @@ class ClaimStore {
   std::string host_id_;
   std::string owner_;
   std::chrono::milliseconds lease_;
+  std::string token_namespace_;
 };
 
 }  // namespace idemsink::claim

@@ -1,5 +1,8 @@
 #include "core/claim/schema.h"
 
+#include "core/claim/offsets.h"
+#include "core/common/util.h"
+
 #include <ctime>
 #include <set>
 
@@ -108,6 +111,25 @@ constexpr size_t kDirectoryDeleteBatch = 10000;
 
 const char* key_directory_table() { return kKeyDirectory; }
 
+const char* meta_table() {
+  return R"(CREATE TABLE IF NOT EXISTS idemsink_meta (
+  name          VARCHAR(64)     NOT NULL,
+  value         VARCHAR(255)    NOT NULL,
+  created_at    DATETIME(3)     NOT NULL,
+  PRIMARY KEY (name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
+}
+
+std::string token_namespace(db::Connection& c, bool create) {
+  // Created once per deployment, by the first host to apply the schema; the
+  // same row on every replica, so a failover keeps the tokens.
+  if (create)
+    c.execute("INSERT IGNORE INTO idemsink_meta (name, value, created_at) VALUES ('token_namespace', " +
+              c.quote(random_uuid()) + ", NOW(3))");
+  auto rows = c.query("SELECT value FROM idemsink_meta WHERE name = 'token_namespace'");
+  return rows.empty() ? "" : rows[0][0].value_or("");
+}
+
 std::string month_start(std::chrono::system_clock::time_point t, int months) {
   return year_month(t).plus(months).start();
 }
@@ -126,6 +148,8 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
   c.execute(claim_table(now, opt));
   c.execute(kKeyDirectory);
+  c.execute(meta_table());
+  c.execute(OffsetStore::schema());
   // Columns added since the first release; instant on InnoDB.
   run_ddl(c,
           "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "

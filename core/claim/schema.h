@@ -33,6 +33,11 @@ struct PartitionReport {
 
 /// CREATE TABLE of the key directory (one row per key, any month).
 const char* key_directory_table();
+/// CREATE TABLE of idemsink_meta: settings made once per deployment.
+const char* meta_table();
+/// The deployment's namespace of derived idem_tokens (a UUID), created on
+/// first use when `create`; "" when it does not exist.
+std::string token_namespace(db::Connection& c, bool create);
 
 /// Creates the claim table if missing (or brings an older one up to date),
 /// then maintains its partitions.

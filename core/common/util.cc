@@ -1,5 +1,7 @@
 #include "core/common/util.h"
 
+#include <openssl/sha.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/random.h>
@@ -7,10 +9,12 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <system_error>
 
 namespace idemsink {
@@ -94,6 +98,36 @@ std::string random_uuid() {
   std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
                 static_cast<unsigned>((hi >> 16) & 0xFFFF), static_cast<unsigned>(hi & 0xFFFF),
                 static_cast<unsigned>(lo >> 48), static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return buf;
+}
+
+std::string name_uuid(std::string_view namespace_uuid, std::string_view name) {
+  // RFC 4122 version 5: SHA-1 over the namespace's 16 bytes and the name.
+  std::string input;
+  int high = -1;
+  for (const char ch : namespace_uuid) {
+    if (ch == '-') continue;
+    const int v = std::isxdigit(static_cast<unsigned char>(ch))
+                      ? (std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0' : std::tolower(ch) - 'a' + 10)
+                      : -1;
+    if (v < 0) throw std::invalid_argument("name_uuid: namespace is not a UUID");
+    if (high < 0) {
+      high = v;
+    } else {
+      input.push_back(static_cast<char>(high << 4 | v));
+      high = -1;
+    }
+  }
+  if (input.size() != 16 || high >= 0) throw std::invalid_argument("name_uuid: namespace is not a UUID");
+  input.append(name);
+  unsigned char digest[SHA_DIGEST_LENGTH];
+  SHA1(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest);
+  digest[6] = static_cast<unsigned char>((digest[6] & 0x0F) | 0x50);  // version 5
+  digest[8] = static_cast<unsigned char>((digest[8] & 0x3F) | 0x80);  // RFC 4122 variant
+  char buf[37];
+  std::snprintf(buf, sizeof buf, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", digest[0],
+                digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7], digest[8], digest[9],
+                digest[10], digest[11], digest[12], digest[13], digest[14], digest[15]);
   return buf;
 }
 

@@ -86,6 +86,7 @@ struct ClaimConfig {
   int horizon_margin_days{};
   Millis max_future_skew{};
   bool apply_schema{};
+  bool derived_tokens{};
   int max_takeovers{};
   Millis flush_linger{};
   Millis stuck_after{};

@@ -218,6 +218,12 @@ constexpr Setting kSettings[] = {
     field<&ClaimConfig::apply_schema>(
         "claim.apply_schema", "true", false, 0, 0,
         "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."),
+    field<&ClaimConfig::derived_tokens>(
+        "claim.derived_tokens", "true", false, 0, 0,
+        "The idem_token sent to remotes is derived from the route and the biz_key (a name-based UUID in a namespace "
+        "made once per deployment and kept in idemsink_meta), so a record claimed again after its claim row was lost "
+        "(a database failover that went back in time, a partition dropped at retention) calls the remote with the "
+        "token the remote already saw. false: a random token per claim, as before 0.2."),
     field<&ClaimConfig::max_takeovers>(
         "claim.max_takeovers", "5", false, 1, 1000,
         "A record whose claim was taken over this many times (its host kept dying on it) is failed to the DLQ "

@@ -19,8 +19,10 @@ ErrorClass classify(unsigned code) {
     case ER_CONNECTION_KILLED:
     case ER_QUERY_INTERRUPTED:
     case ER_CON_COUNT_ERROR:
-    case ER_TOO_MANY_USER_CONNECTIONS: return ErrorClass::ConnectionLost;
-    case ER_LOCK_DEADLOCK:
+    case ER_TOO_MANY_USER_CONNECTIONS:
+    case ER_UNKNOWN_COM_ERROR:  // Galera: "WSREP has not yet prepared node for application use"
+      return ErrorClass::ConnectionLost;
+    case ER_LOCK_DEADLOCK:  // also Galera's certification failure at commit: another node wrote the row first
     case ER_LOCK_WAIT_TIMEOUT:
     case ER_OPTION_PREVENTS_STATEMENT:  // read-only during a failover
       return ErrorClass::Transient;
@@ -85,7 +87,11 @@ Connection::Connection(const config::DatabaseConfig& cfg) {
   execute("SET time_zone = '+00:00'");
   // Multi-row statements are sized against it: one above it would not be
   // sent, whatever its rows hold.
-  max_packet_ = std::stoull(query("SELECT @@max_allowed_packet").at(0).at(0).value_or("16777216"));
+  // One round trip for both: the server's packet limit, and which server this
+  // is (a failover to a replica answers with another id).
+  const auto row = query("SELECT @@max_allowed_packet, @@server_id").at(0);
+  max_packet_ = std::stoull(row.at(0).value_or("16777216"));
+  server_id_ = std::stoull(row.at(1).value_or("0"));
 }
 
 Connection::~Connection() {

@@ -80,6 +80,9 @@ class Connection {
   uint64_t statements_sent() const { return statements_; }
   /// The server's max_allowed_packet, read at connect.
   uint64_t max_packet() const { return max_packet_; }
+  /// The server's @@server_id, read at connect: another one on a reconnect
+  /// means another server answers (a failover).
+  uint64_t server_id() const { return server_id_; }
   /// The size one multi-row statement is built up to: well below max_packet().
   size_t statement_budget() const { return static_cast<size_t>(max_packet_ / 10 * 9); }
   MYSQL* raw() { return mysql_; }
@@ -93,6 +96,7 @@ class Connection {
   std::map<std::string, MYSQL_STMT*> stmt_cache_;
   uint64_t statements_ = 0;
   uint64_t max_packet_ = 16 << 20;
+  uint64_t server_id_ = 0;
 };
 
 }  // namespace idemsink::db

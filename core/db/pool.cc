@@ -22,6 +22,25 @@ void Pool::submit(std::string name, Job job, GiveUp give_up) {
   cv_.notify_one();
 }
 
+void Pool::on_server_changed(ServerChanged fn) {
+  std::lock_guard lk(mu_);
+  on_server_changed_ = std::move(fn);
+}
+
+void Pool::note_server(uint64_t id) {
+  ServerChanged fn;
+  uint64_t from = 0;
+  {
+    std::lock_guard lk(mu_);
+    if (id == 0 || id == server_id_) return;
+    from = std::exchange(server_id_, id);
+    if (from == 0) return;  // the first server seen
+    fn = on_server_changed_;
+  }
+  spdlog::warn("database {}: another server answers now (server_id {} -> {}): a failover", cfg_.label(), from, id);
+  if (fn) fn(from, id);
+}
+
 size_t Pool::queued() const {
   std::lock_guard lk(mu_);
   return queue_.size();
@@ -101,6 +120,7 @@ void Pool::worker(int index) {
         if (!conn) {
           conn = std::make_unique<Connection>(cfg_);
           if (attempt > 0) reconnects_.fetch_add(1);
+          note_server(conn->server_id());
         }
         const uint64_t before = conn->statements_sent();
         item.job(*conn);

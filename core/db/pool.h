@@ -42,6 +42,11 @@ class Pool {
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
+  /// Called (on a worker thread) when a new connection reaches another
+  /// server than the pool's connections so far (@@server_id): a failover.
+  using ServerChanged = std::function<void(uint64_t from, uint64_t to)>;
+  void on_server_changed(ServerChanged fn);
+
   /// Queues a job. `name` labels it in error logs and metrics.
   void submit(std::string name, Job job, GiveUp give_up = nullptr);
 
@@ -73,6 +78,7 @@ class Pool {
     GiveUp give_up;
   };
   void count_failure(const std::string& job, ErrorClass cls, const std::string& error);
+  void note_server(uint64_t id);
   void worker(int index);
 
   config::DatabaseConfig cfg_;
@@ -91,6 +97,8 @@ class Pool {
   std::atomic<int> failing_jobs_{0};
   std::map<std::pair<std::string, std::string>, uint64_t> failures_;  // under mu_
   std::string last_job_error_;                                        // under mu_
+  uint64_t server_id_ = 0;                                            // under mu_: the server seen last
+  ServerChanged on_server_changed_;                                   // under mu_
 };
 
 }  // namespace idemsink::db

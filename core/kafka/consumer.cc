@@ -388,7 +388,8 @@ void Consumer::apply_commands() {
         const TopicPartition& tp = c.tps.front();
         auto it = streams_.find(tp);
         if (it == streams_.end()) break;  // revoked meanwhile
-        it->second = Stream{c.offset};
+        // A logical offset (the beginning, the end): the first record sets where it stands.
+        it->second = c.offset >= 0 ? Stream{c.offset} : Stream{};
         seek_stream(tp, it->second, c.offset);
         break;
       }

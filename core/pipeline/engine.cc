@@ -10,6 +10,7 @@
 #include "core/dlq/headers.h"
 #include "core/pipeline/admission.h"
 #include "core/pipeline/failure_policy.h"
+#include "core/plugin/calls.h"
 
 namespace idemsink::pipeline {
 
@@ -41,10 +42,11 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       slice_(metrics.slice(cfg.database.label())),
       owner_(owner),
       store_(cfg.host.id, owner, cfg.claim.lease),
+      offsets_(cfg.kafka.group_id, cfg.host.id),
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
       gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
-      partitions_(io, cfg, metrics, slice_, gate_),
+      partitions_(io, cfg, metrics, slice_, gate_, pool, offsets_),
       local_tx_(
           io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
           [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
@@ -112,6 +114,8 @@ Record* Engine::find(uint64_t id) {
 
 void Engine::start(kafka::Consumer* consumer) {
   consumer_ = consumer;
+  // A failover to a replica may have lost the last outcomes: re-read them.
+  pool_.on_server_changed([this](uint64_t, uint64_t) { asio::post(io_, [this] { partitions_.recheck_stored(); }); });
   gate_.attach(consumer);
   partitions_.attach(consumer);
   commit_timer_.start(cfg_.kafka.commit_interval, [this] { partitions_.commit(); });
@@ -373,6 +377,11 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
         const Decision d = decide_on_claim(r->route->handler->kind(), res, cfg_.claim.max_takeovers);
         if (d.action == Decision::Action::End) {
           end(*r, d.status, d.reason, d.error);
+        } else if (r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && !res.taken_over &&
+                   r->offset < r->part->lost_window_end) {
+          // A new claim of a record Kafka had committed: the database lost
+          // its claim, and its call mark with it. It may have been sent.
+          look_up_before_call(*r);
         } else {
           dispatcher_.make_ready(*r);
         }
@@ -401,6 +410,61 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
   release_claims(std::move(to_release));
   if (!no_partition.empty()) claim_without_partition(std::move(no_partition));
   dispatcher_.pump();
+}
+
+void Engine::look_up_before_call(Record& r) {
+  const LogScope log_scope(log_fields_of(r));
+  if (!r.route->handler->can_reconcile()) {
+    end(r, Status::Unknown, dlq::Reason::MaybeApplied,
+        "in the offsets the database lost (it went back in time), and its plugin cannot be asked whether it was sent");
+    return;
+  }
+  spdlog::info(
+      "route {}: key {} was committed on outcomes the database lost; asking the remote whether it was sent before "
+      "calling",
+      r.route->cfg.name, printable(r.biz_key));
+  r.stage = Stage::LookingUp;
+  const uint64_t id = r.id;
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  const uint64_t call_id = plugin::CallRegistry::instance().add(
+      [this, id, answered](idemsink_outcome o, std::string detail) {
+        if (answered->exchange(true)) return;
+        asio::post(io_, [this, id, o, detail = std::move(detail)]() mutable { looked_up(id, o, std::move(detail)); });
+      },
+      "look-up route " + r.route->cfg.name);
+  r.timer = std::make_unique<asio::steady_timer>(io_, r.route->cfg.call_timeout);
+  r.timer->async_wait([this, id, call_id, answered](boost::system::error_code ec) {
+    if (ec || !plugin::CallRegistry::instance().cancel(call_id) || answered->exchange(true)) return;
+    looked_up(id, IDEMSINK_OUTCOME_UNCERTAIN, "no answer within call_timeout");
+  });
+  std::vector<idemsink_header> headers;
+  r.route->handler->reconcile(Dispatcher::abi_record(r, headers), call_id);
+}
+
+void Engine::looked_up(uint64_t id, idemsink_outcome outcome, std::string detail) {
+  Record* r = find(id);
+  if (r == nullptr || r->stage != Stage::LookingUp) return;
+  const LogScope log_scope(log_fields_of(*r));
+  if (r->timer) r->timer->cancel();
+  if (r->part->revoked) {
+    release_claims({r->outcome()});
+    end_record(*r, false);
+    return;
+  }
+  switch (outcome) {
+    case IDEMSINK_OUTCOME_OK:  // sent before the database lost it: done, without a second send
+      r->receipt = std::move(detail);
+      writer_.done(*r);
+      break;
+    case IDEMSINK_OUTCOME_PERMANENT:  // certainly never sent
+      dispatcher_.make_ready(*r);
+      dispatcher_.pump();
+      break;
+    default:
+      end(*r, Status::Unknown, dlq::Reason::MaybeApplied,
+          "in the offsets the database lost, and the remote cannot tell whether it was sent: " + printable(detail));
+      break;
+  }
 }
 
 void Engine::claim_without_partition(std::vector<uint64_t> ids) {

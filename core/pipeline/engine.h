@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/offsets.h"
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
@@ -67,6 +68,10 @@ class Engine : public kafka::Consumer::Listener {
   /// database writes until `deadline`, then cancels timers. Blocks the caller
   /// (not the engine thread).
   void quiesce(std::chrono::steady_clock::time_point deadline);
+
+  /// The deployment's namespace of derived idem_tokens (claim.derived_tokens),
+  /// read from the database before start().
+  void set_token_namespace(std::string ns) { store_.set_token_namespace(std::move(ns)); }
 
   /// Frees the records still held (calls that outlived the shutdown grace)
   /// and with them the consumer's messages: librdkafka does not destroy a
@@ -113,6 +118,11 @@ class Engine : public kafka::Consumer::Listener {
   /// Dead-letters a record before (or instead of) a claim.
   void refuse(Record& r, dlq::Reason reason, std::string detail);
   void release_claims(std::vector<claim::Outcome> outcomes);
+  /// An at-most-once record whose claim the database lost (it was in Kafka's
+  /// committed range): its remote is asked before any call; called only on
+  /// a clear "never sent".
+  void look_up_before_call(Record& r);
+  void looked_up(uint64_t id, idemsink_outcome outcome, std::string detail);
   // after a call, and after a write
   void on_call_result(Record& r, idemsink_outcome outcome, std::string detail);
   void on_local_tx_results(std::vector<LocalTxRunner::Result> results);
@@ -139,6 +149,7 @@ class Engine : public kafka::Consumer::Listener {
   SliceMetrics& slice_;  // this engine's database
   std::string owner_;
   claim::ClaimStore store_;
+  claim::OffsetStore offsets_;
   dlq::Outbox outbox_;
   std::vector<std::unique_ptr<Route>> routes_;
   struct TopicRoute {

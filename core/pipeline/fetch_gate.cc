@@ -75,15 +75,19 @@ void FetchGate::revoked(const std::vector<kafka::TopicPartition>& tps) {
   }
 }
 
-void FetchGate::hold(const kafka::TopicPartition& tp) {
+void FetchGate::hold(const kafka::TopicPartition& tp, Hold reason) {
   std::lock_guard lk(mu_);
-  held_.insert(tp);
+  if (!assigned_.count(tp)) return;
+  held_[tp] |= static_cast<unsigned>(reason);
   apply_locked();
 }
 
-void FetchGate::release(const kafka::TopicPartition& tp) {
+void FetchGate::release(const kafka::TopicPartition& tp, Hold reason) {
   std::lock_guard lk(mu_);
-  held_.erase(tp);
+  auto it = held_.find(tp);
+  if (it == held_.end()) return;
+  it->second &= ~static_cast<unsigned>(reason);
+  if (it->second == 0) held_.erase(it);
   apply_locked();
 }
 

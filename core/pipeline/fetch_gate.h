@@ -5,6 +5,7 @@
 //     the moment the consumer hands them over (all partitions; resumes at
 //     half the limit), or
 //   - it is a retry-topic partition held until its next record is due, or
+//   - it was just assigned and its start is being read from the database, or
 //   - its route's circuit is open (the remote is down), or
 //   - an operator paused its route (persisted; every host obeys).
 // The host stays in its group throughout: the consumer keeps polling.
@@ -48,9 +49,13 @@ class FetchGate {
 
   void assigned(const std::vector<kafka::TopicPartition>& tps);
   void revoked(const std::vector<kafka::TopicPartition>& tps);
-  /// A retry-topic partition waits for its next record to be due.
-  void hold(const kafka::TopicPartition& tp);
-  void release(const kafka::TopicPartition& tp);
+  /// Why one partition stops fetching; each reason is set and cleared on its own.
+  enum class Hold : unsigned {
+    NotDue = 1,  ///< a retry-topic partition waits for its next record to be due
+    Start = 2,   ///< newly assigned: its start is being read from the database
+  };
+  void hold(const kafka::TopicPartition& tp, Hold reason);
+  void release(const kafka::TopicPartition& tp, Hold reason);
   /// Why a route's topics stop fetching; each reason is set and cleared on its own.
   enum class TopicPause : unsigned { Circuit = 1, Operator = 2 };
   /// The partitions of these topics stop (or resume, once no reason is left) fetching.
@@ -68,7 +73,7 @@ class FetchGate {
   bool operator_paused_ = false;
   bool backpressure_ = false;
   std::set<kafka::TopicPartition> assigned_;
-  std::set<kafka::TopicPartition> held_;
+  std::map<kafka::TopicPartition, unsigned> held_;  // partition -> Hold bits
   std::map<std::string, unsigned> paused_topics_;  // topic -> TopicPause bits
   std::set<kafka::TopicPartition> paused_;         // what the consumer was told
 };

@@ -232,6 +232,10 @@ std::string Metrics::prometheus() const {
       {"idemsink_offset_skips_recovered_total", "counter",
        "Jumps of the consumer over existing records, caught and re-read.", false,
        [](const PartitionMetrics& p) { return static_cast<int64_t>(p.skips_recovered.load()); }},
+      {"idemsink_offsets_rewound_total", "counter",
+       "Records read again at assignment because the database's offset was behind Kafka's committed one: outcomes "
+       "the database lost (a failover to a replica that lacked the last commits).",
+       false, [](const PartitionMetrics& p) { return static_cast<int64_t>(p.offsets_rewound.load()); }},
       {"idemsink_records_lost_to_retention_total", "counter",
        "Offsets Kafka deleted by retention before this group consumed them: records no outcome exists for (alert "
        "on it; idemsink audit lists them).",

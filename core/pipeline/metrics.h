@@ -67,6 +67,7 @@ struct PartitionMetrics {
   std::atomic<uint64_t> gaps{0};               // verified holes (transaction markers, compaction) the commit passed
   std::atomic<uint64_t> skips_recovered{0};    // jumps of the consumer that a re-read filled with records
   std::atomic<uint64_t> lost_to_retention{0};  // offsets deleted by retention before the group consumed them
+  std::atomic<uint64_t> offsets_rewound{0};     // records read again: the database's offset was behind Kafka's
 };
 
 /// What one database's slice of the host measures: the engine, consumer,

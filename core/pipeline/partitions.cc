@@ -10,9 +10,17 @@ namespace idemsink::pipeline {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
+namespace {
+// How long a revocation waits for its offsets to reach the database.
+constexpr auto kStoreOnRevokeFor = std::chrono::seconds(5);
+}  // namespace
+
 Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
-                       FetchGate& gate)
-    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate) {
+                       FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets)
+    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate), pool_(pool), offsets_(offsets) {
+  for (const auto* props : {&cfg.kafka.properties, &cfg.kafka.consumer_properties})
+    if (auto it = props->find("auto.offset.reset"); it != props->end())
+      starts_at_end_ = it->second == "latest" || it->second == "largest" || it->second == "end";
   for (const auto& rc : cfg.routes) {
     RouteMetrics* m = &metrics.route(rc.name);
     route_of_topic_[rc.topic] = m;
@@ -37,6 +45,8 @@ std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) c
 void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
   rebalance_reached();
   std::vector<kafka::TopicPartition> tps;
+  std::vector<std::shared_ptr<Partition>> parts;
+  std::vector<std::pair<std::string, int32_t>> keys;
   for (const auto& [tp, offset] : starts) {
     auto p = std::make_shared<Partition>();
     p->tp = tp;
@@ -44,20 +54,136 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
     p->metrics->assigned.store(true);
     p->metrics->committed.store(offset);
     p->metrics->stalled.store(0);
-    if (offset >= 0) {
-      // Records must start here (the group's committed offset, or where
-      // auto.offset.reset starts); until one arrives this is also the
-      // partition's commit point, and its lag is measured from it.
-      p->tracker.start_at(offset);
-      p->last_sent = offset;
-      p->last_acked = offset;
-    }
+    p->kafka_start = offset >= 0 ? offset : -1;
     parts_[tp] = p;
     tps.push_back(tp);
+    parts.push_back(p);
+    keys.emplace_back(tp.topic, tp.partition);
   }
   gate_.assigned(tps);
+  for (const auto& tp : tps) gate_.hold(tp, FetchGate::Hold::Start);
   update_gauges();
   slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
+  if (parts.empty()) return;
+  pool_.submit("read the stored offsets", [this, parts = std::move(parts), keys = std::move(keys)](db::Connection& c) {
+    auto stored = offsets_.read(c, keys);
+    uint64_t none = 0;
+    server_id_.compare_exchange_strong(none, c.server_id());
+    asio::post(io_, [this, parts, stored = std::move(stored)] { started(parts, stored); });
+  });
+}
+
+void Partitions::started(const std::vector<std::shared_ptr<Partition>>& parts,
+                         const std::map<std::pair<std::string, int32_t>, int64_t>& stored) {
+  for (const auto& p : parts) {
+    auto it = parts_.find(p->tp);
+    if (p->revoked || it == parts_.end() || it->second != p) continue;  // gone, or assigned again meanwhile
+    const auto db = stored.find({p->tp.topic, p->tp.partition});
+    int64_t start = p->kafka_start;
+    if (db != stored.end() && (start < 0 || db->second < start)) {
+      if (start >= 0) {
+        // The database lost outcomes Kafka's commit counted on: read them again.
+        p->lost_window_end = start;
+        p->metrics->offsets_rewound.fetch_add(static_cast<uint64_t>(start - db->second), std::memory_order_relaxed);
+        spdlog::warn(
+            "kafka: {}[{}]: the database's offset {} is behind the group's committed {}: it lost the outcomes of "
+            "{} record(s) (a failover to a replica that lacked the last commits?); reading them again from {}",
+            p->tp.topic, p->tp.partition, db->second, start, start - db->second, db->second);
+      }
+      start = db->second;
+    }
+    if (start >= 0) {
+      // Records must start here; until one arrives this is also the
+      // partition's commit point, and its lag is measured from it.
+      p->tracker.start_at(start);
+      // What Kafka holds (-1: nothing). When the database is ahead (a commit
+      // it stored was then refused by a rebalance), the first commit round
+      // brings Kafka up to it; when behind, Kafka is never moved back.
+      p->last_sent = p->last_acked = p->kafka_start;
+    }
+    p->starting = false;
+    // What was fetched while the start was read was dropped: fetched again.
+    rewind(*p, start >= 0 ? start : (starts_at_end_ ? RD_KAFKA_OFFSET_END : RD_KAFKA_OFFSET_BEGINNING));
+    gate_.release(p->tp, FetchGate::Hold::Start);
+  }
+  update_gauges();
+}
+
+void Partitions::recheck_stored() {
+  if (rechecking_) return;
+  std::vector<std::shared_ptr<Partition>> parts;
+  std::vector<std::pair<std::string, int32_t>> keys;
+  for (const auto& [tp, p] : parts_)
+    if (!p->revoked && !p->starting) {
+      parts.push_back(p);
+      keys.emplace_back(tp.topic, tp.partition);
+    }
+  if (parts.empty()) return;
+  rechecking_ = true;
+  pool_.submit("re-read the stored offsets", [this, parts = std::move(parts), keys = std::move(keys)](db::Connection& c) {
+    auto stored = offsets_.read(c, keys);
+    server_id_.store(c.server_id());  // the server the offsets are stored on from now on
+    asio::post(io_, [this, parts, stored = std::move(stored)] {
+      rechecking_ = false;
+      for (const auto& p : parts) {
+        auto it = parts_.find(p->tp);
+        if (p->revoked || it == parts_.end() || it->second != p) continue;
+        const auto db = stored.find({p->tp.topic, p->tp.partition});
+        const int64_t committed = p->last_acked;
+        if (committed < 0) continue;
+        // No row at all: the new server lacks even the first store of this
+        // partition (a deployment younger than the replica's lag). What this
+        // host took since its assignment is read again; outcomes of records
+        // before that, by earlier owners, cannot be told lost from here.
+        const int64_t from = db != stored.end() ? db->second : p->first_consumed;
+        if (from < 0 || from >= committed) continue;
+        if (db == stored.end())
+          spdlog::warn("kafka: {}[{}]: after the failover the database has no stored offset for the partition; "
+                       "reading again from {}, the first record this host took of it",
+                       p->tp.topic, p->tp.partition, from);
+        // Everything this host has read may have had a claim (and a call
+        // mark) there: at-most-once records up to it are looked up first.
+        p->lost_window_end = std::max(committed, p->tracker.next_expected().value_or(committed));
+        p->metrics->offsets_rewound.fetch_add(static_cast<uint64_t>(committed - from), std::memory_order_relaxed);
+        spdlog::warn(
+            "kafka: {}[{}]: after the failover the database's offset is {}, behind the {} committed: it lost the "
+            "outcomes of {} record(s); reading them again from {}",
+            p->tp.topic, p->tp.partition, from, committed, committed - from, from);
+        // Records still in the pipeline finish against the old tracker's
+        // offsets (unknown to the new one: ignored); their copies read again
+        // meet their claims.
+        p->tracker = OffsetTracker{};
+        p->tracker.start_at(from);
+        p->last_sent = p->last_acked = from;
+        rewind(*p, from);
+      }
+    });
+  });
+}
+
+void Partitions::store(std::vector<kafka::TopicPartitionOffset> offsets, std::function<void(bool)> then) {
+  std::vector<claim::StoredOffset> rows;
+  for (const auto& o : offsets) rows.push_back({o.tp.topic, o.tp.partition, o.offset});
+  pool_.submit(
+      "store offsets",
+      [this, rows = std::move(rows), then](db::Connection& c) {
+        // Computed against the server the partitions read their start from:
+        // on another one (a failover), writing them would hide what it lost.
+        const uint64_t known = server_id_.load();
+        if (known != 0 && c.server_id() != known) {
+          asio::post(io_, [this, then] {
+            then(false);
+            recheck_stored();
+          });
+          return;
+        }
+        offsets_.write(c, rows);
+        asio::post(io_, [then] { then(true); });
+      },
+      [this, then](const db::DbError& e) {
+        spdlog::error("storing offsets in the database gave up: {}", e.what());
+        asio::post(io_, [then] { then(false); });
+      });
 }
 
 std::vector<std::shared_ptr<Partition>> Partitions::begin_revoke(const std::vector<kafka::TopicPartition>& tps) {
@@ -124,13 +250,42 @@ void Partitions::check_drains() {
     }
     slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
     if (d.timer) d.timer->cancel();
-    d.done.set_value(std::move(offsets));
+    if (offsets.empty()) {
+      d.done.set_value({});
+    } else {
+      // The database first, as for every commit. If it does not answer in
+      // time (it is down), nothing is committed: the next owner reads again
+      // from the older commit and finds duplicates, never a gap.
+      struct Answer {
+        std::promise<std::vector<kafka::TopicPartitionOffset>> promise;
+        bool given = false;
+        asio::steady_timer timer;
+        explicit Answer(asio::io_context& io) : timer(io) {}
+      };
+      auto answer = std::make_shared<Answer>(io_);
+      answer->promise = std::move(d.done);
+      answer->timer.expires_after(kStoreOnRevokeFor);
+      answer->timer.async_wait([answer, tps = d.tps](boost::system::error_code ec) {
+        if (ec || answer->given) return;
+        answer->given = true;
+        spdlog::warn("kafka: the offsets of {} could not be stored in the database in time; not committed on revoke",
+                     kafka::describe(tps));
+        answer->promise.set_value({});
+      });
+      store(offsets, [answer, offsets](bool stored) {
+        if (answer->given) return;
+        answer->given = true;
+        answer->timer.cancel();
+        answer->promise.set_value(stored ? offsets : std::vector<kafka::TopicPartitionOffset>{});
+      });
+    }
     it = drains_.erase(it);
   }
 }
 
 bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
                       bool retry_topic) {
+  if (part->starting) return false;                        // fetched again once the start is known
   if (seek_generation < part->seek_ticket) return false;  // polled before our last seek of the partition
   switch (part->tracker.check(msg.offset)) {
     case OffsetTracker::Admit::Next: break;
@@ -151,6 +306,7 @@ bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_mes
     }
   }
   part->tracker.add(msg.offset);
+  if (part->first_consumed < 0) part->first_consumed = msg.offset;
   ++part->in_pipeline;
   if (part->stalled) {
     part->stalled = false;
@@ -205,7 +361,7 @@ void Partitions::stalled(const kafka::TopicPartition& tp) {
 void Partitions::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }
 
 void Partitions::hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms) {
-  gate_.hold(part->tp);
+  gate_.hold(part->tp, FetchGate::Hold::NotDue);
   rewind(*part, offset);
   const auto wait = std::chrono::milliseconds(std::max<int64_t>(0, due_ms - wall_clock_ms()));
   spdlog::debug("retry topic {}[{}]: record {} is due in {}ms; partition held", part->tp.topic, part->tp.partition,
@@ -214,7 +370,7 @@ void Partitions::hold(const std::shared_ptr<Partition>& part, int64_t offset, in
   part->hold_timer->async_wait([this, weak = std::weak_ptr<Partition>(part)](boost::system::error_code ec) {
     auto p = weak.lock();
     if (ec || !p || p->revoked) return;
-    gate_.release(p->tp);
+    gate_.release(p->tp, FetchGate::Hold::NotDue);
   });
 }
 
@@ -223,7 +379,7 @@ void Partitions::commit() {
   // ILLEGAL_GENERATION mid-rebalance (docs/librdkafka.md). Once a commit says
   // a rebalance is in progress, wait for the rebalance callback (where
   // revoked partitions are committed anyway), but never longer than 10s.
-  if (std::chrono::steady_clock::now() < commits_held_until_ || consumer_ == nullptr) return;
+  if (std::chrono::steady_clock::now() < commits_held_until_ || consumer_ == nullptr || rechecking_) return;
   std::vector<kafka::TopicPartitionOffset> offsets;
   const auto now = std::chrono::steady_clock::now();
   for (auto& [tp, part] : parts_) {
@@ -239,8 +395,26 @@ void Partitions::commit() {
     }
   }
   if (offsets.empty()) return;
-  count_commit(offsets, false);
-  consumer_->commit_async(offsets);
+  // The database first: Kafka's commit never runs ahead of the offsets kept
+  // with the outcomes. One write at a time; a round while it waits sends
+  // its offsets again with the next (last_sent is reset below).
+  if (storing_) {
+    for (const auto& o : offsets)
+      if (auto it = parts_.find(o.tp); it != parts_.end()) it->second->last_sent = -1;
+    return;
+  }
+  storing_ = true;
+  store(offsets, [this, offsets](bool stored) {
+    storing_ = false;
+    if (!stored || consumer_ == nullptr) {
+      for (const auto& o : offsets)
+        if (auto it = parts_.find(o.tp); it != parts_.end() && it->second->last_sent == o.offset)
+          it->second->last_sent = -1;  // sent again by a later round
+      return;
+    }
+    count_commit(offsets, false);
+    consumer_->commit_async(offsets);
+  });
 }
 
 void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {

@@ -1,8 +1,15 @@
 // The partitions assigned to this host: their offset trackers and commits,
 // holds and re-reads, verified holes and stalls, lag, and revocation.
 //
+// Starts: a newly assigned partition is held until the database's own offset
+// for it (claim/offsets.h) is read, then starts from the lower of that and
+// the group's committed offset: a database that went back in time (a promoted
+// replica lacking the last commits) has its lost window read again.
+//
 // Commits: every kafka.commit_interval, each partition whose commit point
-// moved is committed (asynchronously). On revocation the partition stops
+// moved is written to the database, then committed to Kafka
+// (asynchronously): Kafka's offset never runs ahead of the database's. On
+// revocation the partition stops
 // taking new records at once; its records already in a job or a call get
 // host.shutdown_grace to finish, then its commit point is returned to the
 // rebalance callback, which commits it before letting the partition go.
@@ -13,7 +20,9 @@
 
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <set>
@@ -22,6 +31,8 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/claim/offsets.h"
+#include "core/db/pool.h"
 #include "core/kafka/consumer.h"
 #include "core/pipeline/fetch_gate.h"
 #include "core/pipeline/metrics.h"
@@ -32,13 +43,15 @@ namespace idemsink::pipeline {
 class Partitions {
  public:
   Partitions(boost::asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
-             FetchGate& gate);
+             FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets);
 
   void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
 
   /// The partition's state if it is assigned and not being revoked.
   std::shared_ptr<Partition> active(const kafka::TopicPartition& tp) const;
 
+  /// Partitions newly assigned, with the group's committed offsets: each is
+  /// held until the database's offset is read, then starts from the lower.
   void assigned(const std::vector<kafka::TopicPartitionOffset>& starts);
   /// Stops the partitions taking new records; returns their state.
   std::vector<std::shared_ptr<Partition>> begin_revoke(const std::vector<kafka::TopicPartition>& tps);
@@ -74,8 +87,14 @@ class Partitions {
   /// paused and rewound to it until then.
   void hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms);
 
-  /// Commits every partition whose commit point moved.
+  /// Commits every partition whose commit point moved: to the database,
+  /// then, once that is durable, to Kafka.
   void commit();
+  /// Another database server answers (a failover): each partition whose
+  /// stored offset there is behind its commit point is read again from it
+  /// (those outcomes were lost); commits wait until that is settled, so the
+  /// loss is never written over.
+  void recheck_stored();
   void commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets);
   /// The group's rebalance reached us: commits carry the new generation.
   void rebalance_reached() { commits_held_until_ = {}; }
@@ -94,6 +113,14 @@ class Partitions {
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
   void check_drains();
+  /// The database's offsets of newly assigned partitions are known: each
+  /// starts, from the database's offset if it is behind Kafka's.
+  void started(const std::vector<std::shared_ptr<Partition>>& parts,
+               const std::map<std::pair<std::string, int32_t>, int64_t>& stored);
+  /// Writes offsets to the database, then calls `then(true)` on the engine
+  /// thread; `then(false)` if they were not written (another server answers
+  /// since the partitions started, or the job gave up).
+  void store(std::vector<kafka::TopicPartitionOffset> offsets, std::function<void(bool)> then);
 
   boost::asio::io_context& io_;
   const config::Config& cfg_;
@@ -101,6 +128,14 @@ class Partitions {
   SliceMetrics& slice_;
   std::map<std::string, RouteMetrics*> route_of_topic_;  // the route of each topic (own and retry topics)
   FetchGate& gate_;
+  db::Pool& pool_;
+  const claim::OffsetStore& offsets_;
+  bool storing_ = false;     // a commit's database write is under way
+  bool rechecking_ = false;  // after a failover: commits wait for recheck_stored()
+  // The server (@@server_id) the stored offsets were read from; written from
+  // pool workers, hence atomic.
+  std::atomic<uint64_t> server_id_{0};
+  bool starts_at_end_ = false;  // auto.offset.reset = latest: where a partition nobody committed starts
   kafka::Consumer* consumer_ = nullptr;
   std::map<kafka::TopicPartition, std::shared_ptr<Partition>> parts_;
   std::vector<std::unique_ptr<Drain>> drains_;

@@ -75,6 +75,16 @@ struct Partition {
   std::unique_ptr<boost::asio::steady_timer> hold_timer;
   bool stalled = false;    // the consumer reported a stall; cleared by the next record
   size_t in_pipeline = 0;  // records of this assignment not yet ended (a revocation waits for them)
+  // Assigned, its start not decided yet: the database's offset is being read
+  // (it may be behind Kafka's, if the database went back in time). Records
+  // polled meanwhile are dropped, and fetched again from the start chosen.
+  bool starting = true;
+  int64_t kafka_start = -1;  // the group's committed offset (-1: none, or unreadable)
+  int64_t first_consumed = -1;  // the first offset this host took of the partition, this assignment
+  // Records below this offset were committed in Kafka on the strength of
+  // outcomes the database has lost (-1: none): re-processed, and an
+  // at-most-once record among them is looked up before it is sent again.
+  int64_t lost_window_end = -1;
 };
 
 /// Where a record is in its life; exactly one owner acts on it per stage.
@@ -85,6 +95,7 @@ enum class Stage {
   Busy,           // key held by another live host; re-checked periodically
   Ready,          // claim held; waiting for a call slot
   Confirming,     // call slot taken; claim being confirmed (and an at-most-once call marked) before the call
+  LookingUp,      // at-most-once, in a window the database lost: the remote is asked whether it was sent
   Calling,        // handler call (or local_tx apply job) in progress
   Backoff,        // retry scheduled
   Finishing,      // done / failed / unknown / forward being written

@@ -10,6 +10,7 @@
 
 #include "core/claim/claim_store.h"
 #include "core/common/util.h"
+#include "core/db/connection.h"
 
 using namespace idemsink;
 
@@ -135,4 +136,24 @@ BOOST_AUTO_TEST_CASE(buckets_are_utc_months_of_the_record_timestamp) {
   BOOST_TEST(claim::bucket_of(0) == "1970-01-01");
   BOOST_TEST(claim::bucket_of(1796083199999LL) == "2026-11-01");  // 2026-11-30T23:59:59.999Z
   BOOST_TEST(claim::bucket_of(1796083200000LL) == "2026-12-01");  // one ms later: next month
+}
+
+// Derived idem_tokens: RFC 4122 version 5, checked against the RFC's own
+// example (the DNS namespace and "www.example.com"); another namespace or
+// another name gives another token.
+BOOST_AUTO_TEST_CASE(name_based_uuids_are_rfc_4122_version_5) {
+  const std::string dns = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
+  BOOST_TEST(idemsink::name_uuid(dns, "www.example.com") == "2ed6657d-e927-568b-95e1-2665a8aea6a2");
+  BOOST_TEST(idemsink::name_uuid(dns, "www.example.com") == idemsink::name_uuid(dns, "www.example.com"));
+  BOOST_TEST(idemsink::name_uuid(dns, "www.example.org") != idemsink::name_uuid(dns, "www.example.com"));
+  BOOST_TEST(idemsink::name_uuid("6ba7b811-9dad-11d1-80b4-00c04fd430c8", "www.example.com") !=
+             idemsink::name_uuid(dns, "www.example.com"));
+  BOOST_CHECK_THROW(idemsink::name_uuid("not-a-uuid", "x"), std::invalid_argument);
+}
+
+// Galera's answers: a certification conflict at commit is re-run like a
+// deadlock, a node not ready like a lost connection (reconnect, re-run).
+BOOST_AUTO_TEST_CASE(galera_answers_are_classified) {
+  BOOST_TEST((idemsink::db::classify(1213) == idemsink::db::ErrorClass::Transient));
+  BOOST_TEST((idemsink::db::classify(1047) == idemsink::db::ErrorClass::ConnectionLost));
 }

@@ -1,0 +1,45 @@
+#include "core/claim/offsets.h"
+
+#include "core/common/util.h"
+
+namespace idemsink::claim {
+
+const char* OffsetStore::schema() {
+  return R"(CREATE TABLE IF NOT EXISTS idemsink_offsets (
+  group_id      VARCHAR(255)    NOT NULL,
+  topic         VARCHAR(249)    NOT NULL,
+  part          INT             NOT NULL,
+  next_offset   BIGINT          NOT NULL COMMENT 'every record below has its outcome in this database',
+  updated_by    VARCHAR(128)    NOT NULL,
+  updated_at    DATETIME(3)     NOT NULL,
+  PRIMARY KEY (group_id, topic, part)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
+}
+
+std::map<std::pair<std::string, int32_t>, int64_t> OffsetStore::read(
+    db::Connection& c, std::span<const std::pair<std::string, int32_t>> tps) const {
+  std::map<std::pair<std::string, int32_t>, int64_t> out;
+  if (tps.empty()) return out;
+  std::string where;
+  for (const auto& [topic, partition] : tps)
+    where += (where.empty() ? "" : " OR ") + ("(topic = " + c.quote(topic) + " AND part = " + std::to_string(partition) + ")");
+  for (auto& r : c.query("SELECT topic, part, next_offset FROM idemsink_offsets WHERE group_id = " + c.quote(group_) +
+                         " AND (" + where + ")"))
+    out[{*r[0], std::stoi(*r[1])}] = std::stoll(*r[2]);
+  return out;
+}
+
+void OffsetStore::write(db::Connection& c, std::span<const StoredOffset> offsets) const {
+  if (offsets.empty()) return;
+  std::string values;
+  const std::string group = c.quote(group_), host = c.quote(sanitize_utf8(host_, 128));
+  for (const auto& o : offsets)
+    values += (values.empty() ? "(" : ", (") + group + ", " + c.quote(o.topic) + ", " + std::to_string(o.partition) +
+              ", " + std::to_string(o.offset) + ", " + host + ", NOW(3))";
+  c.execute("INSERT INTO idemsink_offsets (group_id, topic, part, next_offset, updated_by, updated_at) VALUES " +
+            values +
+            " ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), updated_by = VALUES(updated_by), "
+            "updated_at = VALUES(updated_at)");
+}
+
+}  // namespace idemsink::claim
