@@ -15,8 +15,7 @@
 namespace idemsink::devkit {
 namespace {
 
-// A KRaft cluster id: 16 random bytes in URL-safe base64 without padding.
-std::string random_cluster_id() {
+std::string random_base64_id() {
   static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
   std::random_device rd;
   unsigned char bytes[16];
@@ -33,6 +32,14 @@ std::string random_cluster_id() {
   }
   if (bits > 0) out.push_back(alphabet[(value << (6 - bits)) & 63]);
   return out;  // 22 characters
+}
+
+// A KRaft cluster id: 16 random bytes in URL-safe base64 without padding,
+// never starting with '-' (kafka-storage would read it as an option: 1 run
+// in 64 failed to format).
+std::string random_cluster_id() {
+  for (;;)
+    if (auto id = random_base64_id(); id.front() != '-') return id;
 }
 
 bool port_accepts(int port) {

@@ -377,10 +377,12 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
         const Decision d = decide_on_claim(r->route->handler->kind(), res, cfg_.claim.max_takeovers);
         if (d.action == Decision::Action::End) {
           end(*r, d.status, d.reason, d.error);
-        } else if (r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && !res.taken_over &&
-                   r->offset < r->part->lost_window_end) {
-          // A new claim of a record Kafka had committed: the database lost
-          // its claim, and its call mark with it. It may have been sent.
+        } else if (r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE &&
+                   (r->offset < r->part->lost_window_end || r->calls > 0)) {
+          // A record the database lost outcomes of: its claim (new now) or
+          // only its call mark (a claim taken over without one) may be gone,
+          // and it may have been sent. So may a record this host called
+          // whose claim was then lost under it. Asked before any call.
           look_up_before_call(*r);
         } else {
           dispatcher_.make_ready(*r);

@@ -129,26 +129,40 @@ void Partitions::recheck_stored() {
         auto it = parts_.find(p->tp);
         if (p->revoked || it == parts_.end() || it->second != p) continue;
         const auto db = stored.find({p->tp.topic, p->tp.partition});
-        const int64_t committed = p->last_acked;
-        if (committed < 0) continue;
+        // Against everything this host has read, not only what Kafka
+        // confirmed: outcomes made durable after the last stored offset (a
+        // ledger credit, a letter) may be missing on the new server too, and
+        // the commit point would otherwise pass them.
+        const auto read_to = p->tracker.next_expected();
+        if (!read_to) continue;
+        const int64_t read_end = *read_to;
         // No row at all: the new server lacks even the first store of this
         // partition (a deployment younger than the replica's lag). What this
         // host took since its assignment is read again; outcomes of records
         // before that, by earlier owners, cannot be told lost from here.
         const int64_t from = db != stored.end() ? db->second : p->first_consumed;
-        if (from < 0 || from >= committed) continue;
+        if (from < 0 || from >= read_end) continue;
         if (db == stored.end())
           spdlog::warn("kafka: {}[{}]: after the failover the database has no stored offset for the partition; "
                        "reading again from {}, the first record this host took of it",
                        p->tp.topic, p->tp.partition, from);
         // Everything this host has read may have had a claim (and a call
         // mark) there: at-most-once records up to it are looked up first.
-        p->lost_window_end = std::max(committed, p->tracker.next_expected().value_or(committed));
-        p->metrics->offsets_rewound.fetch_add(static_cast<uint64_t>(committed - from), std::memory_order_relaxed);
-        spdlog::warn(
-            "kafka: {}[{}]: after the failover the database's offset is {}, behind the {} committed: it lost the "
-            "outcomes of {} record(s); reading them again from {}",
-            p->tp.topic, p->tp.partition, from, committed, committed - from, from);
+        p->lost_window_end = read_end;
+        // Counted as lost: what Kafka had confirmed on the strength of
+        // outcomes the new server lacks. The rest is re-read to be sure.
+        const int64_t lost = p->last_acked > from ? p->last_acked - from : 0;
+        p->metrics->offsets_rewound.fetch_add(static_cast<uint64_t>(lost), std::memory_order_relaxed);
+        if (lost > 0)
+          spdlog::warn(
+              "kafka: {}[{}]: after the failover the database's offset is {}, behind the {} committed: it lost the "
+              "outcomes of {} record(s); reading them again from {}",
+              p->tp.topic, p->tp.partition, from, p->last_acked, lost, from);
+        else
+          spdlog::info(
+              "kafka: {}[{}]: after the failover reading again from the database's offset {} the {} record(s) this "
+              "host read since (their outcomes may be missing on the new server)",
+              p->tp.topic, p->tp.partition, from, read_end - from);
         // Records still in the pipeline finish against the old tracker's
         // offsets (unknown to the new one: ignored); their copies read again
         // meet their claims.
