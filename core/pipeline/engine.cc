@@ -10,7 +10,7 @@
 #include "core/dlq/headers.h"
 #include "core/pipeline/admission.h"
 #include "core/pipeline/failure_policy.h"
-#include "core/plugin/calls.h"
+#include "core/pipeline/plugin_call.h"
 
 namespace idemsink::pipeline {
 
@@ -422,23 +422,14 @@ void Engine::look_up_before_call(Record& r) {
     return;
   }
   spdlog::info(
-      "route {}: key {} was committed on outcomes the database lost; asking the remote whether it was sent before "
-      "calling",
+      "route {}: key {} may have been sent before the database lost its outcomes; asking the remote before calling",
       r.route->cfg.name, printable(r.biz_key));
   r.stage = Stage::LookingUp;
-  const uint64_t id = r.id;
-  auto answered = std::make_shared<std::atomic<bool>>(false);
-  const uint64_t call_id = plugin::CallRegistry::instance().add(
-      [this, id, answered](idemsink_outcome o, std::string detail) {
-        if (answered->exchange(true)) return;
-        asio::post(io_, [this, id, o, detail = std::move(detail)]() mutable { looked_up(id, o, std::move(detail)); });
-      },
-      "look-up route " + r.route->cfg.name);
-  r.timer = std::make_unique<asio::steady_timer>(io_, r.route->cfg.call_timeout);
-  r.timer->async_wait([this, id, call_id, answered](boost::system::error_code ec) {
-    if (ec || !plugin::CallRegistry::instance().cancel(call_id) || answered->exchange(true)) return;
-    looked_up(id, IDEMSINK_OUTCOME_UNCERTAIN, "no answer within call_timeout");
-  });
+  r.timer.reset();  // no wait of an earlier stage outlives it
+  const uint64_t call_id = call_with_deadline(
+      io_, r.route->cfg.call_timeout, "look-up route " + r.route->cfg.name,
+      {IDEMSINK_OUTCOME_UNCERTAIN, "no answer within call_timeout"},
+      [this, id = r.id](idemsink_outcome o, std::string detail) { looked_up(id, o, std::move(detail)); });
   std::vector<idemsink_header> headers;
   r.route->handler->reconcile(Dispatcher::abi_record(r, headers), call_id);
 }
@@ -447,7 +438,6 @@ void Engine::looked_up(uint64_t id, idemsink_outcome outcome, std::string detail
   Record* r = find(id);
   if (r == nullptr || r->stage != Stage::LookingUp) return;
   const LogScope log_scope(log_fields_of(*r));
-  if (r->timer) r->timer->cancel();
   if (r->part->revoked) {
     release_claims({r->outcome()});
     end_record(*r, false);

@@ -118,9 +118,10 @@ class Engine : public kafka::Consumer::Listener {
   /// Dead-letters a record before (or instead of) a claim.
   void refuse(Record& r, dlq::Reason reason, std::string detail);
   void release_claims(std::vector<claim::Outcome> outcomes);
-  /// An at-most-once record whose claim the database lost (it was in Kafka's
-  /// committed range): its remote is asked before any call; called only on
-  /// a clear "never sent".
+  /// An at-most-once record that may have been sent although the database
+  /// has no mark of it (in a window a failover lost, or called by this host
+  /// before its claim was lost): its remote is asked before any call;
+  /// called only on a clear "never sent".
   void look_up_before_call(Record& r);
   void looked_up(uint64_t id, idemsink_outcome outcome, std::string detail);
   // after a call, and after a write

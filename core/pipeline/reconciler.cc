@@ -4,7 +4,7 @@
 #include "core/common/util.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/reason.h"
-#include "core/plugin/calls.h"
+#include "core/pipeline/plugin_call.h"
 
 namespace idemsink::pipeline {
 
@@ -234,53 +234,42 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
           const std::string route = cand.row.ns;
           spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route,
                        printable(cand.row.biz_key), cand.token);
-          auto reported = std::make_shared<bool>(false);
-          auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.route_by_name(route)->call_timeout);
-          auto on_result = [this, cands, i, left, outcomes, summary, finish, reported, timer](idemsink_outcome o,
-                                                                                              std::string detail) {
-            asio::post(
-                io_, [this, cands, i, left, outcomes, summary, finish, reported, timer, o, detail = std::move(detail)] {
-                  if (*reported) return;
-                  *reported = true;
-                  timer->cancel();
-                  outcomes->push_back({i, {o, detail}});
-                  if (--*left > 0) return;
-                  // 3. Record the re-drives' results under the epoch we took.
-                  pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
-                    std::vector<std::string> settled;
-                    ReconcileSummary counted;
-                    c.begin();  // results and their held rows' stamps commit together
-                    for (const auto& [idx, res] : *outcomes) {
-                      const Candidate& cand = (*cands)[idx];
-                      using Result = claim::ClaimStore::RedriveResult;
-                      const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
-                                            : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
-                                                                                      : Result::Undecided;
-                      // False: our lease ran out and another host took it; its result counts.
-                      if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
-                        continue;
-                      if (result == Result::Applied)
-                        ++counted.redriven_done;
-                      else if (result == Result::Rejected)
-                        ++counted.failed;
-                      else
-                        ++counted.undecided;
-                      if (result != Result::Undecided) settled.push_back(cand.token);
-                    }
-                    dlq::Outbox::settle_held(c, settled);
-                    c.commit();
-                    summary->redriven_done += counted.redriven_done;
-                    summary->failed += counted.failed;
-                    summary->undecided += counted.undecided;
-                    asio::post(io_, [summary, finish] { finish(*summary); });
-                  });
+          const uint64_t call_id = call_with_deadline(
+              io_, cfg_.route_by_name(route)->call_timeout, "re-drive " + route,
+              {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
+              [this, cands, i, left, outcomes, summary, finish](idemsink_outcome o, std::string detail) {
+                outcomes->push_back({i, {o, std::move(detail)}});
+                if (--*left > 0) return;
+                // 3. Record the re-drives' results under the epoch we took.
+                pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
+                  std::vector<std::string> settled;
+                  ReconcileSummary counted;
+                  c.begin();  // results and their held rows' stamps commit together
+                  for (const auto& [idx, res] : *outcomes) {
+                    const Candidate& cand = (*cands)[idx];
+                    using Result = claim::ClaimStore::RedriveResult;
+                    const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
+                                          : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
+                                                                                    : Result::Undecided;
+                    // False: our lease ran out and another host took it; its result counts.
+                    if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
+                      continue;
+                    if (result == Result::Applied)
+                      ++counted.redriven_done;
+                    else if (result == Result::Rejected)
+                      ++counted.failed;
+                    else
+                      ++counted.undecided;
+                    if (result != Result::Undecided) settled.push_back(cand.token);
+                  }
+                  dlq::Outbox::settle_held(c, settled);
+                  c.commit();
+                  summary->redriven_done += counted.redriven_done;
+                  summary->failed += counted.failed;
+                  summary->undecided += counted.undecided;
+                  asio::post(io_, [summary, finish] { finish(*summary); });
                 });
-          };
-          const uint64_t call_id = plugin::CallRegistry::instance().add(on_result, "re-drive " + route);
-          timer->async_wait([call_id, on_result](boost::system::error_code ec) {
-            if (!ec && plugin::CallRegistry::instance().cancel(call_id))
-              on_result(IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout");
-          });
+              });
           const idemsink_record rec = record_of(cand, route, cand.calls + 1);
           handlers_.at(route)->invoke(rec, call_id);
         }
@@ -292,23 +281,14 @@ void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::func
     Candidate& c = (*cands)[i];
     const std::string route = c.row.ns;
     plugin::Instance* h = handlers_.at(route);
-    auto reported = std::make_shared<bool>(false);
-    auto timer = std::make_shared<asio::steady_timer>(io_, cfg_.route_by_name(route)->call_timeout);
-    auto on_answer = [this, cands, i, pending, decide, reported, timer](idemsink_outcome o, std::string detail) {
-      asio::post(io_, [cands, i, pending, decide, reported, timer, o, detail = std::move(detail)] {
-        if (*reported) return;
-        *reported = true;
-        timer->cancel();
-        (*cands)[i].answer = o;
-        (*cands)[i].detail = detail;
-        if (--*pending == 0) (*decide)();
-      });
-    };
-    const uint64_t call_id = plugin::CallRegistry::instance().add(on_answer, "reconcile " + route);
-    timer->async_wait([call_id, on_answer](boost::system::error_code ec) {
-      if (!ec && plugin::CallRegistry::instance().cancel(call_id))
-        on_answer(IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout");
-    });
+    const uint64_t call_id = call_with_deadline(
+        io_, cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
+        {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+        [cands, i, pending, decide](idemsink_outcome o, std::string detail) {
+          (*cands)[i].answer = o;
+          (*cands)[i].detail = std::move(detail);
+          if (--*pending == 0) (*decide)();
+        });
     const idemsink_record rec = record_of(c, route, c.calls);
     h->reconcile(rec, call_id);
   }

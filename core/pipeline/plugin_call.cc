@@ -1,0 +1,27 @@
+#include "core/pipeline/plugin_call.h"
+
+#include <memory>
+
+#include "core/plugin/calls.h"
+
+namespace idemsink::pipeline {
+
+namespace asio = boost::asio;
+
+uint64_t call_with_deadline(asio::io_context& io, std::chrono::milliseconds deadline, std::string what,
+                            LateAnswer late, std::function<void(idemsink_outcome, std::string)> on_answer) {
+  auto timer = std::make_shared<asio::steady_timer>(io, deadline);
+  auto deliver = [&io, timer, on_answer = std::move(on_answer)](idemsink_outcome outcome, std::string detail) {
+    asio::post(io, [timer, on_answer, outcome, detail = std::move(detail)] {
+      timer->cancel();
+      on_answer(outcome, detail);
+    });
+  };
+  const uint64_t id = plugin::CallRegistry::instance().add(deliver, std::move(what));
+  timer->async_wait([id, deliver, late = std::move(late)](boost::system::error_code ec) {
+    if (!ec && plugin::CallRegistry::instance().cancel(id)) deliver(late.outcome, late.detail);
+  });
+  return id;
+}
+
+}  // namespace idemsink::pipeline
