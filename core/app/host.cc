@@ -141,9 +141,8 @@ void prepare_database(Slice& s) {
     });
   }
   if (s.cfg.claim.derived_tokens) {
-    std::string ns;
-    db::Pool::run_once(s.cfg.database,
-                       [&](db::Connection& c) { ns = claim::token_namespace(c, s.cfg.claim.apply_schema); });
+    std::string ns;  // made by apply_schema, or by `idemsink schema apply`
+    db::Pool::run_once(s.cfg.database, [&](db::Connection& c) { ns = claim::token_namespace(c, false); });
     if (ns.empty())
       throw db::DbError(0, "claim.derived_tokens needs the deployment's token namespace in idemsink_meta, and "
                            "claim.apply_schema is off: run `idemsink schema apply` once");
@@ -210,7 +209,17 @@ class SliceStarter {
   std::thread thread_;  // last: starts once the rest is in place
 };
 
+void mask_stop_signals(int how) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(how, &stop, nullptr);
+}
+
 }  // namespace
+
+void block_stop_signals() { mask_stop_signals(SIG_BLOCK); }
 
 int run_host(const config::Config& cfg) {
   if (fault::once("slow_start")) std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -237,14 +246,8 @@ int run_host(const config::Config& cfg) {
   // SIGHUP never kills it.
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::signal_set hangups(io, SIGHUP);
-  {
-    // Blocked since main(): one that came meanwhile is delivered now, to this thread.
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
-  }
+  // Blocked since main(): one that came meanwhile is delivered now, to this thread.
+  mask_stop_signals(SIG_UNBLOCK);
   auto work = asio::make_work_guard(io);
   // /livez: the engine thread runs (every slice's engine shares it).
   pipeline::Periodic heartbeat(io);

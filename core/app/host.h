@@ -23,6 +23,12 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
 /// Applies the core schema (tables, partitions) and the plugins' DDL.
 void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<plugin::Library>>& libs);
 
+/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it
+/// starts), from main() on: a host stopped while it starts must drain and
+/// exit 0, not die of the signal. run_host() unblocks them once it catches
+/// them.
+void block_stop_signals();
+
 /// Runs the host; returns the process exit code.
 int run_host(const config::Config& cfg);
 

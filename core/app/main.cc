@@ -1,8 +1,6 @@
 // idemsink command line.
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage, config or plugin.
-#include <signal.h>
-
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 
 #include "core/app/build_info.h"
 #include "core/app/commands.h"
+#include "core/app/host.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/config/config.h"
@@ -289,16 +288,8 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A host stopped while it starts (config, plugins) must drain and exit 0,
-  // not die of the signal: SIGTERM and SIGINT wait, blocked, until run_host
-  // catches them (the threads started meanwhile inherit the mask).
-  if (argc >= 2 && std::string(argv[1]) == "run") {
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  }
+  // A SIGTERM while the host starts (config, plugins) waits for run_host to drain.
+  if (argc >= 2 && std::string(argv[1]) == "run") app::block_stop_signals();
   init_logging("info");
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage << "\n";
