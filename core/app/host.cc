@@ -135,8 +135,8 @@ void prepare_database(Slice& s) {
     apply_schema(s.cfg, s.libs);
   } else {
     db::Pool::run_once(s.cfg.database, [](db::Connection& c) {
-      for (const char* table :
-           {"idemsink_claim", "idemsink_claim_key", "idemsink_dlq_outbox", "idemsink_route_control"})
+      for (const char* table : {"idemsink_claim", "idemsink_claim_key", "idemsink_offsets", "idemsink_dlq_outbox",
+                                "idemsink_route_control"})
         c.query(std::string("SELECT 1 FROM ") + table + " LIMIT 0");
     });
   }

@@ -302,6 +302,30 @@ BOOST_AUTO_TEST_CASE(a_database_configuration_error_at_start_exits_2) {
   BOOST_TEST(b.log().find("1045") != std::string::npos, b.log());
 }
 
+// A schema a DBA manages (claim.apply_schema = false) that lacks the table
+// of stored offsets: the host names it and exits 2, where it would otherwise
+// hold every partition while re-reading a table that does not exist.
+BOOST_AUTO_TEST_CASE(a_managed_schema_without_the_offsets_table_exits_2) {
+  auto db = MariaDbServer::shared().fresh_database("wedge_no_offsets");
+  TestKafka kafka;
+  kafka.create_topic("orders", 1);
+  kafka.produce("orders", order_messages(0, 10));
+  ScratchDir dir("wedges");
+  const std::string route = route_config(
+      {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
+  {
+    HostProcess first(dir, "first", base_config(kafka, db, "host-a", "g") + route);  // applies the schema
+    wait_committed(kafka, "g", {{"orders", 1}}, first, 60s);
+    BOOST_TEST(first.stop() == 0);
+  }
+  MariaDbServer::shared().connect("wedge_no_offsets")->execute("DROP TABLE idemsink_offsets");
+  std::string cfg = base_config(kafka, db, "host-a", "g");
+  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\napply_schema = false\n");
+  HostProcess managed(dir, "managed", cfg + route);
+  BOOST_TEST(managed.proc().wait(30s).value_or(-1) == 2);
+  BOOST_TEST(managed.log().find("idemsink_offsets") != std::string::npos, managed.log());
+}
+
 // Two databases, one of them down when the host starts: only its route
 // waits; the other route's records are applied meanwhile.
 BOOST_AUTO_TEST_CASE(one_database_down_at_start_stalls_only_its_routes) {
