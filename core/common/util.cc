@@ -9,7 +9,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -103,22 +102,18 @@ std::string random_uuid() {
 
 std::string name_uuid(std::string_view namespace_uuid, std::string_view name) {
   // RFC 4122 version 5: SHA-1 over the namespace's 16 bytes and the name.
-  std::string input;
-  int high = -1;
-  for (const char ch : namespace_uuid) {
-    if (ch == '-') continue;
-    const int v = std::isxdigit(static_cast<unsigned char>(ch))
-                      ? (std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0' : std::tolower(ch) - 'a' + 10)
-                      : -1;
-    if (v < 0) throw std::invalid_argument("name_uuid: namespace is not a UUID");
-    if (high < 0) {
-      high = v;
-    } else {
-      input.push_back(static_cast<char>(high << 4 | v));
-      high = -1;
-    }
+  std::string hex;
+  for (const char ch : namespace_uuid)
+    if (ch != '-') hex.push_back(ch);
+  if (hex.size() != 32) throw std::invalid_argument("name_uuid: namespace is not a UUID");
+  std::string input(16, '\0');
+  for (size_t i = 0; i < 16; ++i) {
+    unsigned byte = 0;
+    const char* first = hex.data() + 2 * i;
+    const auto [end, ec] = std::from_chars(first, first + 2, byte, 16);
+    if (ec != std::errc() || end != first + 2) throw std::invalid_argument("name_uuid: namespace is not a UUID");
+    input[i] = static_cast<char>(byte);
   }
-  if (input.size() != 16 || high >= 0) throw std::invalid_argument("name_uuid: namespace is not a UUID");
   input.append(name);
   unsigned char digest[SHA_DIGEST_LENGTH];
   SHA1(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest);

@@ -34,11 +34,11 @@ std::optional<HostPort> parse_host_port(std::string_view text);
 bool looks_secret(std::string_view name);
 
 /// Random RFC 4122 version-4 UUID in canonical 36-character text.
+std::string random_uuid();
 /// A name-based UUID (RFC 4122 version 5, SHA-1) of `name` in the namespace
 /// `namespace_uuid` ("xxxxxxxx-xxxx-..."): the same pair gives the same UUID,
 /// anywhere, any time; another namespace gives an unrelated one.
 std::string name_uuid(std::string_view namespace_uuid, std::string_view name);
-std::string random_uuid();
 
 /// 128-bit XXH3 hash of `data`, as 16 raw bytes.
 std::string payload_hash(std::string_view data);

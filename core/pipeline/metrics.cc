@@ -233,8 +233,8 @@ std::string Metrics::prometheus() const {
        "Jumps of the consumer over existing records, caught and re-read.", false,
        [](const PartitionMetrics& p) { return static_cast<int64_t>(p.skips_recovered.load()); }},
       {"idemsink_offsets_rewound_total", "counter",
-       "Records read again at assignment because the database's offset was behind Kafka's committed one: outcomes "
-       "the database lost (a failover to a replica that lacked the last commits).",
+       "Records Kafka had committed whose outcomes the database lost (its stored offset behind Kafka's, at "
+       "assignment or after a failover to a replica that lacked the last commits): read again.",
        false, [](const PartitionMetrics& p) { return static_cast<int64_t>(p.offsets_rewound.load()); }},
       {"idemsink_records_lost_to_retention_total", "counter",
        "Offsets Kafka deleted by retention before this group consumed them: records no outcome exists for (alert "

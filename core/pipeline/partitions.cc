@@ -13,6 +13,13 @@ using namespace std::chrono_literals;
 namespace {
 // How long a revocation waits for its offsets to reach the database.
 constexpr auto kStoreOnRevokeFor = std::chrono::seconds(5);
+
+std::vector<std::pair<std::string, int32_t>> keys_of(const std::vector<std::shared_ptr<Partition>>& parts) {
+  std::vector<std::pair<std::string, int32_t>> keys;
+  keys.reserve(parts.size());
+  for (const auto& p : parts) keys.emplace_back(p->tp.topic, p->tp.partition);
+  return keys;
+}
 }  // namespace
 
 Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
@@ -46,7 +53,6 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
   rebalance_reached();
   std::vector<kafka::TopicPartition> tps;
   std::vector<std::shared_ptr<Partition>> parts;
-  std::vector<std::pair<std::string, int32_t>> keys;
   for (const auto& [tp, offset] : starts) {
     auto p = std::make_shared<Partition>();
     p->tp = tp;
@@ -58,15 +64,14 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
     parts_[tp] = p;
     tps.push_back(tp);
     parts.push_back(p);
-    keys.emplace_back(tp.topic, tp.partition);
   }
   gate_.assigned(tps);
   for (const auto& tp : tps) gate_.hold(tp, FetchGate::Hold::Start);
   update_gauges();
   slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
   if (parts.empty()) return;
-  pool_.submit("read the stored offsets", [this, parts = std::move(parts), keys = std::move(keys)](db::Connection& c) {
-    auto stored = offsets_.read(c, keys);
+  pool_.submit("read the stored offsets", [this, parts = std::move(parts)](db::Connection& c) {
+    auto stored = offsets_.read(c, keys_of(parts));
     uint64_t none = 0;
     server_id_.compare_exchange_strong(none, c.server_id());
     asio::post(io_, [this, parts, stored = std::move(stored)] { started(parts, stored); });
@@ -112,16 +117,12 @@ void Partitions::started(const std::vector<std::shared_ptr<Partition>>& parts,
 void Partitions::recheck_stored() {
   if (rechecking_) return;
   std::vector<std::shared_ptr<Partition>> parts;
-  std::vector<std::pair<std::string, int32_t>> keys;
   for (const auto& [tp, p] : parts_)
-    if (!p->revoked && !p->starting) {
-      parts.push_back(p);
-      keys.emplace_back(tp.topic, tp.partition);
-    }
+    if (!p->revoked && !p->starting) parts.push_back(p);
   if (parts.empty()) return;
   rechecking_ = true;
-  pool_.submit("re-read the stored offsets", [this, parts = std::move(parts), keys = std::move(keys)](db::Connection& c) {
-    auto stored = offsets_.read(c, keys);
+  pool_.submit("re-read the stored offsets", [this, parts = std::move(parts)](db::Connection& c) {
+    auto stored = offsets_.read(c, keys_of(parts));
     server_id_.store(c.server_id());  // the server the offsets are stored on from now on
     asio::post(io_, [this, parts, stored = std::move(stored)] {
       rechecking_ = false;

@@ -9,8 +9,8 @@
 // Commits: every kafka.commit_interval, each partition whose commit point
 // moved is written to the database, then committed to Kafka
 // (asynchronously): Kafka's offset never runs ahead of the database's. On
-// revocation the partition stops
-// taking new records at once; its records already in a job or a call get
+// revocation the partition stops taking new records at once; its records
+// already in a job or a call get
 // host.shutdown_grace to finish, then its commit point is returned to the
 // rebalance callback, which commits it before letting the partition go.
 //
@@ -91,9 +91,9 @@ class Partitions {
   /// then, once that is durable, to Kafka.
   void commit();
   /// Another database server answers (a failover): each partition whose
-  /// stored offset there is behind its commit point is read again from it
-  /// (those outcomes were lost); commits wait until that is settled, so the
-  /// loss is never written over.
+  /// stored offset there is behind what this host has read is read again
+  /// from it (those outcomes may be lost); commits wait until that is
+  /// settled, so a loss is never written over.
   void recheck_stored();
   void commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets);
   /// The group's rebalance reached us: commits carry the new generation.
