@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-
 #include <stdexcept>
 #include <thread>
 
@@ -162,7 +161,7 @@ void MariaDbServer::execute(const std::string& sql) const {
   c.execute(sql);
 }
 
-void MariaDbServer::replicate_from(const MariaDbServer& primary, int delay_s, bool semi_sync) {
+void MariaDbServer::replicate_from(const MariaDbServer& primary, bool semi_sync) {
   if (semi_sync) {
     // Never falls back to asynchronous (the timeout is long): every commit the
     // primary acknowledges has reached this replica.
@@ -170,19 +169,17 @@ void MariaDbServer::replicate_from(const MariaDbServer& primary, int delay_s, bo
     execute("SET GLOBAL rpl_semi_sync_slave_enabled = ON");
   }
   execute("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = " + std::to_string(primary.port()) +
-          ", MASTER_USER = 'root', MASTER_PASSWORD = '', MASTER_USE_GTID = slave_pos, MASTER_DELAY = " +
-          std::to_string(delay_s));
+          ", MASTER_USER = 'root', MASTER_PASSWORD = '', MASTER_USE_GTID = slave_pos");
   execute("START SLAVE");
   db::Connection c(root_over_socket());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    auto rows = c.query("SHOW SLAVE STATUS");
-    // Slave_IO_Running and Slave_SQL_Running are columns 10 and 11.
-    if (!rows.empty() && rows[0].size() > 11 && rows[0][10].value_or("") == "Yes" && rows[0][11].value_or("") == "Yes")
-      return;
-    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("replication did not start within 30s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  wait_until(
+      [&] {
+        auto rows = c.query("SHOW SLAVE STATUS");
+        // Slave_IO_Running and Slave_SQL_Running are columns 10 and 11.
+        return !rows.empty() && rows[0].size() > 11 && rows[0][10].value_or("") == "Yes" &&
+               rows[0][11].value_or("") == "Yes";
+      },
+      std::chrono::seconds(30), "replication to start", std::chrono::milliseconds(50));
 }
 
 void MariaDbServer::promote(bool apply_received) {
@@ -191,15 +188,15 @@ void MariaDbServer::promote(bool apply_received) {
     // The primary is gone: nothing more arrives. Wait until the SQL thread
     // has applied what the relay log holds.
     c.execute("STOP SLAVE IO_THREAD");
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::stoll(c.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE "
-                              "'%read all relay log%'")
-                          .at(0)
-                          .at(0)
-                          .value_or("0")) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the relay log was not applied in 60s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    wait_until(
+        [&] {
+          return c.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE "
+                         "'%read all relay log%'")
+                     .at(0)
+                     .at(0)
+                     .value_or("0") != "0";
+        },
+        std::chrono::seconds(60), "the relay log to be applied", std::chrono::milliseconds(100));
   }
   c.execute("STOP SLAVE");
   c.execute("RESET SLAVE ALL");

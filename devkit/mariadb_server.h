@@ -42,10 +42,9 @@ class MariaDbServer {
 
   /// mariadbd arguments of a server taking part in replication.
   static std::vector<std::string> replication_args(int server_id);
-  /// Makes this server a replica of `primary`, applying what it receives
-  /// `delay_s` seconds late (a replica that lags); with `semi_sync`, the
+  /// Makes this server a replica of `primary`; with `semi_sync`, the
   /// primary's commits wait until this replica has received them.
-  void replicate_from(const MariaDbServer& primary, int delay_s = 0, bool semi_sync = false);
+  void replicate_from(const MariaDbServer& primary, bool semi_sync = false);
   /// Promotes a replica whose primary is gone: what it received but has not
   /// applied yet is applied first when `apply_received` (semi-synchronous:
   /// nothing acknowledged is lost), thrown away otherwise (asynchronous with

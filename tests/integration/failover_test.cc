@@ -44,31 +44,25 @@ std::vector<TestMessage> orders(int from, int to) {
   return out;
 }
 
-struct Figures {
-  int64_t rewound = 0;
-};
-
-// Runs the scenario; `semi_sync` chooses the replication.
-Figures failover(const std::string& name, bool semi_sync) {
-  MariaDbServer primary(MariaDbServer::replication_args(1));
-  MariaDbServer replica(MariaDbServer::replication_args(2));
-  replica.replicate_from(primary, 0, semi_sync);
-  primary.fresh_database(name);
-  TcpProxy proxy(primary.port());
-  auto db = primary.database(name);
-  db.port = proxy.port();
-  FakeServices services(fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=30",
-                                                 "--faults", "sms:latency_mean_ms=5,latency_p99_ms=30"});
+// What both scenarios run: the fake remotes, the topics, the hosts' routes
+// (waybill, SMS, ledger) and, at the end, the counts.
+struct Rig {
+  FakeServices services{fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=30", "--faults",
+                                                 "sms:latency_mean_ms=5,latency_p99_ms=30"}};
   TestKafka kafka;
-  for (const auto& r : kRoutes) {
-    kafka.create_topic(r, 4);
-    kafka.create_topic(r + ".dlq", 1);
+  ScratchDir dir{"failover"};
+  int partitions;
+
+  explicit Rig(int partitions) : partitions(partitions) {
+    for (const auto& r : kRoutes) {
+      kafka.create_topic(r, partitions);
+      kafka.create_topic(r + ".dlq", 1);
+    }
   }
-  ScratchDir dir("failover");
-  const std::vector<int> admin{free_port(), free_port()};
-  auto config = [&](int i) {
-    std::string cfg = base_config(kafka, db, i == 0 ? "host-a" : "host-b", "g",
-                                  "admin_listen = \"127.0.0.1:" + std::to_string(admin[i]) + "\"\n");
+
+  std::string host_config(const config::DatabaseConfig& db, const std::string& id,
+                          const std::string& host_lines = "") {
+    std::string cfg = base_config(kafka, db, id, "g", host_lines);
     cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n");
     for (const auto& r : kRoutes) {
       RouteSpec spec{r, r, shipped_plugin(r), "key = { from = \"json\", json = \"order_id\" }", {},
@@ -77,8 +71,58 @@ Figures failover(const std::string& name, bool semi_sync) {
       cfg += route_config(spec);
     }
     return cfg;
-  };
-  HostProcess a(dir, "host-a", config(0)), b(dir, "host-b", config(1));
+  }
+
+  void produce(int from, int to) {
+    for (const auto& r : kRoutes) kafka.produce(r, orders(from, to));
+  }
+
+  // Every topic committed to its end, every claim on `conn` settled.
+  void settle(HostProcess& host, db::Connection& conn) {
+    std::vector<std::pair<std::string, int>> topics;
+    for (const auto& r : kRoutes) topics.push_back({r, partitions});
+    wait_committed(kafka, "g", topics, host, 240s);
+    wait_until([&] { return scalar(conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
+               "every claim settled");
+  }
+
+  // Both halves, counted once the hosts stopped: every order applied once at
+  // each remote (its own counter), each SMS sent at most once and done
+  // exactly when sent, each ledger credit once, every record accounted for.
+  void check_each_effect_once(db::Connection& conn, HostProcess& host, const std::string& name) {
+    const auto stats = services.stats();
+    BOOST_TEST(stats["waybill"]["double_applied"].get<int>() == 0);
+    BOOST_TEST(stats["waybill"]["orders"].get<int>() == kOrders);
+    for (const auto& [order, n] : stats["sms"]["per_order"].items()) BOOST_TEST(n.get<int>() <= 1, order);
+    for (const auto& r : conn.query("SELECT biz_key, status FROM idemsink_claim WHERE namespace = 'sms'")) {
+      const bool sent = stats["sms"]["per_order"].value(*r[0], 0) == 1;
+      BOOST_TEST((*r[1] == "2") == sent, *r[0] << " status " << *r[1]);
+    }
+    BOOST_TEST(scalar(conn, "SELECT COUNT(*) FROM ledger_entries") == kOrders);
+    BOOST_TEST(scalar(conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == kOrders);
+    auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
+    BOOST_TEST(rc == 0, out);
+    BOOST_TEST_MESSAGE(name << ": waybill applied " << stats["waybill"]["applied"].get<int>() << ", sms sent "
+                            << stats["sms"]["applied"].get<int>() << ", ledger credits "
+                            << scalar(conn, "SELECT COUNT(*) FROM ledger_entries"));
+  }
+};
+
+// Runs the scenario; `semi_sync` chooses the replication. Returns the
+// records the hosts counted as rewound (idemsink_offsets_rewound_total).
+int64_t failover(const std::string& name, bool semi_sync) {
+  MariaDbServer primary(MariaDbServer::replication_args(1));
+  MariaDbServer replica(MariaDbServer::replication_args(2));
+  replica.replicate_from(primary, semi_sync);
+  primary.fresh_database(name);
+  TcpProxy proxy(primary.port());
+  auto db = primary.database(name);
+  db.port = proxy.port();
+  Rig rig(4);
+  const std::vector<int> admin{free_port(), free_port()};
+  const auto admin_line = [&](int i) { return "admin_listen = \"127.0.0.1:" + std::to_string(admin[i]) + "\"\n"; };
+  HostProcess a(rig.dir, "host-a", rig.host_config(db, "host-a", admin_line(0)));
+  HostProcess b(rig.dir, "host-b", rig.host_config(db, "host-b", admin_line(1)));
   // The replica has the schema the hosts made; from now on it lags (async).
   wait_until(
       [&] {
@@ -94,10 +138,10 @@ Figures failover(const std::string& name, bool semi_sync) {
   // Half the orders; the primary dies as soon as Kafka's commits cover a
   // third of them on every route: commits the asynchronous replica, applying
   // 8 s late, has not seen the outcomes of.
-  for (const auto& r : kRoutes) kafka.produce(r, orders(0, kOrders / 2));
+  rig.produce(0, kOrders / 2);
   const auto committed_total = [&](const std::string& topic) {
     int64_t n = 0;
-    for (const auto& [p, o] : kafka.committed("g", topic, 4)) n += std::max<int64_t>(o, 0);
+    for (const auto& [p, o] : rig.kafka.committed("g", topic, rig.partitions)) n += std::max<int64_t>(o, 0);
     return n;
   };
   wait_until(
@@ -110,56 +154,30 @@ Figures failover(const std::string& name, bool semi_sync) {
   primary.kill();
   replica.promote(semi_sync);
   proxy.retarget(replica.port());
-  for (const auto& r : kRoutes) kafka.produce(r, orders(kOrders / 2, kOrders));
-  std::vector<std::pair<std::string, int>> topics;
-  for (const auto& r : kRoutes) topics.push_back({r, 4});
-  wait_committed(kafka, "g", topics, a, 240s);
+  rig.produce(kOrders / 2, kOrders);
   auto conn = replica.connect(name);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-             "every claim settled");
-  Figures f;
+  rig.settle(a, *conn);
+  int64_t rewound = 0;
   for (int port : admin) {
     const auto [status, body] = http_request(port, "GET", "/metrics");
     for (size_t at = body.find("\nidemsink_offsets_rewound_total{"); at != std::string::npos;
          at = body.find("\nidemsink_offsets_rewound_total{", at + 1))
-      f.rewound += std::stoll(body.substr(body.find("} ", at) + 2));
+      rewound += std::stoll(body.substr(body.find("} ", at) + 2));
   }
   BOOST_TEST(a.stop() == 0);
   BOOST_TEST(b.stop() == 0);
-
-  // Once at each remote, every order.
-  const auto stats = services.stats();
-  BOOST_TEST(stats["waybill"]["double_applied"].get<int>() == 0);
-  BOOST_TEST(stats["waybill"]["orders"].get<int>() == kOrders);
-  int sent_twice = 0;
-  for (const auto& [order, n] : stats["sms"]["per_order"].items()) sent_twice += n.get<int>() > 1;
-  BOOST_TEST(sent_twice == 0);
-  // Every SMS counted done was sent; every one sent is done.
-  for (const auto& r : conn->query("SELECT biz_key, status FROM idemsink_claim WHERE namespace = 'sms'")) {
-    const bool sent = stats["sms"]["per_order"].value(*r[0], 0) == 1;
-    BOOST_TEST((*r[1] == "2") == sent, *r[0] << " status " << *r[1]);
-  }
-  // Each ledger credit exactly once.
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == kOrders);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == kOrders);
-  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", a.config_path().string()});
-  BOOST_TEST(rc == 0, out);
-  BOOST_TEST_MESSAGE(name << ": rewound " << f.rewound << " record(s); waybill applied "
-                          << stats["waybill"]["applied"].get<int>() << ", sms sent " << stats["sms"]["applied"].get<int>()
-                          << ", ledger credits " << scalar(*conn, "SELECT COUNT(*) FROM ledger_entries"));
-  return f;
+  rig.check_each_effect_once(*conn, a, name + " (rewound " + std::to_string(rewound) + ")");
+  return rewound;
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_promoted_replica_that_lost_the_last_seconds_applies_nothing_twice_and_loses_nothing) {
-  const Figures f = failover("failover_async", false);
-  BOOST_TEST(f.rewound > 0);  // the replica lagged: a window was lost and read again
+  BOOST_TEST(failover("failover_async", false) > 0);  // the replica lagged: a window was lost and read again
 }
 
 BOOST_AUTO_TEST_CASE(semi_synchronous_replication_loses_nothing_and_rewinds_nothing) {
-  const Figures f = failover("failover_semi_sync", true);
-  BOOST_TEST(f.rewound == 0);
+  BOOST_TEST(failover("failover_semi_sync", true) == 0);
 }
 
 // A 3-node Galera cluster, three hosts each writing through its own node;
@@ -174,49 +192,20 @@ BOOST_AUTO_TEST_CASE(three_hosts_on_three_galera_nodes_one_node_killed_apply_eac
     nodes.push_back(std::make_unique<MariaDbServer>(MariaDbServer::galera_args(i, gcomm, false)));
   const std::string name = "failover_galera";
   nodes[0]->fresh_database(name);
-  FakeServices services(fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=30",
-                                                 "--faults", "sms:latency_mean_ms=5,latency_p99_ms=30"});
-  TestKafka kafka;
-  for (const auto& r : kRoutes) {
-    kafka.create_topic(r, 6);
-    kafka.create_topic(r + ".dlq", 1);
-  }
-  ScratchDir dir("failover");
-  auto config = [&](size_t i) {
-    std::string cfg = base_config(kafka, nodes[i]->database(name), "host-" + std::to_string(i), "g");
-    cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n");
-    for (const auto& r : kRoutes) {
-      RouteSpec spec{r, r, shipped_plugin(r), "key = { from = \"json\", json = \"order_id\" }", {},
-                     "call_timeout = \"5s\"\n"};
-      if (r != "ledger") spec.options = {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"1s\""}};
-      cfg += route_config(spec);
-    }
-    return cfg;
-  };
+  Rig rig(6);
   std::vector<std::unique_ptr<HostProcess>> hosts;
-  for (size_t i = 0; i < 3; ++i) hosts.push_back(std::make_unique<HostProcess>(dir, "host-" + std::to_string(i), config(i)));
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string id = "host-" + std::to_string(i);
+    hosts.push_back(std::make_unique<HostProcess>(rig.dir, id, rig.host_config(nodes[i]->database(name), id)));
+  }
   for (int batch = 0; batch < 10; ++batch) {
-    for (const auto& r : kRoutes) kafka.produce(r, orders(batch * kOrders / 10, (batch + 1) * kOrders / 10));
+    rig.produce(batch * kOrders / 10, (batch + 1) * kOrders / 10);
     std::this_thread::sleep_for(500ms);
     if (batch == 4) nodes[1]->kill();
     if (batch == 7) nodes[1]->restart();
   }
-  std::vector<std::pair<std::string, int>> topics;
-  for (const auto& r : kRoutes) topics.push_back({r, 6});
-  wait_committed(kafka, "g", topics, *hosts[0], 240s);
   auto conn = nodes[0]->connect(name);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-             "every claim settled");
+  rig.settle(*hosts[0], *conn);
   for (auto& h : hosts) BOOST_TEST(h->stop() == 0);
-  const auto stats = services.stats();
-  BOOST_TEST(stats["waybill"]["double_applied"].get<int>() == 0);
-  BOOST_TEST(stats["waybill"]["orders"].get<int>() == kOrders);
-  for (const auto& [order, n] : stats["sms"]["per_order"].items()) BOOST_TEST(n.get<int>() <= 1, order);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == kOrders);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == kOrders);
-  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", hosts[0]->config_path().string()});
-  BOOST_TEST(rc == 0, out);
-  BOOST_TEST_MESSAGE("galera: waybill applied " << stats["waybill"]["applied"].get<int>() << ", sms sent "
-                                                << stats["sms"]["applied"].get<int>() << ", ledger credits "
-                                                << scalar(*conn, "SELECT COUNT(*) FROM ledger_entries"));
+  rig.check_each_effect_once(*conn, *hosts[0], "galera");
 }
