@@ -96,7 +96,7 @@ BOOST_AUTO_TEST_CASE(each_route_in_its_own_database_and_one_down_stalls_only_its
   BOOST_TEST(host.stop() == 0);
 
   // The audit and the replay command work per route's database.
-  auto [rc_audit, out_audit] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
+  auto [rc_audit, out_audit] = audit(dir, host);
   BOOST_TEST(rc_audit == 0, out_audit);
   BOOST_TEST(out_audit.find("database finance@") != std::string::npos, out_audit);
   // Outbox ids are per database: with two, --retry must say which.

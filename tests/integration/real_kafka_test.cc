@@ -251,7 +251,7 @@ BOOST_AUTO_TEST_CASE(records_deleted_before_they_were_read_are_loud_and_on_recor
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
   BOOST_TEST(static_cast<int64_t>(per_key.size()) == 2100 - counted);
   BOOST_TEST(host.stop() == 0);
-  auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
+  auto [rc, out] = audit(dir, host);
   BOOST_TEST(rc == 1, out);
   BOOST_TEST(out.find("LOST: deleted by retention before the group read them") != std::string::npos, out);
   BOOST_TEST(out.find(std::to_string(counted) + " lost to retention") != std::string::npos, out);

@@ -66,10 +66,11 @@ int64_t admin_metric(int admin_port, const std::string& series) {
 
 int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
 
-std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args) {
+std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args,
+                                    std::chrono::seconds timeout) {
   args.insert(args.begin(), idemsink_binary());
   Process p(args, dir / (name + ".out"), dir / (name + ".err"));
-  auto rc = p.wait(std::chrono::seconds(120));
+  auto rc = p.wait(timeout);
   if (!rc) throw std::runtime_error(name + " did not finish");
   return {*rc, p.out() + p.err()};
 }
@@ -129,9 +130,14 @@ void wait_committed(TestKafka& kafka, const std::string& group, const std::vecto
   }
 }
 
-void audit_clean(const ScratchDir& dir, HostProcess& host) {
+std::pair<int, std::string> audit(const ScratchDir& dir, HostProcess& host) {
   static int run = 0;
-  auto [rc, out] = run_cli(dir, "audit-" + std::to_string(++run), {"audit", "--config", host.config_path().string()});
+  return run_cli(dir, "audit-" + std::to_string(++run), {"audit", "--config", host.config_path().string()},
+                 std::chrono::minutes(5));
+}
+
+void audit_clean(const ScratchDir& dir, HostProcess& host) {
+  auto [rc, out] = audit(dir, host);
   BOOST_TEST(rc == 0, out);
   BOOST_TEST(out.find("audit ok") != std::string::npos, out);
 }

@@ -67,11 +67,16 @@ int64_t admin_metric(int admin_port, const std::string& series);
 /// The first column of the first row of `sql`, as a number.
 int64_t scalar(db::Connection& c, const std::string& sql);
 
-/// Runs `idemsink ARGS...` to the end (at most 2 minutes); {exit code, stdout + stderr}.
-std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args);
+/// Runs `idemsink ARGS...` to the end (at most `timeout`, else it throws);
+/// {exit code, stdout + stderr}.
+std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args,
+                                    std::chrono::seconds timeout = std::chrono::seconds(120));
 
-/// Runs `idemsink audit` for the host's config: every committed record is
-/// accounted for (a test failure otherwise, with the audit's output).
+/// `idemsink audit` of the host's config (at most 5 minutes: it reads every
+/// committed record); {exit code, what it printed}.
+std::pair<int, std::string> audit(const ScratchDir& dir, HostProcess& host);
+/// Every committed record accounted for: the audit exits 0 saying "audit ok"
+/// (a test failure otherwise, with the audit's output).
 void audit_clean(const ScratchDir& dir, HostProcess& host);
 
 /// The scripted plugin's call log, one vector of columns per call.

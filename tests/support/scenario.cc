@@ -136,20 +136,6 @@ std::map<std::string, std::vector<std::vector<std::string>>> Scenario::calls_by_
   return out;
 }
 
-std::pair<int, std::string> Scenario::audit(HostProcess& host) {
-  const std::string run = "audit-" + std::to_string(++audits_);
-  devkit::Process p({idemsink_binary(), "audit", "--config", host.config_path().string()}, dir / (run + ".out"),
-                    dir / (run + ".err"));
-  const auto rc = p.wait(std::chrono::minutes(5));
-  return {rc.value_or(-1), p.out() + p.err()};
-}
-
-void Scenario::audit_clean(HostProcess& host) {
-  const auto [rc, out] = audit(host);
-  BOOST_TEST(rc == 0, out);
-  BOOST_TEST(out.find("audit ok") != std::string::npos, out);
-}
-
 std::vector<TestMessage> keyed_messages(const std::string& prefix, int from, int to, const std::string& value) {
   std::vector<TestMessage> out;
   for (int i = from; i < to; ++i) out.push_back({prefix + std::to_string(i), value});

@@ -105,11 +105,10 @@ class Scenario {
   /// read_call_log() gives them: route, biz_key (hex), idem_token, attempt,
   /// outcome, time in ms.
   std::map<std::string, std::vector<std::vector<std::string>>> calls_by_key() const;
-  /// `idemsink audit` of the host's config: {exit code (-1: no end within 5
-  /// minutes), what it printed}.
-  std::pair<int, std::string> audit(HostProcess& host);
+  /// `idemsink audit` of the host's config: {exit code, what it printed}.
+  std::pair<int, std::string> audit(HostProcess& host) { return test::audit(dir, host); }
   /// Every committed record accounted for: the audit exits 0 saying "audit ok".
-  void audit_clean(HostProcess& host);
+  void audit_clean(HostProcess& host) { test::audit_clean(dir, host); }
 
   const std::string name;
   TestKafka kafka;
@@ -120,7 +119,6 @@ class Scenario {
   std::vector<std::pair<std::string, int>> topics_;
   std::vector<std::unique_ptr<HostProcess>> hosts_;
   std::map<const HostProcess*, int> admin_ports_;
-  int audits_ = 0;
 };
 
 /// Hex of bytes, as the scripted plugins log biz_keys.
