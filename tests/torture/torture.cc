@@ -305,7 +305,7 @@ class World {
         services_(fake_services_binary(), {"--hold", "2500", "--faults", faults("waybill"), "--faults",
                                            faults("inventory"), "--faults", faults("sms")}),
         kafka_(3) {
-    db_ = main_db().fresh_database("torture_" + std::to_string(plan.opt.seed));
+    db_ = MariaDbServer::shared().fresh_database("torture_" + std::to_string(plan.opt.seed));
     db2_ = second_->fresh_database("torture2_" + std::to_string(plan.opt.seed));
     for (const auto& r : kRoutes) {
       kafka_.create_topic(topic_of(r.name), plan.partitions);
@@ -320,18 +320,11 @@ class World {
     for (int i = 0; i < plan.opt.hosts; ++i) start_host(i);
   }
 
-  static MariaDbServer& main_db() {
-    static MariaDbServer server;
-    return server;
-  }
-
   std::string faults(const std::string& svc) const { return svc + ":latency_mean_ms=8,latency_p99_ms=60"; }
 
   std::string config(int index) const {
-    std::ostringstream os;
-    os << base_config(kafka_, db_, "host-" + std::to_string(index), "torture",
-                      "admin_listen = \"127.0.0.1:" + std::to_string(admin_port(index)) + "\"\n");
-    std::string cfg = os.str();
+    std::string cfg = base_config(kafka_, db_, "host-" + std::to_string(index), "torture",
+                                  "admin_listen = \"127.0.0.1:" + std::to_string(admin_port(index)) + "\"\n");
     cfg.replace(cfg.find("[claim]\n"), 8,
                 "[claim]\nreconcile_interval = \"2s\"\nreconcile_after = \"3s\"\nunknown_dlq_after = \"1h\"\n");
     for (const auto& r : kRoutes) {
@@ -495,9 +488,9 @@ void apply_fault(World& w, const FaultEvent& f, bool begin) {
       break;
     case Fault::DatabaseKill:
       if (begin) {
-        World::main_db().kill();
+        MariaDbServer::shared().kill();
       } else {
-        World::main_db().restart();
+        MariaDbServer::shared().restart();
       }
       break;
     case Fault::BrokerDown:
