@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <regex>
 #include <stdexcept>
 #include <thread>
 
@@ -57,11 +58,9 @@ MariaDbServer::~MariaDbServer() {
   }
 }
 
-bool MariaDbServer::rsync_as_nobody() const {
-  return ::geteuid() == 0 && std::find(extra_args_.begin(), extra_args_.end(), "--wsrep-on=ON") != extra_args_.end();
-}
+bool MariaDbServer::rsync_as_nobody() const { return ::geteuid() == 0 && galera(); }
 
-void MariaDbServer::start() {
+std::vector<std::string> MariaDbServer::server_args() const {
   const std::string mariadbd = find_binary({"/usr/sbin/mariadbd", "/usr/sbin/mysqld"});
   std::vector<std::string> args{mariadbd,
                                 "--no-defaults",
@@ -76,6 +75,32 @@ void MariaDbServer::start() {
                                 "--pid-file=" + (dir_ / "mysqld.pid").string()};
   if (!grant_tables_) args.push_back("--skip-grant-tables");
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  return args;
+}
+
+bool MariaDbServer::galera() const {
+  return std::find(extra_args_.begin(), extra_args_.end(), "--wsrep-on=ON") != extra_args_.end();
+}
+
+std::string MariaDbServer::recover_galera_position() const {
+  std::vector<std::string> args = server_args();
+  const auto log = dir_ / "recover.err";
+  args.push_back("--wsrep-recover");
+  args.push_back("--log-error=" + log.string());
+  Process recovery(args, dir_ / "recover.out", dir_ / "recover.stderr");
+  if (recovery.wait(std::chrono::seconds(60)) != 0)
+    throw std::runtime_error("mariadbd --wsrep-recover failed: " + read_file(log) + recovery.err());
+  static const std::regex position(R"(WSREP: Recovered position: ([0-9a-f-]+:-?[0-9]+))");
+  const std::string text = read_file(log);
+  std::smatch last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), position); it != std::sregex_iterator(); ++it) last = *it;
+  if (last.empty()) throw std::runtime_error("mariadbd --wsrep-recover printed no position: " + text);
+  return last[1].str();
+}
+
+void MariaDbServer::start() {
+  std::vector<std::string> args = server_args();
+  if (!start_position_.empty()) args.push_back("--wsrep-start-position=" + start_position_);
   std::map<std::string, std::string> env;
   if (rsync_as_nobody()) env = {{"UMASK", "0666"}, {"UMASK_DIR", "0777"}};  // the modes of new files, directories
   server_ = std::make_unique<Process>(args, dir_ / "server.out", dir_ / "server.err", env);
@@ -98,6 +123,11 @@ void MariaDbServer::kill() { server_->kill_now(); }
 
 void MariaDbServer::restart() {
   if (server_ && server_->running()) kill();
+  // A Galera node killed mid-write saved no position (seqno -1) and would ask
+  // for a full copy (SST) from a busy donor. As the service unit does
+  // (galera_recovery), read its last committed position from InnoDB first:
+  // it rejoins with only the missing write sets (IST).
+  if (galera()) start_position_ = recover_galera_position();
   start();
 }
 
@@ -201,6 +231,14 @@ void MariaDbServer::promote(bool apply_received) {
   c.execute("STOP SLAVE");
   c.execute("RESET SLAVE ALL");
   c.execute("SET GLOBAL read_only = OFF");
+}
+
+void MariaDbServer::catch_up_with(const MariaDbServer& primary) const {
+  db::Connection on_primary(primary.root_over_socket());
+  const std::string pos = on_primary.query("SELECT @@gtid_binlog_pos").at(0).at(0).value_or("");
+  db::Connection c(root_over_socket());
+  if (c.query("SELECT MASTER_GTID_WAIT(" + c.quote(pos) + ", 60)").at(0).at(0).value_or("-1") != "0")
+    throw std::runtime_error("the replica did not reach the primary's position " + pos + " within 60s");
 }
 
 void MariaDbServer::lag_by(int delay_s) {

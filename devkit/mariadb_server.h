@@ -51,8 +51,11 @@ class MariaDbServer {
   /// a lag: the last seconds are lost); then it stops replicating and takes
   /// writes.
   void promote(bool apply_received);
+  /// Waits until this replica has applied everything `primary` has
+  /// committed so far (its GTID position).
+  void catch_up_with(const MariaDbServer& primary) const;
   /// From now on, this replica applies what it receives `delay_s` seconds
-  /// late (the schema and the rows so far are already here).
+  /// late.
   void lag_by(int delay_s);
   /// SQL as root over the socket.
   void execute(const std::string& sql) const;
@@ -69,7 +72,11 @@ class MariaDbServer {
   const std::string& socket() const { return socket_; }
 
  private:
+  std::vector<std::string> server_args() const;
   void start();
+  bool galera() const;
+  /// The last committed write set of a stopped Galera node, "uuid:seqno".
+  std::string recover_galera_position() const;
   /// A Galera node run by root: the joiner's rsync daemon runs as nobody.
   bool rsync_as_nobody() const;
   ScratchDir dir_;
@@ -77,6 +84,8 @@ class MariaDbServer {
   bool grant_tables_;
   int port_ = 0;
   std::string socket_;
+  /// Where a restarted Galera node resumes (empty: as InnoDB says).
+  std::string start_position_;
   std::unique_ptr<Process> server_;
 };
 

@@ -100,7 +100,7 @@ struct Rig {
     }
     BOOST_TEST(scalar(conn, "SELECT COUNT(*) FROM ledger_entries") == kOrders);
     BOOST_TEST(scalar(conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == kOrders);
-    auto [rc, out] = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
+    auto [rc, out] = audit(dir, host);
     BOOST_TEST(rc == 0, out);
     BOOST_TEST_MESSAGE(name << ": waybill applied " << stats["waybill"]["applied"].get<int>() << ", sms sent "
                             << stats["sms"]["applied"].get<int>() << ", ledger credits "
@@ -123,17 +123,10 @@ int64_t failover(const std::string& name, bool semi_sync) {
   const auto admin_line = [&](int i) { return "admin_listen = \"127.0.0.1:" + std::to_string(admin[i]) + "\"\n"; };
   HostProcess a(rig.dir, "host-a", rig.host_config(db, "host-a", admin_line(0)));
   HostProcess b(rig.dir, "host-b", rig.host_config(db, "host-b", admin_line(1)));
-  // The replica has the schema the hosts made; from now on it lags (async).
-  wait_until(
-      [&] {
-        try {
-          return scalar(*replica.connect(name), "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '" +
-                                                    name + "' AND TABLE_NAME IN ('idemsink_offsets', 'ledger_entries')") == 2;
-        } catch (const std::exception&) {
-          return false;  // the database itself not replicated yet
-        }
-      },
-      60s, "the schema on the replica");
+  // The replica has the schema the hosts made (the core's and the ledger
+  // plugin's tables); from now on it lags (async).
+  for (int port : admin) wait_until([&] { return http_status(port, "/readyz") == 200; }, 60s, "the hosts ready");
+  replica.catch_up_with(primary);
   if (!semi_sync) replica.lag_by(8);
   // Half the orders; the primary dies as soon as Kafka's commits cover a
   // third of them on every route: commits the asynchronous replica, applying
