@@ -23,6 +23,9 @@ int run(const config::Config& cfg) { return run_host(cfg); }
 
 int check_config(const config::Config& cfg) {
   auto libs = load_route_plugins(cfg);
+  // Each plugin checks its own options when an instance is made (templates,
+  // pointers, status tables): make one per route and let it go.
+  for (size_t i = 0; i < cfg.routes.size(); ++i) plugin::Instance checked(libs[i], cfg.routes[i]);
   std::cout << cfg.file.string() << ": ok\n";
   for (size_t i = 0; i < cfg.routes.size(); ++i) {
     const auto& r = cfg.routes[i];

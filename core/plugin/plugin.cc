@@ -261,6 +261,15 @@ Instance::Instance(std::shared_ptr<Library> lib, const config::RouteConfig& rout
   char err[1024] = {};
   if (lib_->descriptor().create(&api_, raw.data(), raw.size(), &instance_, err, sizeof err) != 0) {
     err[sizeof err - 1] = '\0';
+    // A plugin that names the option it refuses ("NAME: why") gets that
+    // option's file and line, like the host's own checks.
+    const std::string_view text(err);
+    if (const auto colon = text.find(": "); colon != std::string_view::npos) {
+      const auto it = route.options.find(std::string(text.substr(0, colon)));
+      if (it != route.options.end())
+        throw config::ConfigError(it->second.pos.where() + ": route.options." + std::string(text) + " (plugin " +
+                                  lib_->name() + ", route " + route.name + ")");
+    }
     throw LoadError("plugin " + lib_->path().string() + " (route " + route.name +
                     "): create failed: " + (err[0] ? std::string(err) : std::string("no message")));
   }

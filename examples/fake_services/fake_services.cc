@@ -9,6 +9,9 @@
 //   GET  /inventory/reservations/ID
 //   POST /sms/send                 SMS gateway with NO idempotency: every call sends
 //   GET  /sms/messages?client_ref=REF   messages sent with this client reference
+//   POST /payments                 payment API; a replayed Idempotency-Key is answered
+//                                  409 (no receipt); 201 {"payment": {"id": ...}}
+//   GET  /payments/by-key/KEY      {"payment": {"id": ...}} or 404
 //   GET  /stats[?detail=1]         per service: requests, effects applied,
 //                                  orders with more than one effect (double_applied)
 //   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
@@ -91,17 +94,32 @@ struct Service {
   std::map<std::string, std::vector<Sent>> by_ref;  // sms client_ref -> messages
 };
 
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 struct Reply {
   http::status status = http::status::ok;
   json body;
   std::chrono::milliseconds delay{0};
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 class World {
  public:
   World(uint64_t seed, std::chrono::milliseconds hold, std::string token)
       : rng_(seed), hold_(hold), token_(std::move(token)) {
-    for (const char* s : {"waybill", "inventory", "sms"}) services_[s];
+    for (const char* s : {"waybill", "inventory", "sms", "payment"}) services_[s];
   }
 
   Service* service(const std::string& name) {
@@ -111,8 +129,10 @@ class World {
 
   Reply handle(const http::request<http::string_body>& req) {
     const std::string target(req.target());
-    const std::string path = target.substr(0, target.find('?'));
-    const std::string query = target.find('?') == std::string::npos ? "" : target.substr(target.find('?') + 1);
+    // Decoded as a web framework decodes them: %2F in a key is part of the key.
+    const std::string path = percent_decode(target.substr(0, target.find('?')));
+    const std::string query =
+        target.find('?') == std::string::npos ? "" : percent_decode(target.substr(target.find('?') + 1));
     const bool post = req.method() == http::verb::post;
     if (path == "/healthz") return {http::status::ok, {{"ok", true}}};
     if (path == "/stats") return {http::status::ok, stats(query.find("detail=1") != std::string::npos)};
@@ -155,12 +175,37 @@ class World {
       return effect("inventory", req.body(), key, "reservation_id", "RSV");
     }
     if (post && path == "/sms/send") return effect("sms", req.body(), "", "message_id", "SMS");
+    if (!post && path.rfind("/payments/by-key/", 0) == 0) {
+      Reply r = lookup("payment", path.substr(17), "id");
+      if (r.status == http::status::ok) r.body = {{"payment", r.body}};
+      return r;
+    }
+    if (post && path == "/payments") return payment(req);
     return {http::status::not_found, {{"error", "no such endpoint: " + path}}};
   }
 
   std::chrono::milliseconds hold() const { return hold_; }
 
  private:
+  // A payment API as many are: a replayed Idempotency-Key gets 409 instead
+  // of the first answer, and the receipt only from the look-up.
+  Reply payment(const http::request<http::string_body>& req) {
+    const std::string key(req["Idempotency-Key"]);
+    if (key.empty()) return {http::status::bad_request, {{"error", "Idempotency-Key header required"}}};
+    Service& s = services_["payment"];
+    if (s.by_key.count(key)) {
+      ++s.requests;
+      return {http::status::conflict, {{"error", "a payment with this Idempotency-Key was already made"}},
+              latency(s.faults)};
+    }
+    Reply r = effect("payment", req.body(), key, "id", "PAY");
+    if (r.status == http::status::ok) {
+      r.status = http::status::created;
+      r.body = {{"payment", {{"id", r.body["id"]}, {"status", "captured"}}}};
+    }
+    return r;
+  }
+
   Reply lookup(const std::string& name, const std::string& key, const char* field) {
     auto& s = services_[name];
     auto it = s.by_key.find(key);
@@ -180,7 +225,7 @@ class World {
     std::uniform_real_distribution<double> u(0, 1);
     if (u(rng_) < s.faults.error_5xx || order.rfind("DOWN-", 0) == 0) {  // refused before doing anything
       ++s.errors_5xx;
-      return {http::status::service_unavailable, {{"error", "temporarily unavailable"}}, delay};
+      return {http::status::service_unavailable, {{"error", "temporarily unavailable"}}, delay, {{"Retry-After", "1"}}};
     }
     if (order.rfind("REJECT-", 0) == 0 || rejected(name, order, s.faults.reject_4xx)) {  // sticks to the order
       ++s.rejected;
@@ -287,6 +332,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     Reply r = world_.handle(req_);
     auto res = std::make_shared<http::response<http::string_body>>(r.status, req_.version());
     res->set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : r.headers) res->set(name, value);
     res->keep_alive(req_.keep_alive());
     res->body() = r.body.dump();
     res->prepare_payload();

@@ -31,6 +31,12 @@ idemsink_outcome classify(const HttpResult& r) {
   return IDEMSINK_OUTCOME_PERMANENT;
 }
 
+std::optional<std::string_view> HttpResult::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return v;
+  return std::nullopt;
+}
+
 std::string describe(const HttpResult& r) {
   if (r.failure == HttpResult::Failure::BeforeSend) return "not sent: " + r.error;
   if (r.failure == HttpResult::Failure::AfterSend) return "no response after sending: " + r.error;
@@ -256,7 +262,9 @@ struct HttpClient::Impl {
           next();
           return;
         }
-        HttpResult r{HttpResult::Failure::None, conn->res.result_int(), std::move(conn->res.body()), {}};
+        HttpResult r{HttpResult::Failure::None, conn->res.result_int(), std::move(conn->res.body()), {}, {}};
+        for (const auto& field : conn->res)
+          r.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
         const bool keep = conn->res.keep_alive();
         if (keep) {
           conn->tcp().expires_never();

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,10 @@ struct HttpResult {
   unsigned status = 0;
   std::string body;
   std::string error;
+  /// The answer's headers (names as the server wrote them).
+  std::vector<std::pair<std::string, std::string>> headers;
+  /// The first header `name` (case-insensitive), or nothing.
+  std::optional<std::string_view> header(std::string_view name) const;
 };
 
 /// The classification every remote plugin uses:

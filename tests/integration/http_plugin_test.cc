@@ -1,0 +1,361 @@
+// The shipped http plugin. First loaded as the host loads it (dlopen, the
+// descriptor's option checks) against the real fake services: requests
+// built from templates, the token where the options put it, the status
+// table, receipts, 409 answered from the look-up, the reconcile look-up's
+// answers, options refused with their name. Then under hosts: three routes
+// written as options only (an idempotent API, one answering replays with
+// 409, a gateway without idempotency) through kill -9 and timeouts after
+// applying; and check-config naming the file and line of a bad option.
+#define BOOST_TEST_MODULE http_plugin
+#include <boost/test/unit_test.hpp>
+#include <idemsink/testing.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "core/plugin/plugin.h"
+#include "devkit/services.h"
+#include "tests/support/scenario.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace std::chrono_literals;
+using devkit::FakeServices;
+using devkit::http_request;
+using sdk::testing::FakeHost;
+using sdk::testing::PluginInstance;
+using sdk::testing::RecordBuilder;
+using sdk::testing::RecordingCompletion;
+using json = nlohmann::json;
+
+namespace {
+
+struct Loaded {
+  std::shared_ptr<plugin::Library> lib;
+  const idemsink_plugin& desc() const { return lib->descriptor(); }
+};
+
+Loaded load(const std::string& name) { return {plugin::Library::load(test::shipped_plugin(name))}; }
+
+/// Calls invoke (or reconcile) once and waits for its one report.
+struct Call {
+  idemsink_outcome outcome;
+  std::string detail;
+};
+Call call(PluginInstance& p, RecordBuilder& rec, bool reconcile = false) {
+  RecordingCompletion done;
+  if (reconcile)
+    p.reconcile(rec, done);
+  else
+    p.invoke(rec, done);
+  BOOST_REQUIRE(done.wait(10s));
+  BOOST_TEST(done.reports() == 1u);
+  return {*done.outcome(), done.detail()};
+}
+
+std::string create_error(const Loaded& l, const PluginInstance::OptionValues& options) {
+  FakeHost host;
+  try {
+    PluginInstance p(l.desc(), host, options);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+RecordBuilder order(const std::string& id, const std::string& token, const std::string& value) {
+  RecordBuilder r;
+  r.route("r").topic("orders").partition(3).offset(41).biz_key(id).idem_token(token).value(value);
+  return r;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_waybill_call_written_as_options_creates_one_waybill_per_token) {
+  FakeServices services(test::fake_services_binary());
+  const auto http = load("http");
+  BOOST_TEST(std::string(plugin::kind_name(http.lib->kind())) == "remote_idempotent");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/waybills"},
+                    {"body", R"({"order_id": "{{biz_key}}", "order": {{{value_json}}}, "city": "{{value.to.city}}"})"},
+                    {"receipt", "/waybill_no"},
+                    {"lookup_path", "/waybills/by-key/{{idem_token}}"}});
+  auto rec = order("O-1", "tok-1", R"({"to": {"city": "Zhengzhou \"East\""}, "qty": 2})");
+  const Call first = call(p, rec);
+  BOOST_TEST((first.outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(first.detail.rfind("WB", 0) == 0, first.detail);
+  // The same token again (a retry after a timeout): the same waybill, no new one.
+  const Call again = call(p, rec);
+  BOOST_TEST(again.detail == first.detail);
+  const auto stats = services.stats();
+  BOOST_TEST(stats["waybill"]["applied"].get<int>() == 1);
+  BOOST_TEST(stats["waybill"]["requests"].get<int>() == 2);
+  // The reconcile look-up finds it by token; an unknown token certainly did not happen.
+  BOOST_TEST(call(p, rec, true).detail == first.detail);
+  auto never = order("O-2", "tok-never-sent", "{}");
+  BOOST_TEST((call(p, never, true).outcome == IDEMSINK_OUTCOME_PERMANENT));
+}
+
+BOOST_AUTO_TEST_CASE(the_status_table_decides_and_retry_after_is_reported) {
+  FakeServices services(test::fake_services_binary());
+  const auto http = load("http");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/waybills"},
+                    {"body", R"({"order_id": "{{biz_key}}"})"},
+                    {"receipt", "/waybill_no"}});
+  auto rejected = order("REJECT-1", "t-r", "{}");
+  BOOST_TEST((call(p, rejected).outcome == IDEMSINK_OUTCOME_PERMANENT));  // 422
+  auto down = order("DOWN-1", "t-d", "{}");
+  const Call unavailable = call(p, down);
+  BOOST_TEST((unavailable.outcome == IDEMSINK_OUTCOME_RETRYABLE));  // 503: not processed
+  BOOST_TEST(unavailable.detail.find("Retry-After: 1") != std::string::npos, unavailable.detail);
+  auto missing = order("O-3", "t-m", "{}");
+  PluginInstance wrong_path(http.desc(), host,
+                            {{"endpoint", services.url()}, {"path", "/no/such/{{biz_key}}"}, {"outcomes", "404=retryable"}});
+  BOOST_TEST((call(wrong_path, missing).outcome == IDEMSINK_OUTCOME_RETRYABLE));  // overridden
+  // Classes override the defaults inside them; an exact status beats its class.
+  PluginInstance strict(http.desc(), host,
+                        {{"endpoint", services.url()},
+                         {"path", "/waybills"},
+                         {"body", R"({"order_id": "{{biz_key}}"})"},
+                         {"outcomes", "5xx=uncertain 4xx=retryable 422=permanent"}});
+  BOOST_TEST((call(strict, down).outcome == IDEMSINK_OUTCOME_UNCERTAIN));      // 503 inside 5xx now
+  BOOST_TEST((call(strict, rejected).outcome == IDEMSINK_OUTCOME_PERMANENT));  // 422 exact
+  // Not a JSON body once filled in: refused before sending.
+  PluginInstance raw(http.desc(), host,
+                     {{"endpoint", services.url()}, {"path", "/waybills"}, {"body", R"({"order": {{{value.n}}}})"}});
+  auto broken = order("O-4", "t-b", R"({"n": "not a number"})");
+  const Call refused = call(raw, broken);
+  BOOST_TEST((refused.outcome == IDEMSINK_OUTCOME_PERMANENT));
+  BOOST_TEST(refused.detail.find("not JSON") != std::string::npos, refused.detail);
+  BOOST_TEST(services.stats()["waybill"]["requests"].get<int>() == 4);  // REJECT-1 and DOWN-1, twice each
+}
+
+BOOST_AUTO_TEST_CASE(a_409_for_a_replayed_token_is_answered_from_the_look_up) {
+  FakeServices services(test::fake_services_binary());
+  const auto http = load("http");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/payments"},
+                    {"body", R"({"order_id": "{{biz_key}}", "amount": {{{value.amount}}}})"},
+                    {"receipt", "/payment/id"},
+                    {"lookup_path", "/payments/by-key/{{idem_token}}"}});
+  auto pay = order("P-1", "pay-tok-1", R"({"amount": 1250})");
+  const Call first = call(p, pay);
+  BOOST_TEST((first.outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(first.detail.rfind("PAY", 0) == 0, first.detail);
+  const Call replay = call(p, pay);  // the API answers 409 without the receipt
+  BOOST_TEST((replay.outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(replay.detail == first.detail);
+  BOOST_TEST(services.stats()["payment"]["applied"].get<int>() == 1);
+  // Without a look-up, 409 is ok without a receipt.
+  PluginInstance bare(http.desc(), host,
+                      {{"endpoint", services.url()},
+                       {"path", "/payments"},
+                       {"body", R"({"order_id": "{{biz_key}}"})"},
+                       {"receipt", "/payment/id"}});
+  const Call bare_replay = call(bare, pay);
+  BOOST_TEST((bare_replay.outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(bare_replay.detail.find("no receipt at /payment/id") != std::string::npos, bare_replay.detail);
+}
+
+BOOST_AUTO_TEST_CASE(the_at_most_once_kind_asks_the_gateway_by_token) {
+  FakeServices services(test::fake_services_binary());
+  const auto http = load("http_at_most_once");
+  BOOST_TEST(std::string(plugin::kind_name(http.lib->kind())) == "remote_at_most_once");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/sms/send"},
+                    {"token_header", ""},
+                    {"body", R"({"client_ref": "{{idem_token}}", "order_id": "{{biz_key}}", "to": "{{value.phone}}",
+                                 "text": "Order {{biz_key}} shipped"})"},
+                    {"receipt", "/message_id"},
+                    {"lookup_path", "/sms/messages?client_ref={{idem_token}}"},
+                    {"lookup_receipt", "/messages/0"},
+                    {"lookup_not_found", "404 empty"}});
+  auto unsent = order("S-1", "sms/tok 1", R"({"phone": "+86 138"})");
+  BOOST_TEST((call(p, unsent, true).outcome == IDEMSINK_OUTCOME_PERMANENT));  // messages: [] — never sent
+  const Call sent = call(p, unsent);
+  BOOST_TEST((sent.outcome == IDEMSINK_OUTCOME_OK));
+  const Call asked = call(p, unsent, true);  // the token percent-encoded in the query
+  BOOST_TEST((asked.outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(asked.detail == sent.detail);
+}
+
+BOOST_AUTO_TEST_CASE(bad_options_are_refused_naming_the_option) {
+  const auto http = load("http");
+  const auto refused = [&](PluginInstance::OptionValues o, const std::string& option, const std::string& why) {
+    o.emplace("endpoint", "http://127.0.0.1:1");
+    if (!o.count("path")) o.emplace("path", "/x");
+    const std::string e = create_error(http, o);
+    BOOST_TEST(e.find(option + ": ") != std::string::npos, e);
+    BOOST_TEST(e.find(why) != std::string::npos, e);
+  };
+  refused({{"path", "/x/{{value.id}}/{{bizkey}}"}}, "path", "{{bizkey}} names no field of a record");
+  refused({{"path", "x"}}, "path", "must start with /");
+  refused({{"body", R"({"id": {{biz_key}}})"}}, "body", "is not JSON once filled in");
+  refused({{"body", "{{#value.items}}"}}, "body", "not a valid template");
+  refused({{"body", "{{> other}}"}}, "body", "partials");
+  refused({{"outcomes", "409=maybe"}}, "outcomes", "unknown outcome 'maybe'");
+  refused({{"outcomes", "40x=ok"}}, "outcomes", "neither a status");
+  refused({{"outcomes", "409=lookup"}}, "outcomes", "lookup_path is not set");
+  refused({{"receipt", "waybill_no"}}, "receipt", "neither a JSON pointer");
+  refused({{"receipt", "/a~2b"}}, "receipt", "is not a JSON pointer");
+  refused({{"token_header", ""}}, "token_header", "could not tell a retry from a new call");
+  refused({{"method", "FETCH"}}, "method", "not one of");
+  refused({{"lookup_path", "/l/{{idem_token}}"}, {"lookup_not_found", "empty"}}, "lookup_not_found",
+          "needs a receipt pointer");
+  // Inside a section, names are the item's own.
+  BOOST_TEST(create_error(http, {{"endpoint", "http://127.0.0.1:1"},
+                                 {"path", "/x"},
+                                 {"body", R"({"skus": [{{#value.items}}"{{sku}}",{{/value.items}} "end"]})"}})
+                 .empty());
+}
+
+namespace {
+
+/// The three routes of the shipped configuration's http examples, as a
+/// user writes them (TOML literal strings: the templates hold quotes).
+std::vector<RouteSpec> http_routes(const FakeServices& services) {
+  const std::string key = "key = { from = \"json\", json = \"order_id\" }";
+  const std::string endpoint = "\"" + services.url() + "\"";
+  RouteSpec waybill{"waybill", "orders.waybill", shipped_plugin("http"), key,
+                    {{"endpoint", endpoint},
+                     {"timeout", "\"300ms\""},
+                     {"path", "'/waybills'"},
+                     {"body", R"('{"order_id": "{{biz_key}}", "order": {{{value_json}}}}')"},
+                     {"receipt", "'/waybill_no'"},
+                     {"lookup_path", "'/waybills/by-key/{{idem_token}}'"}},
+                    "call_timeout = \"5s\""};
+  RouteSpec payment{"payment", "orders.payment", shipped_plugin("http"), key,
+                    {{"endpoint", endpoint},
+                     {"timeout", "\"300ms\""},
+                     {"path", "'/payments'"},
+                     {"body", R"('{"order_id": "{{biz_key}}", "amount": {{{value.amount}}}}')"},
+                     {"receipt", "'/payment/id'"},
+                     {"lookup_path", "'/payments/by-key/{{idem_token}}'"}},
+                    "call_timeout = \"5s\""};
+  RouteSpec sms{"sms", "orders.sms", shipped_plugin("http_at_most_once"), key,
+                {{"endpoint", endpoint},
+                 {"timeout", "\"300ms\""},
+                 {"path", "'/sms/send'"},
+                 {"token_header", "''"},
+                 {"body", R"('{"client_ref": "{{idem_token}}", "order_id": "{{biz_key}}", "to": "{{value.phone}}", "text": "shipped"}')"},
+                 {"receipt", "'/message_id'"},
+                 {"lookup_path", "'/sms/messages?client_ref={{idem_token}}'"},
+                 {"lookup_receipt", "'/messages/0'"},
+                 {"lookup_not_found", "'404 empty'"}},
+                "call_timeout = \"5s\""};
+  return {waybill, payment, sms};
+}
+
+}  // namespace
+
+// Two hosts, 1,200 orders on each of three routes (a quarter re-sent), four
+// kill -9 and answers held back after applying: each effect once on the
+// idempotent routes (replays answered from the token, 409s from the look-up),
+// at most once on the gateway, every record done, and done exactly when applied.
+BOOST_AUTO_TEST_CASE(three_configured_routes_through_kill_9_apply_each_effect_once) {
+  FakeServices services(fake_services_binary(),
+                        {"--seed", "7", "--hold", "1500", "--faults",
+                         "waybill:latency_mean_ms=10,latency_p99_ms=80,timeout_after_apply=0.03", "--faults",
+                         "payment:latency_mean_ms=10,latency_p99_ms=80,timeout_after_apply=0.03", "--faults",
+                         "sms:latency_mean_ms=10,latency_p99_ms=80,timeout_after_apply=0.03"});
+  Scenario s("http_routes");
+  for (const char* t : {"orders.waybill", "orders.payment", "orders.sms"})
+    s.topic(t, 4).topic(std::string(t) + ".dlq", 1);
+  std::set<std::string> orders;
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < 1200; ++i) {
+    const std::string id = "H" + std::to_string(i % 4 == 3 ? i - 2 : i);  // a quarter re-sent
+    orders.insert(id);
+    msgs.push_back({id, R"({"order_id": ")" + id + R"(", "amount": )" + std::to_string(100 + i) +
+                            R"(, "phone": "+86-138-)" + id + "\"}"});
+  }
+  for (const char* t : {"orders.waybill", "orders.payment", "orders.sms"}) s.kafka.produce(t, msgs);
+  const auto routes = http_routes(services);
+  const Scenario::HostOptions opt{.host_lines = "max_in_flight = 100\n",
+                                  .claim_lines = "reconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n"};
+  std::map<std::string, HostProcess*> hosts;
+  auto start = [&](const std::string& id) { hosts[id] = &s.host(id, routes, opt); };
+  start("host-a");
+  start("host-b");
+  auto conn = s.connect();
+  for (int kill = 0; kill < 4; ++kill) {
+    const int64_t target = 600 * (kill + 1);
+    wait_until(
+        [&] {
+          try {
+            return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status <> 1") >= target;
+          } catch (const db::DbError&) {
+            return false;  // the tables not made yet
+          }
+        },
+        120s, "progress before kill " + std::to_string(kill + 1));
+    const std::string victim = kill % 2 == 0 ? "host-a" : "host-b";
+    hosts[victim]->kill();
+    start(victim);
+  }
+  s.wait_committed(*hosts["host-a"], 180s);
+  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
+             "every claim settled");
+  for (auto& [id, h] : hosts) BOOST_TEST(h->stop() == 0);
+
+  const auto stats = services.stats();
+  for (const char* service : {"waybill", "payment", "sms"}) {
+    const auto& st = stats[service];
+    BOOST_TEST_MESSAGE(service << ": " << st["applied"].get<int>() << " applied for " << orders.size() << " orders, "
+                               << st["double_applied"].get<int>() << " twice, " << st["requests"].get<int>()
+                               << " requests, " << st["timeouts_after_apply"].get<int>() << " answers held back");
+    BOOST_TEST(st["double_applied"].get<int>() == 0, service);
+    BOOST_TEST(st["timeouts_after_apply"].get<int>() > 0, service);  // the faults happened
+  }
+  // The idempotent routes applied every order; the gateway sent at most once,
+  // and a record is done exactly when its text went out.
+  BOOST_TEST(stats["waybill"]["applied"].get<size_t>() == orders.size());
+  BOOST_TEST(stats["payment"]["applied"].get<size_t>() == orders.size());
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == static_cast<int64_t>(3 * orders.size()));
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status <> 2 AND namespace IN ('waybill', 'payment')") == 0);
+  const auto sent = services.applied("sms");
+  for (const auto& r : conn->query("SELECT biz_key, status FROM idemsink_claim WHERE namespace = 'sms'"))
+    BOOST_TEST((*r[1] == "2") == (sent.count(*r[0]) == 1), *r[0] << " status " << *r[1]);
+  // The receipts are the services' own: a 409 answered from the look-up too.
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'payment' AND receipt NOT LIKE 'PAY%'") == 0);
+  BOOST_TEST(stats["payment"]["requests"].get<size_t>() > orders.size());  // replays, answered 409
+  s.audit_clean(*hosts["host-a"]);
+}
+
+BOOST_AUTO_TEST_CASE(check_config_names_the_file_and_line_of_a_bad_option) {
+  FakeServices services(fake_services_binary());
+  Scenario s("http_check_config");
+  auto routes = http_routes(services);
+  routes[1].options["body"] = R"('{"order_id": {{biz_key}}}')";
+  routes[2].options["outcomes"] = "'5xx=later'";
+  const auto file = s.dir / "bad.toml";
+  for (size_t bad : {1u, 2u}) {
+    std::vector<RouteSpec> one{routes[0], routes[bad]};
+    const std::string text = s.config("checker", one);
+    write_file(file, text);
+    const auto [rc, out] = run_cli(s.dir, "check-" + std::to_string(bad), {"check-config", "--config", file.string()});
+    BOOST_TEST(rc == 2, out);
+    const std::string option = bad == 1 ? "body" : "outcomes";
+    // The line of that option in the file.
+    size_t line = 1;
+    const size_t at = text.find(option + " = ", text.find("name = \"" + routes[bad].name + "\""));
+    for (size_t i = 0; i < at; ++i) line += text[i] == '\n';
+    const std::string where = file.string() + ":" + std::to_string(line) + ":";
+    BOOST_TEST(out.find(where) != std::string::npos, out);
+    BOOST_TEST(out.find("route.options." + option + ": ") != std::string::npos, out);
+    BOOST_TEST(out.find(bad == 1 ? "is not JSON once filled in" : "unknown outcome 'later'") != std::string::npos, out);
+  }
+  write_file(file, s.config("checker", http_routes(services)));
+  const auto [rc, out] = run_cli(s.dir, "check-good", {"check-config", "--config", file.string()});
+  BOOST_TEST(rc == 0, out);
+  BOOST_TEST(out.find("route sms: orders.sms -> http_at_most_once 1.0.0 (remote_at_most_once)") != std::string::npos, out);
+}
