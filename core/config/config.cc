@@ -309,6 +309,11 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   if (rc.circuit.min_calls > rc.circuit.window)
     fail(circuit.table_pos(), "route.circuit.min_calls", "must not be larger than window");
 
+  const Reader rate_limit = r.sub("rate_limit");
+  if (rc.rate_limit.scope != "group" && rc.rate_limit.scope != "host")
+    fail(rate_limit.pos_of_key("scope"), "route.rate_limit.scope",
+         "must be \"group\" or \"host\", got \"" + rc.rate_limit.scope + "\"");
+
   const Reader dlq = r.sub("dlq");
   if (rc.dlq.topic.empty()) rc.dlq.topic = rc.topic + ".dlq";
   if (rc.dlq.topic == rc.topic) fail(dlq.pos_of_key("topic"), "route.dlq.topic", "must differ from the source topic");

@@ -122,6 +122,17 @@ struct CircuitConfig {
   Millis probe_max{};
 };
 
+/// [route.rate_limit]: calls started per period (0: no limit), shared by
+/// the group in proportion to the partitions each host owns (see
+/// pipeline/rate_limiter.h), or per host.
+struct RateLimitConfig {
+  int64_t rate{};
+  Millis per{};
+  int64_t burst{};  // 0: one period's worth
+  std::string scope;  // "group" or "host"
+  Millis max_hold{};  // the longest Retry-After honoured
+};
+
 struct DlqConfig {
   bool enabled{};
   std::string topic;  // loading defaults it to "<topic>.dlq"
@@ -150,6 +161,7 @@ struct RouteConfig {
   SourcePos max_record_bytes_pos;
   RetryConfig retry;
   CircuitConfig circuit;
+  RateLimitConfig rate_limit;
   DlqConfig dlq;
   /// [route.database]: this route's own database (every key inherited from
   /// [database] unless set); empty: the route uses [database].

@@ -46,6 +46,11 @@ struct Section<CircuitConfig> {
   static CircuitConfig& of(const Target& t) { return t.route->circuit; }
 };
 template <>
+struct Section<RateLimitConfig> {
+  static constexpr std::string_view path = "route.rate_limit";
+  static RateLimitConfig& of(const Target& t) { return t.route->rate_limit; }
+};
+template <>
 struct Section<DlqConfig> {
   static constexpr std::string_view path = "route.dlq";
   static DlqConfig& of(const Target& t) { return t.route->dlq; }
@@ -315,6 +320,22 @@ constexpr Setting kSettings[] = {
             "This route's own database, with the keys of [database]; each one not set here is inherited from "
             "[database]. The route's claims, DLQ outbox and local_tx writes live there, with a pool, schema, health "
             "and consumer of their own: one database down stalls only the routes that use it."),
+    declare("route.rate_limit", Type::Section, "", false, 0, 0,
+            "Calls started per period for this route, so its remote is not overrun. A 429 or 503 answered with "
+            "Retry-After (plugins/http) also holds the route's calls that long; such calls do not count toward "
+            "retry.max_attempts."),
+    field<&RateLimitConfig::rate>("route.rate_limit.rate", "0", false, 0, 1000000,
+                                  "Calls per `per`; 0 = no limit."),
+    field<&RateLimitConfig::per>("route.rate_limit.per", "1s", false, 1, 86400000, "The period of `rate`."),
+    field<&RateLimitConfig::burst>("route.rate_limit.burst", "0", false, 0, 1000000,
+                                   "Calls that may start at once after a quiet spell; 0 = `rate` (one period's worth)."),
+    field<&RateLimitConfig::scope>(
+        "route.rate_limit.scope", "group", false, 0, 0,
+        "\"group\": the rate is the whole group's; each host takes the share of the route's partitions it owns "
+        "(source and retry topics), so the shares add up to the rate whatever the assignment. \"host\": each host "
+        "may call at the full rate."),
+    field<&RateLimitConfig::max_hold>("route.rate_limit.max_hold", "60s", false, 0, 86400000,
+                                      "The longest hold a Retry-After answer can ask for."),
     declare("route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."),
     field<&DlqConfig::enabled>("route.dlq.enabled", "true", false, 0, 0,
                                "Publish dead records to the DLQ topic (they are always recorded in the database)."),

@@ -609,4 +609,17 @@ std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPar
   return offsets_of(list.get());
 }
 
+std::optional<int> Consumer::partition_count(const std::string& topic, int timeout_ms) {
+  rd_kafka_topic_t* t = rd_kafka_topic_new(rk_.get(), topic.c_str(), nullptr);
+  if (t == nullptr) return std::nullopt;
+  const rd_kafka_metadata_t* md = nullptr;
+  const rd_kafka_resp_err_t err = rd_kafka_metadata(rk_.get(), 0, t, &md, timeout_ms);
+  rd_kafka_topic_destroy(t);
+  if (err) return std::nullopt;
+  std::optional<int> n;
+  if (md->topic_cnt == 1 && !md->topics[0].err) n = md->topics[0].partition_cnt;
+  rd_kafka_metadata_destroy(md);
+  return n;
+}
+
 }  // namespace idemsink::kafka

@@ -118,6 +118,9 @@ class Consumer {
     int64_t high = 0;
   };
   std::optional<Watermarks> watermarks(const TopicPartition& tp);
+  /// Partitions of `topic` per the cluster's metadata (blocking), or nullopt
+  /// when it does not answer.
+  std::optional<int> partition_count(const std::string& topic, int timeout_ms);
   /// Committed offsets of the group for these partitions (blocking; tests, audit).
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartition>& tps, int timeout_ms);
   /// True when close() had to leave the handle to the process exit (see

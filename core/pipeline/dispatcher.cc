@@ -67,6 +67,11 @@ void Dispatcher::choose_probe(Route& route, Lane& lane) {
 }
 
 void Dispatcher::pump() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [route, lane] : lanes_) {
+    route->metrics->held.store(route->limiter.held(now) ? 1 : 0, std::memory_order_relaxed);
+    route->metrics->rate_limit.store(route->limiter.rate_per_second(), std::memory_order_relaxed);
+  }
   for (auto& [route, lane] : lanes_)
     if (route->circuit.probe_wanted() && lane.probe_chosen_in != route->circuit.probe_round()) {
       lane.probe_chosen_in = route->circuit.probe_round();
@@ -84,7 +89,17 @@ void Dispatcher::pump() {
           lane.ready.pop_front();
           continue;
         }
-        if (!route->circuit.admit(id)) break;  // the remote is down: the record waits for the circuit
+        // The route's budget (rate limit, Retry-After hold) before the
+        // circuit, which would take this record for its probe.
+        const auto at = std::chrono::steady_clock::now();
+        if (!route->limiter.try_call(at)) {
+          wake_at(*route, lane, route->limiter.next_call(at));
+          break;
+        }
+        if (!route->circuit.admit(id)) {  // the remote is down: the record waits for the circuit
+          route->limiter.give_back();
+          break;
+        }
         lane.ready.pop_front();
         take_slot(*r);
         if (needs_confirmation(*r)) {
@@ -99,6 +114,19 @@ void Dispatcher::pump() {
     }
   }
   flush_confirmations();
+}
+
+void Dispatcher::wake_at(Route& route, Lane& lane, std::chrono::steady_clock::time_point at) {
+  if (!lane.wake) lane.wake = std::make_unique<asio::steady_timer>(io_);
+  if (lane.wake_armed && lane.wake->expiry() <= at) return;  // an earlier wake-up pumps anyway
+  route.metrics->rate_limit_waits.fetch_add(1, std::memory_order_relaxed);
+  lane.wake_armed = true;
+  lane.wake->expires_at(at);
+  lane.wake->async_wait([this, &lane](boost::system::error_code ec) {
+    if (ec) return;
+    lane.wake_armed = false;
+    pump();
+  });
 }
 
 bool Dispatcher::needs_confirmation(const Record& r) const {

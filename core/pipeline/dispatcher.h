@@ -1,5 +1,6 @@
 // Calls: claimed records wait in their route's ready queue for a call slot
-// (host.max_in_flight in all, route.concurrency per route; routes take turns),
+// (host.max_in_flight in all, route.concurrency per route; routes take turns)
+// and for their route's budget (route.rate_limit, Retry-After holds),
 // then their handler is invoked asynchronously with a deadline
 // (route.call_timeout). Thousands of calls in flight need no threads: the
 // plugin reports through a call id, on any thread, and the report is posted
@@ -18,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,7 +63,11 @@ class Dispatcher {
     int in_flight = 0;
     std::deque<uint64_t> ready;
     uint64_t probe_chosen_in = 0;  // the circuit's probe round the probe was last picked in
+    std::unique_ptr<boost::asio::steady_timer> wake;  // when the route's budget allows the next call
+    bool wake_armed = false;
   };
+  /// The route may not call before `at` (rate limit, hold): pump then.
+  void wake_at(Route& route, Lane& lane, std::chrono::steady_clock::time_point at);
   /// Half-open: puts the held record tried the fewest times first in the
   /// lane, to be the probe; asks for fetching when none is fresh.
   void choose_probe(Route& route, Lane& lane);

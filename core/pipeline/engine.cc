@@ -215,13 +215,51 @@ void Engine::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::
 }
 
 void Engine::on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
+  // Group-shared rate limits need each topic's size; asked here, on the poll
+  // thread, which the rebalance blocks anyway (the engine thread never waits
+  // for the cluster).
+  std::map<std::string, int> sizes;
+  for (const auto& route : routes_)
+    if (route->limiter.limited() && route->cfg.rate_limit.scope == "group")
+      for (const auto& topic : route->topics())
+        if (auto n = consumer_->partition_count(topic, 5000)) sizes[topic] = *n;
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
+    for (const auto& [topic, n] : sizes) topic_sizes_[topic] = n;
     partitions_.assigned(starts);
+    update_rate_shares();
     done.set_value();
   });
   fut.wait();
+}
+
+void Engine::update_rate_shares() {
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& route : routes_) {
+    if (!route->limiter.limited() || route->cfg.rate_limit.scope != "group") continue;
+    const auto topics = route->topics();
+    int total = 0;
+    bool known = true;
+    for (const auto& t : topics) {
+      auto it = topic_sizes_.find(t);
+      if (it == topic_sizes_.end()) {
+        known = false;
+        break;
+      }
+      total += it->second;
+    }
+    const size_t owned = partitions_.active_of(topics);
+    // Sizes unknown (the cluster did not answer): the last share stands.
+    if (!known || total == 0) continue;
+    const double share = static_cast<double>(owned) / total;
+    if (share != route->limiter.share())
+      spdlog::info("route {}: this host owns {} of the route's {} partitions: {:.1f} of its {} calls per {}ms",
+                   route->cfg.name, owned, total, route->cfg.rate_limit.rate * share, route->cfg.rate_limit.rate,
+                   route->cfg.rate_limit.per.count());
+    route->limiter.set_share(share, now);
+    route->metrics->rate_limit.store(route->limiter.rate_per_second(), std::memory_order_relaxed);
+  }
 }
 
 std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<kafka::TopicPartition>& tps, bool lost) {
@@ -231,6 +269,7 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
     // Stop taking new work of these partitions at once: records not yet
     // claimed are forgotten; claims held but not called are handed back.
     auto parts = partitions_.begin_revoke(tps);
+    update_rate_shares();
     std::vector<claim::Outcome> to_release;
     std::vector<uint64_t> to_drop;
     for (auto& [id, rec] : records_) {
@@ -513,6 +552,13 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   const LogScope log_scope(log_fields_of(r));
   if (outcome == IDEMSINK_OUTCOME_OK) fault::hit("after_handler_ok");
   const idemsink_kind kind = r.route->handler->kind();
+  // A pause the remote asked for holds the route, uncounted, a record's
+  // first max_attempts times: one the remote refuses for itself forever
+  // still reaches its end. (Open or half-open, the circuit decides.)
+  if (outcome == IDEMSINK_OUTCOME_RETRYABLE && r.route->circuit.closed() &&
+      r.held_calls < static_cast<uint32_t>(r.route->cfg.retry.max_attempts)) {
+    if (const int64_t ms = retry_after_ms(detail); ms > 0) return hold_route(r, ms, std::move(detail));
+  }
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
   if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
   const bool failed = outcome == IDEMSINK_OUTCOME_RETRYABLE || outcome == IDEMSINK_OUTCOME_UNCERTAIN;
@@ -571,6 +617,33 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
         retry_later(r);
       }
       break;
+  }
+  dispatcher_.pump();
+}
+
+void Engine::hold_route(Record& r, int64_t ms, std::string detail) {
+  // The remote said "not now, try again in N" (429/503 with Retry-After):
+  // it did not process the call. The route's calls wait that long, the call
+  // does not count toward max_attempts, and it is not a sample of the
+  // remote's health (the remote answered, and asked for the pause).
+  Route& route = *r.route;
+  const auto now = std::chrono::steady_clock::now();
+  const bool was_held = route.limiter.held(now);
+  route.limiter.hold(now + std::chrono::milliseconds(ms), now);
+  if (!was_held) {
+    route.metrics->holds.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("route {}: the remote asked for a pause of {}ms (key {}: {}); holding the route's calls until then",
+                 route.cfg.name, ms, printable(r.biz_key), detail);
+  }
+  route.metrics->held.store(1, std::memory_order_relaxed);
+  ++r.held_calls;
+  ++r.uncounted_calls;
+  r.note_failure(std::move(detail));
+  if (r.part->revoked) {
+    release_claims({r.outcome()});
+    end_record(r, false);
+  } else {
+    dispatcher_.make_ready(r);
   }
   dispatcher_.pump();
 }

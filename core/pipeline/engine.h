@@ -131,6 +131,10 @@ class Engine : public kafka::Consumer::Listener {
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
   void retry_later(Record& r);
   /// Feeds a call's result to its route's circuit; opens or closes it.
+  /// A retryable answer asking for a pause (Retry-After): holds the route.
+  void hold_route(Record& r, int64_t ms, std::string detail);
+  /// Each group-limited route's share: the part of its partitions this host owns.
+  void update_rate_shares();
   void note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail);
   /// The route's fetching and backpressure accounting, as its circuit's state wants them.
   void circuit_fetch(Route& route);
@@ -174,6 +178,7 @@ class Engine : public kafka::Consumer::Listener {
   Housekeeping housekeeping_;
   RouteControl route_control_;
   kafka::Consumer* consumer_ = nullptr;
+  std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
 
   bool renew_running_ = false;
   uint64_t hits_since_summary_ = 0;

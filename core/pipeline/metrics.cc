@@ -1,5 +1,6 @@
 #include "core/pipeline/metrics.h"
 
+#include <fmt/format.h>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -169,6 +170,10 @@ std::string Metrics::prometheus() const {
        &RouteMetrics::dlq_published},
       {"idemsink_dlq_publish_failures_total", "DLQ publish attempts that failed (the record stays in the outbox).",
        &RouteMetrics::dlq_publish_failures},
+      {"idemsink_route_rate_limit_waits_total",
+       "Times the route's next call waited for its budget (route.rate_limit, or a Retry-After hold).",
+       &RouteMetrics::rate_limit_waits},
+      {"idemsink_route_holds_total", "Retry-After answers that held the route's calls.", &RouteMetrics::holds},
   };
   for (const auto& c : kCounters) {
     family(c.name, "counter", c.help);
@@ -197,12 +202,18 @@ std::string Metrics::prometheus() const {
        "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "
        "operator (`idemsink dlq --list`), all hosts.",
        &RouteMetrics::dlq_unpublishable},
+      {"idemsink_route_held", "1 while the route's calls wait out a Retry-After its remote answered.",
+       &RouteMetrics::held},
   };
   for (const auto& g : kRouteGauges) {
     family(g.name, "gauge", g.help);
     for (const auto& [name, m] : routes_)
       out += std::string(g.name) + "{route=\"" + name + "\"} " + std::to_string(((*m).*(g.field)).load()) + "\n";
   }
+  family("idemsink_route_rate_limit", "gauge",
+         "Calls per second this host may start for the route: its share of route.rate_limit (0: no limit).");
+  for (const auto& [name, m] : routes_)
+    out += "idemsink_route_rate_limit{route=\"" + name + "\"} " + fmt::format("{:g}", m->rate_limit.load()) + "\n";
   family("idemsink_handler_latency_seconds", "histogram", "Handler call latency.");
 
   for (const auto& [name, m] : routes_)
@@ -394,7 +405,11 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                          {"in_flight", m->in_flight.load()},
                          {"takeovers", m->takeovers.load()},
                          {"circuit_open", m->circuit_open.load() != 0},
-                         {"circuit_opens", m->circuit_opens.load()}};
+                         {"circuit_opens", m->circuit_opens.load()},
+                         {"rate_limit_per_second", m->rate_limit.load()},
+                         {"held", m->held.load() != 0},
+                         {"holds", m->holds.load()},
+                         {"rate_limit_waits", m->rate_limit_waits.load()}};
   }
   return j.dump();
 }

@@ -46,6 +46,10 @@ struct RouteMetrics {
   std::atomic<int64_t> circuit_open{0};  // 1 while the route's circuit is open (or probing)
   std::atomic<uint64_t> circuit_opens{0};
   std::atomic<int64_t> paused{0};    // 1 while an operator paused the route (route_control.h)
+  std::atomic<uint64_t> rate_limit_waits{0};  // times a ready call waited for the route's budget
+  std::atomic<uint64_t> holds{0};             // Retry-After answers that held the route's calls
+  std::atomic<int64_t> held{0};               // 1 while a Retry-After hold lasts
+  std::atomic<double> rate_limit{0};          // calls per second this host may start (0: no limit)
   std::atomic<uint64_t> commits{0};  // offset commits sent carrying offsets of the route's topics
   std::atomic<uint64_t> commit_failures{0};
   std::atomic<uint64_t> dlq_published{0};

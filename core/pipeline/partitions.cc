@@ -43,6 +43,13 @@ void Partitions::count_commit(const std::vector<kafka::TopicPartitionOffset>& of
   for (RouteMetrics* m : routes) (failed ? m->commit_failures : m->commits).fetch_add(1, std::memory_order_relaxed);
 }
 
+size_t Partitions::active_of(const std::vector<std::string>& topics) const {
+  size_t n = 0;
+  for (const auto& [tp, p] : parts_)
+    n += !p->revoked && std::find(topics.begin(), topics.end(), tp.topic) != topics.end();
+  return n;
+}
+
 std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) const {
   auto it = parts_.find(tp);
   if (it == parts_.end() || it->second->revoked) return nullptr;

@@ -47,6 +47,8 @@ class Partitions {
 
   void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
 
+  /// How many partitions of these topics are assigned and not being revoked.
+  size_t active_of(const std::vector<std::string>& topics) const;
   /// The partition's state if it is assigned and not being revoked.
   std::shared_ptr<Partition> active(const kafka::TopicPartition& tp) const;
 

@@ -18,6 +18,7 @@
 #include "core/dlq/reason.h"
 #include "core/kafka/client.h"
 #include "core/pipeline/circuit_breaker.h"
+#include "core/pipeline/rate_limiter.h"
 
 #include "core/pipeline/key_extractor.h"
 #include "core/pipeline/metrics.h"
@@ -38,6 +39,7 @@ struct Route {
   KeyExtractor extractor;
   RouteMetrics* metrics = nullptr;
   CircuitBreaker circuit{cfg.circuit};
+  RateLimiter limiter{cfg.rate_limit};
   std::unique_ptr<boost::asio::steady_timer> probe_timer;  // while the circuit is open
   std::chrono::steady_clock::time_point circuit_opened;
   // Records of this route in the pipeline. While its circuit is not closed
@@ -129,9 +131,13 @@ struct Record {
   uint32_t calls = 0;
   // Calls made on earlier tiers (the retry topic's idemsink.attempt header).
   uint32_t calls_on_arrival = 0;
-  // Calls that failed while the route's circuit was open: they do not count
-  // toward retry.max_attempts (the remote was down, not this record's fault).
+  // Calls that failed while the route's circuit was open, or were answered
+  // with a pause (Retry-After): they do not count toward retry.max_attempts
+  // (the remote was down or busy, not this record's fault).
   uint32_t uncounted_calls = 0;
+  // Calls answered with a pause: uncounted only up to max_attempts, so a
+  // record the remote pauses forever still ends.
+  uint32_t held_calls = 0;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim
   // taken over from an owner that died holding it.

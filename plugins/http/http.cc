@@ -343,6 +343,17 @@ class ReceiptRule {
   std::string header_;
 };
 
+/// The pause a Retry-After header asks for (delta-seconds; an HTTP-date is
+/// not honoured: clocks differ, and the table's retry applies).
+std::optional<std::chrono::milliseconds> retry_after(const HttpResult& r) {
+  const auto v = r.header("Retry-After");
+  if (!v) return std::nullopt;
+  int64_t s = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), s);
+  if (ec != std::errc() || p != v->data() + v->size() || s < 0) return std::nullopt;
+  return std::chrono::seconds(s);
+}
+
 /// The meaning of `r` in a short text for last_error, with Retry-After when
 /// the service sent one.
 std::string explain(const HttpResult& r) {
@@ -433,7 +444,9 @@ class Http {
     switch (table_.of(r.status)) {
       case Meaning::Ok: return done.ok(receipt_of(r));
       case Meaning::Permanent: return done.permanent(explain(r));
-      case Meaning::Retryable: return done.retryable(explain(r));
+      case Meaning::Retryable:
+        if (auto pause = retry_after(r)) return done.retry_after(*pause, explain(r));
+        return done.retryable(explain(r));
       case Meaning::Uncertain: return done.uncertain(explain(r));
       case Meaning::Lookup:
         // "Already done" without the first answer: the look-up has the

@@ -359,3 +359,93 @@ BOOST_AUTO_TEST_CASE(check_config_names_the_file_and_line_of_a_bad_option) {
   BOOST_TEST(rc == 0, out);
   BOOST_TEST(out.find("route sms: orders.sms -> http_at_most_once 1.0.0 (remote_at_most_once)") != std::string::npos, out);
 }
+
+namespace {
+
+RouteSpec limited_waybill(const FakeServices& services, const std::string& lines) {
+  RouteSpec r{"waybill", "orders.waybill", shipped_plugin("http"), "key = { from = \"json\", json = \"order_id\" }",
+              {{"endpoint", "\"" + services.url() + "\""},
+               {"path", "'/waybills'"},
+               {"body", R"('{"order_id": "{{biz_key}}"}')"},
+               {"receipt", "'/waybill_no'"}},
+              lines};
+  return r;
+}
+
+std::vector<TestMessage> orders_of(int n) {
+  std::vector<TestMessage> msgs;
+  for (int i = 0; i < n; ++i) msgs.push_back({"L" + std::to_string(i), R"({"order_id": "L)" + std::to_string(i) + "\"}"});
+  return msgs;
+}
+
+int64_t waybill_requests(FakeServices& services) { return services.stats()["waybill"]["requests"].get<int64_t>(); }
+
+}  // namespace
+
+// Two hosts share 50 calls/s (each takes its partitions' share: 25/s) with
+// 3,300 orders waiting: over a minute the API sees 50/s within 10%.
+BOOST_AUTO_TEST_CASE(a_limit_shared_by_two_hosts_holds_within_10_percent_over_a_minute) {
+  FakeServices services(fake_services_binary());
+  Scenario s("http_rate_limit");
+  s.topic("orders.waybill", 4).topic("orders.waybill.dlq", 1);
+  const auto route = limited_waybill(services, "[route.rate_limit]\nrate = 50\n");
+  Scenario::HostOptions opt;
+  opt.admin = true;
+  auto& a = s.host("host-a", {route}, opt);
+  auto& b = s.host("host-b", {route}, opt);
+  for (HostProcess* h : {&a, &b})
+    wait_until([&] { return admin_metric(s.admin_port(*h), "idemsink_route_rate_limit{route=\"waybill\"}") == 25; },
+               60s, "each host's share: 2 of 4 partitions, 25 calls/s");
+  s.kafka.produce("orders.waybill", orders_of(3300));
+  wait_until([&] { return waybill_requests(services) >= 50; }, 60s, "the calls begun");
+  const int64_t before = waybill_requests(services);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(60s);  // the measurement window itself
+  const int64_t calls = waybill_requests(services) - before;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double rate = static_cast<double>(calls) / seconds;
+  BOOST_TEST_MESSAGE("rate limit 50/s shared by two hosts: " << calls << " calls in " << seconds << " s = " << rate
+                                                             << "/s");
+  BOOST_TEST(rate >= 45.0);
+  BOOST_TEST(rate <= 55.0);
+  BOOST_TEST(admin_metric(s.admin_port(a), "idemsink_route_rate_limit_waits_total{route=\"waybill\"}") > 0);
+  s.wait_committed(a, 120s);
+  BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 3300);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3300);
+  BOOST_TEST(a.stop() == 0);
+  BOOST_TEST(b.stop() == 0);
+  s.audit_clean(a);
+}
+
+// The API answers every call 503 with Retry-After: 1 for five seconds. The
+// route holds its calls a second each time (one call in flight: about five
+// calls, not a retry storm), the calls spend no attempts (max_attempts 3:
+// nothing is dead-lettered), and every order is applied once after.
+BOOST_AUTO_TEST_CASE(retry_after_holds_the_route_without_spending_attempts) {
+  FakeServices services(fake_services_binary());
+  Scenario s("http_retry_after");
+  s.topic("orders.waybill", 2).topic("orders.waybill.dlq", 1);
+  const auto route = limited_waybill(services, "concurrency = 1\n[route.retry]\nmax_attempts = 3\n"
+                                               "[route.circuit]\nenabled = false\n");
+  Scenario::HostOptions opt;
+  opt.admin = true;
+  auto& host = s.host("host-a", {route}, opt);
+  BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/waybill", R"({"error_5xx": 1})").first == 200);
+  s.kafka.produce("orders.waybill", orders_of(20));
+  wait_until([&] { return waybill_requests(services) >= 1; }, 60s, "the first call");
+  const int64_t first = waybill_requests(services);
+  std::this_thread::sleep_for(5s);  // the outage's length
+  const int64_t during = waybill_requests(services) - first;
+  BOOST_TEST_MESSAGE("503 with Retry-After: 1 for 5 s: " << during << " calls");
+  BOOST_TEST(during >= 3);
+  BOOST_TEST(during <= 7);
+  BOOST_TEST(admin_metric(s.admin_port(host), "idemsink_route_held{route=\"waybill\"}") == 1);
+  BOOST_TEST(admin_metric(s.admin_port(host), "idemsink_route_holds_total{route=\"waybill\"}") >= 3);
+  BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/waybill", R"({"error_5xx": 0})").first == 200);
+  s.wait_committed(host, 60s);
+  BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 20);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 20);
+  BOOST_TEST(s.kafka.read_all("orders.waybill.dlq", 1).size() == 0u);
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
+}

@@ -9,6 +9,7 @@
 #include "core/pipeline/circuit_breaker.h"
 
 #include "core/pipeline/key_queue.h"
+#include "core/pipeline/rate_limiter.h"
 
 using namespace idemsink;
 using namespace idemsink::pipeline;
@@ -179,4 +180,75 @@ BOOST_AUTO_TEST_CASE(circuit_disabled_never_opens) {
   CircuitBreaker cb(c);
   for (uint64_t id = 1; id <= 100; ++id) BOOST_TEST((cb.on_result(id, true) == CircuitBreaker::Change::None));
   BOOST_TEST(cb.admit(101));
+}
+
+namespace {
+config::RateLimitConfig rate_cfg(int64_t rate, int64_t burst, const std::string& scope) {
+  config::RateLimitConfig c;
+  c.rate = rate;
+  c.per = std::chrono::seconds(1);
+  c.burst = burst;
+  c.scope = scope;
+  c.max_hold = std::chrono::seconds(60);
+  return c;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(rate_limiter_spends_its_burst_then_one_call_per_token) {
+  using namespace std::chrono_literals;
+  const auto t0 = RateLimiter::Clock::time_point{} + 1h;
+  RateLimiter l(rate_cfg(50, 10, "host"), t0);
+  int started = 0;
+  while (l.try_call(t0)) ++started;
+  BOOST_TEST(started == 10);  // the burst
+  BOOST_TEST((l.next_call(t0) == t0 + 20ms));  // 50/s: one token every 20 ms
+  BOOST_TEST(!l.try_call(t0 + 19ms));
+  BOOST_TEST(l.try_call(t0 + 20ms));
+  // Over 10 s: 500 calls more, never more, whatever the polling.
+  int later = 0;
+  for (auto t = t0 + 20ms; t <= t0 + 10s + 20ms; t += 1ms)
+    while (l.try_call(t)) ++later;
+  BOOST_TEST(later == 500);
+  // A token taken for a call that did not start goes back.
+  const auto t1 = t0 + 20s;
+  while (l.try_call(t1)) {
+  }
+  l.give_back();
+  BOOST_TEST(l.try_call(t1));
+  // No rate: always, unless held.
+  RateLimiter free(rate_cfg(0, 0, "group"), t0);
+  BOOST_TEST(free.try_call(t0));
+  BOOST_TEST(free.rate_per_second() == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(rate_limiter_shares_scale_the_rate_and_holds_stop_every_call) {
+  using namespace std::chrono_literals;
+  const auto t0 = RateLimiter::Clock::time_point{} + 1h;
+  RateLimiter l(rate_cfg(50, 0, "group"), t0);
+  l.set_share(0.25, t0);  // one of four partitions
+  BOOST_TEST(l.rate_per_second() == 12.5);
+  int started = 0;
+  for (auto t = t0; t < t0 + 4s; t += 1ms)
+    while (l.try_call(t)) ++started;
+  BOOST_TEST(started >= 50);  // 12.5 burst + 12.5/s x 4 s
+  BOOST_TEST(started <= 63);
+  RateLimiter host(rate_cfg(50, 0, "host"), t0);
+  host.set_share(0.25, t0);  // per host: shares do not apply
+  BOOST_TEST(host.rate_per_second() == 50.0);
+  // No partitions: no calls; look again later.
+  l.set_share(0, t0 + 5s);
+  BOOST_TEST((l.next_call(t0 + 5s) > t0 + 5s));
+  // A hold stops calls until it ends, and is capped by max_hold.
+  RateLimiter h(rate_cfg(0, 0, "group"), t0);
+  h.hold(t0 + 2s, t0);
+  BOOST_TEST(!h.try_call(t0 + 1999ms));
+  BOOST_TEST((h.next_call(t0 + 1s) == t0 + 2s));
+  BOOST_TEST(h.try_call(t0 + 2s));
+  h.hold(t0 + 1h, t0 + 2s);
+  BOOST_TEST((h.held_until() == t0 + 62s));
+  // The detail convention of plugin_abi.h.
+  BOOST_TEST(retry_after_ms("retry-after=1500ms: HTTP 503") == 1500);
+  BOOST_TEST(retry_after_ms("HTTP 503 (Retry-After: 1)") == 0);
+  BOOST_TEST(retry_after_ms("retry-after=15s: x") == 0);
+  BOOST_TEST(retry_after_ms("retry-after=-5ms") == 0);
 }

@@ -82,7 +82,12 @@ typedef enum idemsink_outcome {
   /** Applied. The detail is the receipt (waybill number, message id). */
   IDEMSINK_OUTCOME_OK = 0,
   /** Certainly not applied (connection refused, 503 before processing).
-   *  The detail is the error message. */
+   *  The detail is the error message. A detail beginning
+   *  "retry-after=<N>ms" (decimal milliseconds) says the remote asked for a
+   *  pause (429/503 with Retry-After): the host holds the route's calls that
+   *  long (route.rate_limit.max_hold at most) and does not count the call
+   *  toward max_attempts. A convention of the detail, not a new outcome, so
+   *  that hosts that predate it read a plain retryable outcome. */
   IDEMSINK_OUTCOME_RETRYABLE = 1,
   /** May or may not have been applied (timeout after sending). */
   IDEMSINK_OUTCOME_UNCERTAIN = 2,

@@ -49,6 +49,10 @@ inline void copy_message(char* buf, size_t cap, std::string_view msg) {
   buf[n] = '\0';
 }
 inline std::string_view view(idemsink_bytes b) { return b.data ? std::string_view(b.data, b.len) : std::string_view(); }
+/// The detail of a retryable outcome asking for a pause: "retry-after=<N>ms: error".
+inline std::string retry_after_detail(std::chrono::milliseconds pause, std::string_view error) {
+  return "retry-after=" + std::to_string(pause.count() < 1 ? 1 : pause.count()) + "ms: " + std::string(error);
+}
 
 // What every handle of one call shares: the host's callback and whether it
 // has been called, so that exactly one report reaches the host.
@@ -138,6 +142,11 @@ class Completion {
 
   void ok(std::string_view receipt) { report(IDEMSINK_OUTCOME_OK, receipt); }
   void retryable(std::string_view error) { report(IDEMSINK_OUTCOME_RETRYABLE, error); }
+  /// Not applied, and the remote asked for a pause of `pause` (Retry-After):
+  /// the host holds the route's calls that long (see plugin_abi.h).
+  void retry_after(std::chrono::milliseconds pause, std::string_view error) {
+    report(IDEMSINK_OUTCOME_RETRYABLE, detail::retry_after_detail(pause, error));
+  }
   void uncertain(std::string_view error) { report(IDEMSINK_OUTCOME_UNCERTAIN, error); }
   void permanent(std::string_view error) { report(IDEMSINK_OUTCOME_PERMANENT, error); }
   void report(idemsink_outcome outcome, std::string_view detail) {
@@ -206,6 +215,9 @@ class SharedCompletion {
   // const: a copy captured by a non-mutable lambda must still report.
   void ok(std::string_view receipt) const { report(IDEMSINK_OUTCOME_OK, receipt); }
   void retryable(std::string_view error) const { report(IDEMSINK_OUTCOME_RETRYABLE, error); }
+  void retry_after(std::chrono::milliseconds pause, std::string_view error) const {
+    report(IDEMSINK_OUTCOME_RETRYABLE, detail::retry_after_detail(pause, error));
+  }
   void uncertain(std::string_view error) const { report(IDEMSINK_OUTCOME_UNCERTAIN, error); }
   void permanent(std::string_view error) const { report(IDEMSINK_OUTCOME_PERMANENT, error); }
   void report(idemsink_outcome outcome, std::string_view detail) const {
