@@ -24,8 +24,17 @@ int run(const config::Config& cfg) { return run_host(cfg); }
 int check_config(const config::Config& cfg) {
   auto libs = load_route_plugins(cfg);
   // Each plugin checks its own options when an instance is made (templates,
-  // pointers, status tables): make one per route and let it go.
-  for (size_t i = 0; i < cfg.routes.size(); ++i) plugin::Instance checked(libs[i], cfg.routes[i]);
+  // pointers, status tables): make one per route and let it go. An option it
+  // refuses is a config error (with its line); anything else that stops it
+  // here (a service's name that does not resolve on this machine) is this
+  // machine's, and only a warning: `run` will say it again where it runs.
+  for (size_t i = 0; i < cfg.routes.size(); ++i) {
+    try {
+      plugin::Instance checked(libs[i], cfg.routes[i]);
+    } catch (const plugin::LoadError& e) {
+      std::cerr << "warning: " << e.what() << "\n";
+    }
+  }
   std::cout << cfg.file.string() << ": ok\n";
   for (size_t i = 0; i < cfg.routes.size(); ++i) {
     const auto& r = cfg.routes[i];

@@ -1,5 +1,7 @@
 #include "core/pipeline/engine.h"
 
+#include <set>
+
 #include <algorithm>
 #include <future>
 #include <thread>
@@ -218,11 +220,13 @@ void Engine::on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts)
   // Group-shared rate limits need each topic's size; asked here, on the poll
   // thread, which the rebalance blocks anyway (the engine thread never waits
   // for the cluster).
-  std::map<std::string, int> sizes;
+  std::set<std::string> topics;
   for (const auto& route : routes_)
     if (route->limiter.limited() && route->cfg.rate_limit.scope == "group")
-      for (const auto& topic : route->topics())
-        if (auto n = consumer_->partition_count(topic, 5000)) sizes[topic] = *n;
+      for (const auto& topic : route->topics()) topics.insert(topic);
+  std::map<std::string, int> sizes;
+  for (const auto& topic : topics)
+    if (auto n = consumer_->partition_count(topic, 5000)) sizes[topic] = *n;
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
@@ -557,7 +561,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   // still reaches its end. (Open or half-open, the circuit decides.)
   if (outcome == IDEMSINK_OUTCOME_RETRYABLE && r.route->circuit.closed() &&
       r.held_calls < static_cast<uint32_t>(r.route->cfg.retry.max_attempts)) {
-    if (const int64_t ms = retry_after_ms(detail); ms > 0) return hold_route(r, ms, std::move(detail));
+    if (const int64_t ms = retry_after_ms(detail); ms >= kMinHoldMs) return hold(r, ms, std::move(detail));
   }
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
   if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
@@ -621,29 +625,37 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   dispatcher_.pump();
 }
 
-void Engine::hold_route(Record& r, int64_t ms, std::string detail) {
-  // The remote said "not now, try again in N" (429/503 with Retry-After):
-  // it did not process the call. The route's calls wait that long, the call
-  // does not count toward max_attempts, and it is not a sample of the
-  // remote's health (the remote answered, and asked for the pause).
+void Engine::hold(Record& r, int64_t ms, std::string detail) {
+  // The remote said "not now, try again in N" (429/503 with Retry-After): it
+  // did not process the call. The call does not count toward max_attempts
+  // and is not a sample of the remote's health (it answered, and asked for
+  // the pause). A record's first such answer holds the whole route, as the
+  // remote asked; its later ones wait out the pause alone: a record the
+  // remote refuses for itself must not keep the route still (as for the
+  // circuit, only a record's first failure speaks for the remote).
   Route& route = *r.route;
   const auto now = std::chrono::steady_clock::now();
-  const bool was_held = route.limiter.held(now);
-  route.limiter.hold(now + std::chrono::milliseconds(ms), now);
-  if (!was_held) {
-    route.metrics->holds.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("route {}: the remote asked for a pause of {}ms (key {}: {}); holding the route's calls until then",
-                 route.cfg.name, ms, printable(r.biz_key), detail);
-  }
-  route.metrics->held.store(1, std::memory_order_relaxed);
+  const auto pause = std::chrono::milliseconds(ms);
+  const bool route_wide = r.held_calls == 0;
   ++r.held_calls;
   ++r.uncounted_calls;
   r.note_failure(std::move(detail));
+  if (route_wide) {
+    if (!route.limiter.held(now)) {
+      route.metrics->holds.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("route {}: the remote asked for a pause of {}ms (key {}: {}); holding the route's calls until then",
+                   route.cfg.name, ms, printable(r.biz_key), r.last_error);
+    }
+    route.limiter.hold(now + pause, now);
+    route.metrics->held.store(1, std::memory_order_relaxed);
+  }
   if (r.part->revoked) {
     release_claims({r.outcome()});
     end_record(r, false);
-  } else {
+  } else if (route_wide) {
     dispatcher_.make_ready(r);
+  } else {
+    retry_later(r, std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(route.cfg.rate_limit.max_hold)));
   }
   dispatcher_.pump();
 }
@@ -708,9 +720,10 @@ void Engine::circuit_fetch(Route& route) {
   }
 }
 
-void Engine::retry_later(Record& r) {
+void Engine::retry_later(Record& r, std::optional<std::chrono::milliseconds> after) {
   const LogScope log_scope(log_fields_of(r));
-  const auto wait = backoff(r.route->cfg.retry, r.calls, rng_);
+  // Backoff by the calls that counted: paused and circuit-held calls did not.
+  const auto wait = after ? *after : backoff(r.route->cfg.retry, r.calls - r.uncounted_calls, rng_);
   spdlog::debug("route {}: key {} call {} failed ({}); retrying in {}ms", r.route->cfg.name, printable(r.biz_key),
                 r.calls, r.last_error, wait.count());
   r.stage = Stage::Backoff;

@@ -29,6 +29,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -129,10 +130,14 @@ class Engine : public kafka::Consumer::Listener {
   void on_local_tx_results(std::vector<LocalTxRunner::Result> results);
   /// Ends a record failed or unknown, dead-lettered.
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
-  void retry_later(Record& r);
+  /// Calls `r` again after its backoff, or after `after`.
+  void retry_later(Record& r, std::optional<std::chrono::milliseconds> after = std::nullopt);
   /// Feeds a call's result to its route's circuit; opens or closes it.
-  /// A retryable answer asking for a pause (Retry-After): holds the route.
-  void hold_route(Record& r, int64_t ms, std::string detail);
+  /// A retryable answer asking for a pause (Retry-After): holds the route
+  /// (a record's first such answer) or the record.
+  void hold(Record& r, int64_t ms, std::string detail);
+  /// Pauses below this are no pause: a plain retryable outcome.
+  static constexpr int64_t kMinHoldMs = 100;
   /// Each group-limited route's share: the part of its partitions this host owns.
   void update_rate_shares();
   void note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail);

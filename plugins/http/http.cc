@@ -61,12 +61,18 @@ constexpr idemsink_option_decl kOptions[] = {
 // --- templates -------------------------------------------------------------
 
 /// Where a template's text lands, which decides how {{name}} is escaped.
-enum class Escape { Url, Json, None };
+enum class Escape { Url, Json, Form, None };
 
-/// The names a template may start from; below value and headers any path.
-const std::set<std::string> kRoots = {"value",     "value_json", "key",     "biz_key", "idem_token",
-                                      "topic",     "partition",  "offset",  "timestamp_ms",
-                                      "attempt",   "headers"};
+/// The names a template may start from; below value, json and headers any path.
+const std::set<std::string> kRoots = {"value",  "json",         "value_json", "key",     "biz_key", "idem_token",
+                                      "topic",  "partition",    "offset",     "timestamp_ms", "attempt", "headers"};
+/// What a reconcile look-up cannot use: the reconciler knows the record's
+/// key, value and token, not the headers or the call that is asked about.
+const std::set<std::string> kNotInLookups = {"headers", "attempt"};
+
+/// Longest text a template may render: a section over a large list must not
+/// take the host's memory.
+constexpr size_t kMaxRendered = 1 << 20;
 
 std::string percent_encode(const std::string& s) {
   static const char* hex = "0123456789ABCDEF";
@@ -83,104 +89,172 @@ std::string percent_encode(const std::string& s) {
   return out;
 }
 
+/// A value inserted into a URL: an empty or dot segment would name another
+/// resource (the collection, its parent), so the call is refused instead.
+std::string url_value(const std::string& s) {
+  if (s.empty() || s == "." || s == "..")
+    throw std::invalid_argument("a URL template inserts \"" + s + "\" (empty or a dot segment)");
+  return percent_encode(s);
+}
+
 /// The text of a JSON string without its quotes.
 std::string json_string_content(const std::string& s) {
   const std::string quoted = json(s).dump(-1, ' ', false, json::error_handler_t::replace);
   return quoted.substr(1, quoted.size() - 2);
 }
 
+/// One {{tag}} of a template, as the checks see it.
+struct Tag {
+  size_t begin = 0, end = 0;  // [begin, end) in the text
+  bool raw = false;           // {{{name}}} or {{& name}}
+  char sigil = 0;             // '#', '^', '/', '!', '>', '=' or 0 for a variable
+  std::string name;
+  int depth = 0;  // sections around it
+};
+
+std::vector<Tag> tags_of(const std::string& option, const std::string& text) {
+  std::vector<Tag> out;
+  int depth = 0;
+  for (size_t at = text.find("{{"); at != std::string::npos; at = text.find("{{", at)) {
+    Tag t;
+    t.begin = at;
+    const bool triple = text.compare(at, 3, "{{{") == 0;
+    const size_t close = text.find(triple ? "}}}" : "}}", at + (triple ? 3 : 2));
+    if (close == std::string::npos) throw std::invalid_argument(option + ": a tag is not closed");
+    t.end = close + (triple ? 3 : 2);
+    std::string inner = text.substr(at + (triple ? 3 : 2), close - at - (triple ? 3 : 2));
+    auto trim = [](std::string& x) {
+      x.erase(0, x.find_first_not_of(" \t"));
+      x.erase(x.find_last_not_of(" \t") + 1);
+    };
+    trim(inner);
+    t.raw = triple;
+    if (!triple && !inner.empty() && std::string_view("#^/!>=&").find(inner[0]) != std::string_view::npos) {
+      t.sigil = inner[0] == '&' ? 0 : inner[0];
+      t.raw = inner[0] == '&';
+      inner.erase(0, 1);
+      trim(inner);
+    }
+    t.name = inner;
+    if (t.sigil == '/') --depth;
+    t.depth = depth;
+    if (t.sigil == '#' || t.sigil == '^') ++depth;
+    out.push_back(std::move(t));
+    at = out.back().end;
+  }
+  return out;
+}
+
 /// A compiled template. Mustache: no code, no files (partials and custom
-/// delimiters are refused), output bounded by the template times the record.
+/// delimiters are refused), output capped at kMaxRendered.
 class Template {
  public:
-  Template(const std::string& option, const std::string& text, Escape escape)
-      : text_(text), tmpl_(text), escape_(escape) {
+  Template(const std::string& option, const std::string& text, Escape escape, bool lookup = false)
+      : tmpl_(text), escape_(escape) {
     if (!tmpl_.is_valid()) throw std::invalid_argument(option + ": not a valid template: " + tmpl_.error_message());
-    check_names(option);
+    check(option, tags_of(option, text), lookup);
     switch (escape_) {
-      case Escape::Url: tmpl_.set_custom_escape(percent_encode); break;
+      case Escape::Url: tmpl_.set_custom_escape(url_value); break;
       case Escape::Json: tmpl_.set_custom_escape(json_string_content); break;
+      case Escape::Form: tmpl_.set_custom_escape(percent_encode); break;
       case Escape::None: tmpl_.set_custom_escape([](const std::string& s) { return s; }); break;
     }
+    skeleton_ = skeleton(text);
   }
 
+  /// Throws std::invalid_argument when the record makes no valid text
+  /// (a dot segment in a URL, more than kMaxRendered).
   // The engine and the reconciler render from their own threads; the
   // library does not promise that one template renders concurrently.
   std::string render(const mustache::data& d) {
     std::lock_guard lock(mu_);
-    return tmpl_.render(d);
+    std::string out;
+    tmpl_.render(d, [&out](const std::string& piece) {
+      if (out.size() + piece.size() > kMaxRendered)
+        throw std::invalid_argument("the template renders more than " + std::to_string(kMaxRendered) + " bytes");
+      out += piece;
+    });
+    return out;
   }
-  bool mentions(const std::string& name) const { return text_.find(name) != std::string::npos; }
-
+  /// Whether {{idem_token}} is sent whatever the record (a top-level variable).
+  bool sends_token() const { return sends_token_; }
   /// The template with every tag replaced by a stand-in: `{{x}}` by text,
   /// `{{{x}}}` by a JSON value, sections by nothing; a JSON body must parse
   /// then, or a record could never make a valid one.
-  std::string skeleton() const {
-    static const std::regex tag(R"(\{\{\{[^}]*\}\}\}|\{\{([#^/!&]?)[^}]*\}\})");
-    std::string out;
-    auto last = text_.cbegin();
-    for (auto it = std::sregex_iterator(text_.begin(), text_.end(), tag); it != std::sregex_iterator(); ++it) {
-      out.append(last, text_.cbegin() + it->position());
-      const std::string m = it->str();
-      const std::string kind = (*it)[1].str();
-      if (m.rfind("{{{", 0) == 0 || kind == "&") out += "0";
-      else if (kind.empty()) out += "x";
-      last = text_.cbegin() + it->position() + it->length();
-    }
-    out.append(last, text_.cend());
-    return out;
-  }
+  const std::string& skeleton() const { return skeleton_; }
 
  private:
-  // Names at the top level must start from a record field; inside a section
-  // they are relative to its item and cannot be checked here.
-  void check_names(const std::string& option) const {
-    static const std::regex tag(R"(\{\{(\{?)\s*([#^/!&>=]?)\s*([^}\s]*)\s*\}?\}\})");
-    int depth = 0;
-    for (auto it = std::sregex_iterator(text_.begin(), text_.end(), tag); it != std::sregex_iterator(); ++it) {
-      const std::string kind = (*it)[2].str();
-      const std::string name = (*it)[3].str();
-      if (kind == "!") continue;
-      if (kind == ">") throw std::invalid_argument(option + ": partials ({{>" + name + "}}) are not supported");
-      if (kind == "=") throw std::invalid_argument(option + ": changing the delimiters is not supported");
-      if (kind == "/") {
-        --depth;
-        continue;
-      }
-      if (depth == 0 && name != ".") {
-        const std::string root = name.substr(0, name.find('.'));
+  void check(const std::string& option, const std::vector<Tag>& tags, bool lookup) {
+    for (const Tag& t : tags) {
+      if (t.sigil == '!' || t.sigil == '/') continue;
+      if (t.sigil == '>') throw std::invalid_argument(option + ": partials ({{>" + t.name + "}}) are not supported");
+      if (t.sigil == '=') throw std::invalid_argument(option + ": changing the delimiters is not supported");
+      const std::string root = t.name.substr(0, t.name.find('.'));
+      if (t.depth == 0 && t.name != ".") {
         if (!kRoots.count(root)) {
           std::string known;
           for (const auto& r : kRoots) known += (known.empty() ? "" : ", ") + r;
-          throw std::invalid_argument(option + ": {{" + name + "}} names no field of a record (known: " + known + ")");
+          throw std::invalid_argument(option + ": {{" + t.name + "}} names no field of a record (known: " + known +
+                                      ")");
         }
+        if (lookup && kNotInLookups.count(root))
+          throw std::invalid_argument(option + ": {{" + t.name + "}} is not known when the look-up runs (" +
+                                      "the reconciler has the record's key, value and token only)");
       }
-      if (kind == "#" || kind == "^") ++depth;
+      if (t.raw && escape_ == Escape::Url)
+        throw std::invalid_argument(option + ": {{{" + t.name + "}}} inserts unescaped text into a URL");
+      // In JSON, text inserted as is must be JSON itself: the value's own
+      // JSON, or a field of it as JSON (json.*: strings quoted).
+      if (t.raw && escape_ == Escape::Json && (t.depth > 0 || (t.name != "value_json" && root != "json")))
+        throw std::invalid_argument(option + ": {{{" + t.name + "}}} inserts text as is into JSON: use " +
+                                    "{{{json." + (root == "value" ? t.name.substr(std::min(t.name.size(), size_t{6})) : t.name) +
+                                    "}}} (a field as JSON) or {{{value_json}}}");
+      if (t.sigil == 0 && t.depth == 0 && t.name == "idem_token") sends_token_ = true;
     }
   }
 
-  std::string text_;
+  static std::string skeleton(const std::string& text) {
+    std::string out;
+    size_t last = 0;
+    for (const Tag& t : tags_of("", text)) {
+      out.append(text, last, t.begin - last);
+      if (t.sigil == 0) out += t.raw ? "0" : "x";
+      last = t.end;
+    }
+    out.append(text, last, std::string::npos);
+    return out;
+  }
+
   std::mutex mu_;
   mustache::mustache tmpl_;
   Escape escape_;
+  bool sends_token_ = false;
+  std::string skeleton_;
 };
 
-/// A JSON tree as Mustache data: objects, lists, strings (numbers and
-/// booleans as their JSON text, null as nothing).
-mustache::data to_data(const json& j) {
+/// A JSON tree as Mustache data. `as_json` false (value.*): strings as
+/// themselves, numbers as their text, booleans as Mustache booleans (for
+/// sections), null as false. `as_json` true (json.*): every leaf as its JSON
+/// text, strings quoted.
+mustache::data to_data(const json& j, bool as_json) {
   switch (j.type()) {
     case json::value_t::object: {
       mustache::data d{mustache::data::type::object};
-      for (const auto& [k, v] : j.items()) d.set(k, to_data(v));
+      for (const auto& [k, v] : j.items()) d.set(k, to_data(v, as_json));
       return d;
     }
     case json::value_t::array: {
       mustache::data d{mustache::data::type::list};
-      for (const auto& v : j) d.push_back(to_data(v));
+      for (const auto& v : j) d.push_back(to_data(v, as_json));
       return d;
     }
+    default: break;
+  }
+  if (as_json) return mustache::data(j.dump(-1, ' ', false, json::error_handler_t::replace));
+  switch (j.type()) {
     case json::value_t::string: return mustache::data(j.get<std::string>());
-    case json::value_t::null: return mustache::data(std::string());
+    case json::value_t::boolean: return mustache::data(j.get<bool>());
+    case json::value_t::null: return mustache::data(false);
     default: return mustache::data(j.dump());
   }
 }
@@ -189,7 +263,8 @@ mustache::data to_data(const json& j) {
 mustache::data record_data(const sdk::Record& rec) {
   const json value = order_payload(rec);
   mustache::data d;
-  d.set("value", to_data(value));
+  d.set("value", to_data(value, false));
+  d.set("json", to_data(value, true));
   d.set("value_json", value.dump(-1, ' ', false, json::error_handler_t::replace));
   d.set("key", std::string(rec.key()));
   d.set("biz_key", std::string(rec.biz_key()));
@@ -257,14 +332,17 @@ std::vector<std::string> words_of(const std::string& s) {
   return out;
 }
 
-/// Status → meaning: exact statuses first, then classes, then the defaults
-/// (2xx ok; 409 lookup or ok; 408/429/503 retryable; other 4xx permanent;
-/// other 5xx uncertain: the service may have acted before failing).
+/// Status → meaning: exact statuses first, then classes, then the defaults:
+/// 2xx ok; 409 asks the look-up (without one: uncertain, it may mean "still
+/// in progress"); 408/429 retryable; 503 retryable, except at most once:
+/// a gateway answers 503 for a request it already forwarded, so there only
+/// with Retry-After (the service's own "not now"); other 4xx and 3xx
+/// permanent; 1xx and other 5xx uncertain (the service may have acted).
 class StatusTable {
  public:
-  StatusTable(const std::string& text, bool has_lookup) {
+  StatusTable(const std::string& text, bool has_lookup, bool at_most_once) : at_most_once_(at_most_once) {
     const std::string option = "outcomes";
-    exact_[409] = has_lookup ? Meaning::Lookup : Meaning::Ok;
+    exact_[409] = has_lookup ? Meaning::Lookup : Meaning::Uncertain;
     for (unsigned s : {408u, 429u, 503u}) exact_[s] = Meaning::Retryable;
     for (const auto& entry : words_of(text)) {
       const auto eq = entry.find('=');
@@ -275,25 +353,29 @@ class StatusTable {
         throw std::invalid_argument(option + ": '" + entry + "' asks the look-up, but lookup_path is not set");
       if (k.status) {
         exact_[k.status] = m;
+        written_.insert(k.status);
       } else {
         classes_[k.cls] = m;
         // A class written by the user overrides the defaults inside it.
         for (auto it = exact_.begin(); it != exact_.end();)
           it = (it->first / 100 == k.cls && !written_.count(it->first)) ? exact_.erase(it) : std::next(it);
       }
-      if (k.status) written_.insert(k.status);
     }
   }
 
-  Meaning of(unsigned status) const {
-    if (auto it = exact_.find(status); it != exact_.end()) return it->second;
+  Meaning of(unsigned status, bool retry_after) const {
+    if (auto it = exact_.find(status); it != exact_.end()) {
+      if (status == 503 && at_most_once_ && !written_.count(503) && !retry_after) return Meaning::Uncertain;
+      return it->second;
+    }
     if (auto it = classes_.find(status / 100); it != classes_.end()) return it->second;
     if (status >= 200 && status < 300) return Meaning::Ok;
-    if (status >= 500) return Meaning::Uncertain;
-    return Meaning::Permanent;  // 1xx, 3xx (not followed) and 4xx
+    if (status >= 500 || status < 200) return Meaning::Uncertain;
+    return Meaning::Permanent;  // 3xx (not followed) and 4xx
   }
 
  private:
+  bool at_most_once_;
   std::map<unsigned, Meaning> exact_;
   std::map<unsigned, Meaning> classes_;
   std::set<unsigned> written_;
@@ -302,6 +384,14 @@ class StatusTable {
 /// Where a receipt is found in an answer.
 class ReceiptRule {
  public:
+  /// What an answer holds at the rule's place: the receipt; an answer that
+  /// was read and has none there (absent, null, "", [] or {}); or an answer
+  /// that could not be read (not JSON): nobody can say.
+  struct Found {
+    enum class Kind { Receipt, Absent, Unreadable } kind;
+    std::string receipt;
+  };
+
   ReceiptRule() = default;
   ReceiptRule(const std::string& option, const std::string& text) {
     if (text.empty()) return;
@@ -310,7 +400,8 @@ class ReceiptRule {
       if (header_.empty()) throw std::invalid_argument(option + ": header: needs a header name");
       return;
     }
-    if (text[0] != '/') throw std::invalid_argument(option + ": '" + text + "' is neither a JSON pointer (/a/b) nor header:NAME");
+    if (text[0] != '/')
+      throw std::invalid_argument(option + ": '" + text + "' is neither a JSON pointer (/a/b) nor header:NAME");
     try {
       pointer_ = json::json_pointer(text);
     } catch (const json::exception& e) {
@@ -321,20 +412,20 @@ class ReceiptRule {
   bool set() const { return !header_.empty() || !text_.empty(); }
   const std::string& text() const { return text_.empty() ? header_ : text_; }
 
-  /// The receipt in `r`, or nothing when the answer does not carry one (an
-  /// absent, null or empty value).
-  std::optional<std::string> find(const HttpResult& r) const {
+  Found find(const HttpResult& r) const {
+    using Kind = Found::Kind;
     if (!header_.empty()) {
       auto v = r.header(header_);
-      return v && !v->empty() ? std::optional<std::string>(std::string(*v)) : std::nullopt;
+      return v && !v->empty() ? Found{Kind::Receipt, std::string(*v)} : Found{Kind::Absent, {}};
     }
     const json body = json::parse(r.body, nullptr, false);
-    if (body.is_discarded() || !body.contains(pointer_)) return std::nullopt;
+    if (body.is_discarded()) return {Kind::Unreadable, {}};
+    if (!body.contains(pointer_)) return {Kind::Absent, {}};
     const json& v = body[pointer_];
     if (v.is_null() || (v.is_string() && v.get<std::string>().empty()) || (v.is_array() && v.empty()) ||
         (v.is_object() && v.empty()))
-      return std::nullopt;
-    return v.is_string() ? v.get<std::string>() : v.dump();
+      return {Kind::Absent, {}};
+    return {Kind::Receipt, v.is_string() ? v.get<std::string>() : v.dump()};
   }
 
  private:
@@ -343,15 +434,15 @@ class ReceiptRule {
   std::string header_;
 };
 
-/// The pause a Retry-After header asks for (delta-seconds; an HTTP-date is
-/// not honoured: clocks differ, and the table's retry applies).
+/// The pause a Retry-After header asks for (delta-seconds, at most a day;
+/// an HTTP-date is not honoured: clocks differ, and the table's retry applies).
 std::optional<std::chrono::milliseconds> retry_after(const HttpResult& r) {
   const auto v = r.header("Retry-After");
   if (!v) return std::nullopt;
   int64_t s = 0;
   auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), s);
   if (ec != std::errc() || p != v->data() + v->size() || s < 0) return std::nullopt;
-  return std::chrono::seconds(s);
+  return std::chrono::seconds(std::min<int64_t>(s, 86400));
 }
 
 /// The meaning of `r` in a short text for last_error, with Retry-After when
@@ -362,110 +453,143 @@ std::string explain(const HttpResult& r) {
   return s;
 }
 
+/// When reading an answer throws: a 2xx is applied, a failure before
+/// sending is not, anything else may be.
+idemsink_outcome on_unreadable(const HttpResult& r) {
+  if (r.failure == HttpResult::Failure::BeforeSend) return IDEMSINK_OUTCOME_RETRYABLE;
+  if (r.failure == HttpResult::Failure::None && r.status >= 200 && r.status < 300) return IDEMSINK_OUTCOME_OK;
+  return IDEMSINK_OUTCOME_UNCERTAIN;
+}
+
 // --- the handler -----------------------------------------------------------
 
 class Http {
  public:
   Http(const sdk::Host& host, const sdk::Options& o)
       : host_(host),
-        http_(client_options(o)),
         method_(o.str("method")),
         path_("path", o.str("path"), Escape::Url),
-        body_(o.str("body").empty() ? std::nullopt
-                                    : std::optional<Template>(std::in_place, "body", o.str("body"), body_escape(o))),
-        json_body_(is_json_type(o.str("content_type"))),
         content_type_(o.str("content_type")),
+        body_(o.str("body").empty() ? std::nullopt
+                                    : std::optional<Template>(std::in_place, "body", o.str("body"), body_escape())),
         token_header_(o.str("token_header")),
         lookup_(o.str("lookup_path").empty()
                     ? std::nullopt
-                    : std::optional<Template>(std::in_place, "lookup_path", o.str("lookup_path"), Escape::Url)),
-        table_(o.str("outcomes"), lookup_.has_value()),
+                    : std::optional<Template>(std::in_place, "lookup_path", o.str("lookup_path"), Escape::Url, true)),
+        table_(o.str("outcomes"), lookup_.has_value(), kAtMostOnce),
         receipt_("receipt", o.str("receipt")),
         lookup_receipt_(o.str("lookup_receipt").empty() ? receipt_
-                                                        : ReceiptRule("lookup_receipt", o.str("lookup_receipt"))) {
+                                                        : ReceiptRule("lookup_receipt", o.str("lookup_receipt"))),
+        http_(client_options(o)) {
     static const std::set<std::string> methods = {"POST", "PUT", "PATCH", "DELETE", "GET"};
-    if (!methods.count(method_)) throw std::invalid_argument("method: '" + method_ + "' is not one of POST, PUT, PATCH, DELETE, GET");
+    if (!methods.count(method_))
+      throw std::invalid_argument("method: '" + method_ + "' is not one of POST, PUT, PATCH, DELETE, GET");
     if (o.str("path").empty() || o.str("path")[0] != '/') throw std::invalid_argument("path: must start with /");
     if (lookup_ && o.str("lookup_path")[0] != '/') throw std::invalid_argument("lookup_path: must start with /");
-    if (body_ && json_body_) {
-      const json probe = json::parse(body_->skeleton(), nullptr, false);
-      if (probe.is_discarded())
-        throw std::invalid_argument(
-            "body: is not JSON once filled in ({{name}} inserts escaped text: quote it; {{{name}}} inserts as is, "
-            "e.g. {{{value_json}}})");
-    }
+    if (body_ && body_escape() == Escape::Json && json::parse(body_->skeleton(), nullptr, false).is_discarded())
+      throw std::invalid_argument(
+          "body: is not JSON once filled in ({{name}} inserts escaped text: quote it; {{{json.name}}} inserts a "
+          "field as JSON, {{{value_json}}} the whole value)");
     if (token_header_.find_first_of(": \r\n") != std::string::npos)
       throw std::invalid_argument("token_header: '" + token_header_ + "' is not a header name");
-    const bool token_in_templates = path_.mentions("idem_token") || (body_ && body_->mentions("idem_token"));
-    if (token_header_.empty() && !token_in_templates)
+    if (token_header_.empty() && !path_.sends_token() && !(body_ && body_->sends_token()))
       throw std::invalid_argument(
-          "token_header: is empty and no template sends {{idem_token}}: the service could not tell a retry from a "
-          "new call");
+          "token_header: is empty and no template sends {{idem_token}} (outside sections): the service could not "
+          "tell a retry from a new call");
     for (const auto& entry : words_of(o.str("lookup_not_found"))) {
-      if (entry == "empty")
+      if (entry == "empty") {
         not_found_empty_ = true;
-      else
-        not_found_.insert(parse_status("lookup_not_found", entry).status);
+        continue;
+      }
+      const StatusKey k = parse_status("lookup_not_found", entry);
+      if (k.status == 0 || k.status < 300)
+        throw std::invalid_argument("lookup_not_found: '" + entry +
+                                    "': list the statuses (3xx-5xx) that mean \"never applied\", and 'empty'");
+      not_found_.insert(k.status);
     }
-    if (not_found_empty_ && !lookup_receipt_.set())
-      throw std::invalid_argument("lookup_not_found: 'empty' needs a receipt pointer (receipt or lookup_receipt)");
+    // A look-up needs to tell "found" from "an empty answer": by a receipt.
+    if (lookup_ && !lookup_receipt_.set())
+      throw std::invalid_argument(
+          "lookup_path: needs a receipt pointer (receipt or lookup_receipt) to tell a found call from an empty answer");
   }
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
+    // Decided before sending: a record that makes no valid request is
+    // refused, never "maybe sent".
     if (auto why = unsendable(rec)) return done.permanent(*why);
-    mustache::data d = record_data(rec);
-    std::string body = body_ ? body_->render(d) : std::string(rec.value());
-    if (json_body_ && body_ && json::parse(body, nullptr, false).is_discarded())
+    std::string target, body, lookup;
+    try {
+      mustache::data d = record_data(rec);
+      target = path_.render(d);
+      body = body_ ? body_->render(d) : std::string(rec.value());
+      // The look-up target is rendered now: the record does not outlive invoke().
+      if (lookup_) lookup = lookup_->render(d);
+    } catch (const std::invalid_argument& e) {
+      return done.permanent(std::string("the request built for this record is refused: ") + e.what());
+    }
+    if (body_ && body_escape() == Escape::Json && json::parse(body, nullptr, false).is_discarded())
       return done.permanent("the body built for this record is not JSON: " + body.substr(0, 200));
     HttpClient::Headers headers{{"Content-Type", content_type_}};
     if (!token_header_.empty()) headers.emplace_back(token_header_, std::string(rec.idem_token()));
-    // The look-up target is rendered now: the record does not outlive invoke().
-    std::string lookup = lookup_ ? lookup_->render(d) : std::string();
-    http_.request(method_, path_.render(d), std::move(body), std::move(headers),
-                  guarded_call(host_, rec, std::move(done),
-                               [this, lookup = std::move(lookup)](const sdk::SharedCompletion& done,
-                                                                  const HttpResult& r) { answer(done, r, lookup); }));
+    http_.request(method_, target, std::move(body), std::move(headers),
+                  guarded(host_, rec, sdk::SharedCompletion(std::move(done)),
+                          [this, lookup = std::move(lookup)](const sdk::SharedCompletion& done, const HttpResult& r) {
+                            answer(done, r, lookup);
+                          },
+                          on_unreadable));
   }
 
   // Did the call with this token happen? Without a look-up nobody can say
   // here: the row waits for a person (idemsink resolve).
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
     if (!lookup_) return done.retryable("no lookup_path configured for this route: settle it with idemsink resolve");
-    mustache::data d = record_data(rec);
-    ask(rec, lookup_->render(d), std::move(done));
+    std::string target;
+    try {
+      target = lookup_->render(record_data(rec));
+    } catch (const std::invalid_argument& e) {
+      return done.retryable(std::string("cannot build the look-up for this record: ") + e.what());
+    }
+    ask(rec, target, std::move(done));
   }
 
  private:
-  static Escape body_escape(const sdk::Options& o) { return is_json_type(o.str("content_type")) ? Escape::Json : Escape::None; }
-  static bool is_json_type(const std::string& t) { return t.find("json") != std::string::npos; }
+  static constexpr bool kAtMostOnce = IDEMSINK_HTTP_AT_MOST_ONCE != 0;
+
+  Escape body_escape() const {
+    if (content_type_.find("json") != std::string::npos) return Escape::Json;
+    if (content_type_.find("x-www-form-urlencoded") != std::string::npos) return Escape::Form;
+    return Escape::None;
+  }
 
   void answer(const sdk::SharedCompletion& done, const HttpResult& r, const std::string& lookup) {
     if (r.failure != HttpResult::Failure::None) return done.report(classify(r), explain(r));
-    switch (table_.of(r.status)) {
+    const auto pause = retry_after(r);
+    switch (table_.of(r.status, pause.has_value())) {
       case Meaning::Ok: return done.ok(receipt_of(r));
       case Meaning::Permanent: return done.permanent(explain(r));
       case Meaning::Retryable:
-        if (auto pause = retry_after(r)) return done.retry_after(*pause, explain(r));
+        // A pause under a second is no pause: a plain retry, with backoff.
+        if (pause && *pause >= std::chrono::seconds(1)) return done.retry_after(*pause, explain(r));
         return done.retryable(explain(r));
       case Meaning::Uncertain: return done.uncertain(explain(r));
       case Meaning::Lookup:
-        // "Already done" without the first answer: the look-up has the
-        // receipt; if it cannot tell, the call stays uncertain.
+        // "Already done" without the first answer (or "in progress"): the
+        // look-up has the receipt; if it cannot tell, the call stays uncertain.
         return ask_after(done, lookup, explain(r));
     }
   }
 
   std::string receipt_of(const HttpResult& r) const {
     if (!receipt_.set()) return "HTTP " + std::to_string(r.status);
-    if (auto v = receipt_.find(r)) return *v;
+    const auto found = receipt_.find(r);
+    if (found.kind == ReceiptRule::Found::Kind::Receipt) return found.receipt;
     // The service answered as success: the effect happened, only the
     // receipt is missing.
     return "no receipt at " + receipt_.text() + " in the answer: " + r.body.substr(0, 200);
   }
 
-  /// The look-up after an answer meaning "already done": found → ok; else
-  /// uncertain (the service said it was done; nothing here contradicts it
-  /// for sure).
+  /// The look-up after an answer that says "already done": found → ok;
+  /// anything else → uncertain (nothing here says for sure it was not done).
   void ask_after(const sdk::SharedCompletion& done, const std::string& target, const std::string& first) {
     http_.request("GET", target, "", {}, [this, done, first](HttpResult r) {
       try {
@@ -477,19 +601,23 @@ class Http {
     });
   }
 
-  /// The reconcile question: found → ok (receipt), certainly not applied →
-  /// permanent, anything else → cannot tell now.
+  /// The reconcile question: found → ok (receipt); certainly not applied
+  /// (a not-found status, or with 'empty' an answer read and empty) →
+  /// permanent; anything else, an unreadable answer included → cannot tell.
   void ask(const sdk::Record& rec, const std::string& target, sdk::Completion done) {
-    http_.request("GET", target, "", {},
-                  guarded_question(host_, rec, std::move(done),
-                          [this](const sdk::SharedCompletion& done, const HttpResult& r) {
-                            if (r.failure == HttpResult::Failure::None && (not_found_.count(r.status) ||
-                                                                           (not_found_empty_ && ok_status(r) &&
-                                                                            !lookup_receipt_.find(r))))
-                              return done.permanent("the service has no call with this token: " + explain(r));
-                            if (auto found = found_in(r)) return done.ok(*found);
-                            done.retryable("the look-up cannot tell: " + explain(r));
-                          }));
+    http_.request(
+        "GET", target, "", {},
+        guarded_question(host_, rec, std::move(done), [this](const sdk::SharedCompletion& done, const HttpResult& r) {
+          if (r.failure == HttpResult::Failure::None) {
+            if (not_found_.count(r.status))
+              return done.permanent("the service has no call with this token: " + explain(r));
+            if (not_found_empty_ && ok_status(r) &&
+                lookup_receipt_.find(r).kind == ReceiptRule::Found::Kind::Absent)
+              return done.permanent("the service's answer holds no call with this token: " + explain(r));
+          }
+          if (auto found = found_in(r)) return done.ok(*found);
+          done.retryable("the look-up cannot tell: " + explain(r));
+        }));
   }
 
   static bool ok_status(const HttpResult& r) { return r.status >= 200 && r.status < 300; }
@@ -497,17 +625,16 @@ class Http {
   /// The receipt of a look-up answer that says "found".
   std::optional<std::string> found_in(const HttpResult& r) const {
     if (r.failure != HttpResult::Failure::None || !ok_status(r)) return std::nullopt;
-    if (!lookup_receipt_.set()) return "HTTP " + std::to_string(r.status);
-    return lookup_receipt_.find(r);
+    const auto found = lookup_receipt_.find(r);
+    if (found.kind != ReceiptRule::Found::Kind::Receipt) return std::nullopt;
+    return found.receipt;
   }
 
   sdk::Host host_;
-  HttpClient http_;
   std::string method_;
   Template path_;
-  std::optional<Template> body_;
-  bool json_body_;
   std::string content_type_;
+  std::optional<Template> body_;
   std::string token_header_;
   std::optional<Template> lookup_;
   StatusTable table_;
@@ -515,6 +642,9 @@ class Http {
   ReceiptRule lookup_receipt_;
   std::set<unsigned> not_found_;
   bool not_found_empty_ = false;
+  // Last: destroyed first, so its thread (and the answers it still reports,
+  // calls abandoned at shutdown included) stops before the rules it reads.
+  HttpClient http_;
 };
 
 }  // namespace
