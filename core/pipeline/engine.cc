@@ -254,8 +254,13 @@ void Engine::update_rate_shares() {
       total += it->second;
     }
     const size_t owned = partitions_.active_of(topics);
-    // Sizes unknown (the cluster did not answer): the last share stands.
-    if (!known || total == 0) continue;
+    // Sizes unknown (the cluster did not answer): the last share stands
+    // (at first the whole rate), until an assignment reads them.
+    if (!known || total == 0) {
+      spdlog::warn("route {}: the partition counts of its topics are unknown; its rate limit share stays {:.2f}",
+                   route->cfg.name, route->limiter.share());
+      continue;
+    }
     const double share = static_cast<double>(owned) / total;
     if (share != route->limiter.share())
       spdlog::info("route {}: this host owns {} of the route's {} partitions: {:.1f} of its {} calls per {}ms",

@@ -12,6 +12,7 @@
 //   POST /payments                 payment API; a replayed Idempotency-Key is answered
 //                                  409 (no receipt); 201 {"payment": {"id": ...}}
 //   GET  /payments/by-key/KEY      {"payment": {"id": ...}} or 404
+//   ANY  /scripted/STATUS, /scripted/html   that status (no Retry-After), or a 200 that is not JSON
 //   GET  /stats[?detail=1]         per service: requests, effects applied,
 //                                  orders with more than one effect (double_applied)
 //   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
@@ -42,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -113,6 +115,7 @@ struct Reply {
   json body;
   std::chrono::milliseconds delay{0};
   std::vector<std::pair<std::string, std::string>> headers;
+  std::optional<std::string> raw_body;  // sent as is instead of `body` (text that is not JSON)
 };
 
 class World {
@@ -181,6 +184,13 @@ class World {
       return r;
     }
     if (post && path == "/payments") return payment(req);
+    // Answers for tests of a client's rules: /scripted/STATUS answers that
+    // status (JSON, no Retry-After); /scripted/html a 200 that is not JSON.
+    if (path == "/scripted/html") return {http::status::ok, {}, {}, {}, "<html>maintenance</html>"};
+    if (path.rfind("/scripted/", 0) == 0) {
+      const int status = std::atoi(path.c_str() + 10);
+      if (status >= 200 && status <= 599) return {static_cast<http::status>(status), {{"scripted", status}}};
+    }
     return {http::status::not_found, {{"error", "no such endpoint: " + path}}};
   }
 
@@ -334,7 +344,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     res->set(http::field::content_type, "application/json");
     for (const auto& [name, value] : r.headers) res->set(name, value);
     res->keep_alive(req_.keep_alive());
-    res->body() = r.body.dump();
+    res->body() = r.raw_body ? *r.raw_body : r.body.dump();
     res->prepare_payload();
     timer_.expires_after(r.delay);
     timer_.async_wait([self = this->shared_from_this(), res](beast::error_code) {

@@ -89,12 +89,19 @@ std::string percent_encode(const std::string& s) {
   return out;
 }
 
-/// A value inserted into a URL: an empty or dot segment would name another
-/// resource (the collection, its parent), so the call is refused instead.
-std::string url_value(const std::string& s) {
-  if (s.empty() || s == "." || s == "..")
-    throw std::invalid_argument("a URL template inserts \"" + s + "\" (empty or a dot segment)");
-  return percent_encode(s);
+/// Empty and dot segments of a URL's path: a record that adds one (an
+/// empty or ".." field) would name another resource (the collection, its
+/// parent), so such a request is refused instead.
+size_t odd_segments(std::string_view url) {
+  const std::string_view path = url.substr(0, url.find('?'));
+  size_t n = 0;
+  for (size_t at = 1; at <= path.size();) {
+    const size_t slash = std::min(path.find('/', at), path.size());
+    const std::string_view seg = path.substr(at, slash - at);
+    n += seg.empty() || seg == "." || seg == "..";
+    at = slash + 1;
+  }
+  return n;
 }
 
 /// The text of a JSON string without its quotes.
@@ -154,7 +161,7 @@ class Template {
     if (!tmpl_.is_valid()) throw std::invalid_argument(option + ": not a valid template: " + tmpl_.error_message());
     check(option, tags_of(option, text), lookup);
     switch (escape_) {
-      case Escape::Url: tmpl_.set_custom_escape(url_value); break;
+      case Escape::Url: tmpl_.set_custom_escape(percent_encode); break;
       case Escape::Json: tmpl_.set_custom_escape(json_string_content); break;
       case Escape::Form: tmpl_.set_custom_escape(percent_encode); break;
       case Escape::None: tmpl_.set_custom_escape([](const std::string& s) { return s; }); break;
@@ -174,6 +181,8 @@ class Template {
         throw std::invalid_argument("the template renders more than " + std::to_string(kMaxRendered) + " bytes");
       out += piece;
     });
+    if (escape_ == Escape::Url && odd_segments(out) > odd_segments(skeleton_))
+      throw std::invalid_argument("the URL " + out.substr(0, 200) + " has an empty or dot segment the template has not");
     return out;
   }
   /// Whether {{idem_token}} is sent whatever the record (a top-level variable).

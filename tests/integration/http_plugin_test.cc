@@ -192,6 +192,51 @@ BOOST_AUTO_TEST_CASE(the_at_most_once_kind_asks_the_gateway_by_token) {
   BOOST_TEST(asked.detail == sent.detail);
 }
 
+// Answers that may hide an effect are never taken for "not applied".
+BOOST_AUTO_TEST_CASE(answers_that_may_hide_an_effect_stay_uncertain) {
+  FakeServices services(fake_services_binary());
+  FakeHost host;
+  const auto at_most_once = load("http_at_most_once");
+  const auto idempotent = load("http");
+  auto rec = order("U-1", "tok-u", "{}");
+  // A 503 without Retry-After: a gateway may have forwarded the request.
+  PluginInstance sms(at_most_once.desc(), host,
+                     {{"endpoint", services.url()}, {"path", "/scripted/503"}, {"body", R"({"ref": "{{idem_token}}"})"}});
+  BOOST_TEST((call(sms, rec).outcome == IDEMSINK_OUTCOME_UNCERTAIN));
+  PluginInstance waybill(idempotent.desc(), host, {{"endpoint", services.url()}, {"path", "/scripted/503"}});
+  BOOST_TEST((call(waybill, rec).outcome == IDEMSINK_OUTCOME_RETRYABLE));  // the same token may go again
+  // A look-up answering 200 with a page that is not JSON cannot tell, even
+  // with 'empty' meaning "not sent".
+  PluginInstance lookup(at_most_once.desc(), host,
+                        {{"endpoint", services.url()},
+                         {"path", "/sms/send"},
+                         {"receipt", "/message_id"},
+                         {"lookup_path", "/scripted/html"},
+                         {"lookup_receipt", "/messages/0"},
+                         {"lookup_not_found", "404 empty"}});
+  BOOST_TEST((call(lookup, rec, true).outcome == IDEMSINK_OUTCOME_RETRYABLE));
+  // A record whose URL would name another resource is refused before sending.
+  PluginInstance by_id(idempotent.desc(), host, {{"endpoint", services.url()}, {"path", "/scripted/200/{{value.id}}"}});
+  for (const char* id : {R"({"id": ".."})", R"({"id": ""})", "{}"}) {
+    auto dotted = order("U-2", "tok-d", id);
+    const Call c = call(by_id, dotted);
+    BOOST_TEST((c.outcome == IDEMSINK_OUTCOME_PERMANENT), id);
+    BOOST_TEST(c.detail.find("empty or dot segment") != std::string::npos, c.detail);
+  }
+  // A template that would render without bound is cut at 1 MiB: refused, not sent.
+  PluginInstance huge(idempotent.desc(), host,
+                      {{"endpoint", services.url()},
+                       {"path", "/scripted/200"},
+                       {"content_type", "text/plain"},
+                       {"body", "{{#value.items}}{{{value_json}}}{{/value.items}}"}});
+  std::string items = "[";
+  for (int i = 0; i < 2000; ++i) items += (i ? ",\"" : "\"") + std::string(100, 'x') + "\"";
+  auto big = order("U-3", "tok-b", R"({"items": )" + items + "]}");
+  const Call cut = call(huge, big);
+  BOOST_TEST((cut.outcome == IDEMSINK_OUTCOME_PERMANENT));
+  BOOST_TEST(cut.detail.find("renders more than") != std::string::npos, cut.detail);
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_are_refused_naming_the_option) {
   const auto http = load("http");
   const auto refused = [&](PluginInstance::OptionValues o, const std::string& option, const std::string& why) {
