@@ -583,12 +583,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
     // the record waits for the circuit to close (with the same idem_token).
     ++r.uncounted_calls;
     r.note_failure(std::move(detail));
-    if (r.part->revoked) {
-      release_claims({r.outcome()});
-      end_record(r, false);
-    } else {
-      dispatcher_.make_ready(r);
-    }
+    if (!hand_back_if_revoked(r)) dispatcher_.make_ready(r);
     dispatcher_.pump();
     return;
   }
@@ -610,12 +605,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
     case Decision::Action::Retry:
     case Decision::Action::Forward:
       r.note_failure(std::move(detail));
-      if (r.part->revoked) {
-        // Not ours to retry any more: hand the claim to the partition's new owner.
-        release_claims({r.outcome()});
-        end_record(r, false);
-        break;
-      }
+      if (hand_back_if_revoked(r)) break;
       r.route->metrics->retries.fetch_add(1, std::memory_order_relaxed);
       if (d.action == Decision::Action::Forward) {
         // Non-blocking retry: the record moves to the next retry topic
@@ -628,6 +618,14 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
       break;
   }
   dispatcher_.pump();
+}
+
+bool Engine::hand_back_if_revoked(Record& r) {
+  if (!r.part->revoked) return false;
+  // Not ours to call again any more: hand the claim to the partition's new owner.
+  release_claims({r.outcome()});
+  end_record(r, false);
+  return true;
 }
 
 void Engine::hold(Record& r, int64_t ms, std::string detail) {
@@ -654,13 +652,11 @@ void Engine::hold(Record& r, int64_t ms, std::string detail) {
     route.limiter.hold(now + pause, now);
     route.metrics->held.store(1, std::memory_order_relaxed);
   }
-  if (r.part->revoked) {
-    release_claims({r.outcome()});
-    end_record(r, false);
-  } else if (route_wide) {
-    dispatcher_.make_ready(r);
-  } else {
-    retry_later(r, std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(route.cfg.rate_limit.max_hold)));
+  if (!hand_back_if_revoked(r)) {
+    if (route_wide)
+      dispatcher_.make_ready(r);
+    else
+      retry_later(r, std::min(pause, route.cfg.rate_limit.max_hold));
   }
   dispatcher_.pump();
 }

@@ -130,6 +130,9 @@ class Engine : public kafka::Consumer::Listener {
   void on_local_tx_results(std::vector<LocalTxRunner::Result> results);
   /// Ends a record failed or unknown, dead-lettered.
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
+  /// A record whose partition is being revoked, between calls: its claim is
+  /// released for the new owner and the record ends here (true).
+  bool hand_back_if_revoked(Record& r);
   /// Calls `r` again after its backoff, or after `after`.
   void retry_later(Record& r, std::optional<std::chrono::milliseconds> after = std::nullopt);
   /// Feeds a call's result to its route's circuit; opens or closes it.
