@@ -120,6 +120,7 @@ struct CircuitConfig {
   int min_calls{};        // ...once at least this many calls ended
   Millis probe_initial{};
   Millis probe_max{};
+  Millis max_wait{};  // a record's failures count again after waiting this long (0: never)
 };
 
 /// [route.rate_limit]: calls started per period (0: no limit), shared by

@@ -316,6 +316,12 @@ constexpr Setting kSettings[] = {
         "a probe that succeeds (or is answered permanent) closes the circuit."),
     field<&CircuitConfig::probe_max>("route.circuit.probe_max", "10s", false, 10, 3600000,
                                      "The longest wait between probes."),
+    field<&CircuitConfig::max_wait>(
+        "route.circuit.max_wait", "10m", false, 0, 86400000,
+        "How long a record's failed calls may wait for the open circuit uncounted; after that they count toward "
+        "retry.max_attempts again. It bounds the wait of a record that the remote refuses for itself when it is "
+        "the only one left to probe with (a quiet topic: nothing new to fetch). 0 = wait as long as the circuit "
+        "stays open."),
     declare("route.database", Type::Section, "", false, 0, 0,
             "This route's own database, with the keys of [database]; each one not set here is inherited from "
             "[database]. The route's claims, DLQ outbox and local_tx writes live there, with a pool, schema, health "

@@ -22,7 +22,9 @@
 // record tried the fewest times, a fresh one when there is one (the
 // dispatcher picks it; the engine fetches one when every held record has
 // been tried), so a handful of records that always fail can neither open the
-// circuit nor keep it open.
+// circuit nor keep it open. When no fresh record comes (a quiet topic) a
+// record refusing for itself is every probe: the engine bounds any record's
+// uncounted wait (route.circuit.max_wait), after which its failures count.
 //
 // Pure state; the engine owns the timer, the log lines and the fetch pause.
 #pragma once

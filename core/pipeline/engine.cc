@@ -576,9 +576,11 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   // failure is a sample. (Open or half-open, only the probe's result counts,
   // and it always does.)
   const bool failed_before = r.calls - r.calls_on_arrival - 1 > r.uncounted_calls;
+  if (r.route->circuit.closed()) r.circuit_held_since.reset();  // a wait for the circuit starts when it holds it
   if (!(failed && failed_before && r.route->circuit.closed())) note_health(*r.route, r.id, failed, detail);
   if (failed && !r.route->circuit.closed() &&
-      !(outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE)) {
+      !(outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE) &&
+      !circuit_wait_over(r)) {
     // The remote is down: the call does not count toward max_attempts and
     // the record waits for the circuit to close (with the same idem_token).
     ++r.uncounted_calls;
@@ -618,6 +620,23 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
       break;
   }
   dispatcher_.pump();
+}
+
+bool Engine::circuit_wait_over(Record& r) {
+  // The circuit cannot tell a remote that is down from a record it refuses
+  // for itself when that record is the only one left to probe with: bound
+  // how long any record's failures go uncounted, then let them count (it
+  // goes on toward retry topics or the DLQ, the circuit stays open).
+  const auto max_wait = r.route->cfg.circuit.max_wait;
+  if (max_wait.count() == 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (!r.circuit_held_since) r.circuit_held_since = now;
+  if (now - *r.circuit_held_since < max_wait) return false;
+  spdlog::warn("route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
+               "counts toward retry.max_attempts",
+               r.route->cfg.name, printable(r.biz_key),
+               std::chrono::duration_cast<std::chrono::seconds>(now - *r.circuit_held_since).count(), r.calls);
+  return true;
 }
 
 bool Engine::hand_back_if_revoked(Record& r) {

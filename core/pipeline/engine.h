@@ -133,6 +133,9 @@ class Engine : public kafka::Consumer::Listener {
   /// A record whose partition is being revoked, between calls: its claim is
   /// released for the new owner and the record ends here (true).
   bool hand_back_if_revoked(Record& r);
+  /// Whether `r` has waited for the open circuit past route.circuit.max_wait
+  /// (its failed calls count again); starts its wait on the first ask.
+  bool circuit_wait_over(Record& r);
   /// Calls `r` again after its backoff, or after `after`.
   void retry_later(Record& r, std::optional<std::chrono::milliseconds> after = std::nullopt);
   /// Feeds a call's result to its route's circuit; opens or closes it.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,10 @@ struct Record {
   // Calls answered with a pause: uncounted only up to max_attempts, so a
   // record the remote pauses forever still ends.
   uint32_t held_calls = 0;
+  // When a failed call of this record was first held by the open circuit:
+  // after route.circuit.max_wait its failures count again, so a record the
+  // remote refuses for itself, probed alone on a quiet topic, still ends.
+  std::optional<std::chrono::steady_clock::time_point> circuit_held_since;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim
   // taken over from an owner that died holding it.

@@ -177,6 +177,56 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
   BOOST_TEST(host.stop() == 0);
 }
 
+// Records that fail on their own open the circuit on a quiet topic: nothing
+// new arrives to probe with, so every probe is one of them and fails; before
+// route.circuit.max_wait they waited (uncounted) for as long as the circuit
+// stayed open: the route was wedged for good. After max_wait their failures
+// count: they are dead-lettered after their attempts, the route fetches
+// again, and records produced afterwards are called once each.
+BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circuit_wait) {
+  auto db = MariaDbServer::shared().fresh_database("wedge_circuit_quiet");
+  TestKafka kafka;
+  kafka.create_topic("orders", 1);
+  kafka.create_topic("orders.dlq", 1);
+  std::vector<TestMessage> failing;
+  for (int i = 0; i < 5; ++i) failing.push_back({"retry1000-" + std::to_string(i), "{}"});
+  kafka.produce("orders", failing);
+  ScratchDir dir("wedges");
+  const auto calls = dir / "calls.log";
+  const int admin = free_port();
+  HostProcess host(dir, "host",
+                   base_config(kafka, db, "host-a", "g", admin_line(admin)) +
+                       route_config({"waybill",
+                                     "orders",
+                                     "scripted_idempotent.so",
+                                     "",
+                                     {{"log", "\"" + calls.string() + "\""}},
+                                     "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"50ms\"\n"
+                                     "backoff_max = \"100ms\"\n[route.circuit]\nwindow = 4\nmin_calls = 4\n"
+                                     "probe_initial = \"100ms\"\nprobe_max = \"200ms\"\nmax_wait = \"2s\"\n"}));
+  wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") >= 1; }, 30s,
+             "the circuit to open");
+  std::vector<ConsumedMessage> letters;
+  wait_until(
+      [&] {
+        letters = kafka.read_all("orders.dlq", 1);
+        return letters.size() >= 5;
+      },
+      60s, "five dead letters");
+  BOOST_TEST(letters.size() == 5u);
+  for (const auto& m : letters) BOOST_TEST(m.headers.at("idemsink.reason") == "retries_exhausted");
+  BOOST_TEST(host.log().find("route.circuit.max_wait") != std::string::npos);
+  std::vector<TestMessage> ordinary;
+  for (int i = 0; i < 50; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
+  kafka.produce("orders", ordinary);
+  wait_committed(kafka, "g", {{"orders", 1}}, host, 60s);
+  const auto per_key = calls_by_key(calls);
+  for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
+  BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 5u);
+  audit_clean(dir, host);
+  BOOST_TEST(host.stop() == 0);
+}
+
 // The group coordinator answers OffsetFetch with COORDINATOR_LOAD_IN_PROGRESS
 // for a while (as during a broker failover) when a host with
 // auto.offset.reset = latest starts on a partition with a commit and 50 new

@@ -332,6 +332,9 @@ class World {
           "call_timeout = \"5s\"\nmax_record_bytes = 4096\n[route.retry]\nmax_attempts = 4\n"
           "backoff_initial = \"100ms\"\nbackoff_max = \"1s\"\n";
       if (r.retry_topics) extra += "topics = [\"1s\", \"2s\"]\n";
+      // The progress bound (180 s) must cover a record that fails alone
+      // under an open circuit: its wait, then its attempts at probe_max.
+      extra += "[route.circuit]\nmax_wait = \"20s\"\n";
       if (r.second_db)
         extra += "[route.database]\nport = " + std::to_string(db2_.port) + "\ndatabase = \"" + db2_.database + "\"\n";
       RouteSpec spec{
@@ -376,6 +379,10 @@ class World {
       note("SIGTERM of host-" + std::to_string(index) + ": " + e.what());
       return;
     }
+    // A SIGTERM that comes before main() blocks it (the process was just
+    // exec'd: it logged nothing, claimed nothing) ends it by the default
+    // action, as it would any program; from main() on it must drain and exit 0.
+    if (rc == -SIGTERM && h->log().empty()) return;
     if (rc != 0) note("host-" + std::to_string(index) + " exited " + std::to_string(rc) + " on SIGTERM");
   }
 
