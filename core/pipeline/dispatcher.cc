@@ -15,7 +15,7 @@ constexpr size_t kConfirmBatch = 500;
 
 Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
                        std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-                       ProbeFetchFn on_probe_fetch, LocalTxRunner& local_tx)
+                       ProbeFetchFn want_fresh_probe, LocalTxRunner& local_tx)
     : io_(io),
       pool_(pool),
       store_(store),
@@ -24,7 +24,7 @@ Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimS
       find_(std::move(find)),
       on_result_(std::move(on_result)),
       on_fenced_(std::move(on_fenced)),
-      on_probe_fetch_(std::move(on_probe_fetch)),
+      want_fresh_probe_(std::move(want_fresh_probe)),
       local_tx_(local_tx),
       confirmations_(kMaxConfirmJobs),
       confirm_retry_(io) {}
@@ -32,12 +32,6 @@ Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimS
 void Dispatcher::make_ready(Record& r) {
   r.stage = Stage::Ready;
   lanes_[r.route].ready.push_back(r.id);
-}
-
-void Dispatcher::set_fetch_for_probe(Route& route, bool fetch) {
-  if (route.fetch_for_probe == fetch) return;
-  route.fetch_for_probe = fetch;
-  on_probe_fetch_(route);
 }
 
 void Dispatcher::choose_probe(Route& route, Lane& lane) {
@@ -63,7 +57,7 @@ void Dispatcher::choose_probe(Route& route, Lane& lane) {
   }
   // Every held record was a probe already: it may be these records, not the
   // remote. Probe with one of them now, and fetch another for the next round.
-  if (best == lane.ready.end() || best_rank.first > 0) set_fetch_for_probe(route, true);
+  if (best == lane.ready.end() || best_rank.first > 0) want_fresh_probe_(route);
 }
 
 void Dispatcher::pump() {

@@ -40,12 +40,13 @@ class Dispatcher {
   /// A record whose claim turned out to be taken over before its call; it
   /// was not called.
   using FencedFn = std::function<void(Record&)>;
-  /// A route's `fetch_for_probe` changed: its fetching must follow.
+  /// Every record a half-open route holds has been a probe already: it
+  /// wants a fresh record to probe with (route_health fetches one).
   using ProbeFetchFn = std::function<void(Route&)>;
 
   Dispatcher(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
              std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-             ProbeFetchFn on_probe_fetch, LocalTxRunner& local_tx);
+             ProbeFetchFn want_fresh_probe, LocalTxRunner& local_tx);
 
   /// Queues a claimed record for a call slot.
   void make_ready(Record& r);
@@ -71,7 +72,6 @@ class Dispatcher {
   /// Half-open: puts the held record tried the fewest times first in the
   /// lane, to be the probe; asks for fetching when none is fresh.
   void choose_probe(Route& route, Lane& lane);
-  void set_fetch_for_probe(Route& route, bool fetch);
   bool needs_confirmation(const Record& r) const;
   void take_slot(Record& r);
   void flush_confirmations();
@@ -88,7 +88,7 @@ class Dispatcher {
   FindFn find_;
   ResultFn on_result_;
   FencedFn on_fenced_;
-  ProbeFetchFn on_probe_fetch_;
+  ProbeFetchFn want_fresh_probe_;
   LocalTxRunner& local_tx_;
   std::map<Route*, Lane> lanes_;  // ordered: routes take turns in a stable order
   int in_flight_ = 0;

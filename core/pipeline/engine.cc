@@ -48,6 +48,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
       gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
+      health_(io, gate_, [this] { dispatcher_.pump(); }),
       partitions_(io, cfg, metrics, slice_, gate_, pool, offsets_),
       local_tx_(
           io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
@@ -59,7 +60,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
             r.route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
             claimer_.claim(r);
           },
-          [this](Route& route) { circuit_fetch(route); }, local_tx_),
+          [this](Route& route) { health_.want_fresh_probe(route); }, local_tx_),
       writer_(
           io, pool, cfg, store_, outbox_, [this](uint64_t id) { return find(id); },
           [this](const std::vector<OutcomeWriter::Written>& w) { on_written(w); }),
@@ -343,11 +344,7 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     r.msg = std::move(msg);
     records_.emplace(r.id, std::move(rec));
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
-    ++route->live;
-    if (route->buffer_exempt) --kept;  // held for the circuit: out of the backpressure count at once
-    // A record to probe with has arrived: one fetch per probe round at most.
-    route->fetch_for_probe = false;
-    if (!route->circuit.closed()) circuit_fetch(*route);
+    if (!health_.record_arrived(*route)) --kept;  // held for the circuit: out of the backpressure count at once
 
     auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
     if (auto* refusal = std::get_if<Refusal>(&admitted)) {
@@ -374,9 +371,7 @@ void Engine::end_record(Record& r, bool durable) {
   const uint64_t id = r.id;
   Route& route = *r.route;
   records_.erase(id);  // r is gone from here on
-  --route.live;
-  if (!route.buffer_exempt) gate_.buffered_delta(-1);
-  if (!route.circuit.closed()) circuit_fetch(route);
+  health_.record_left(route);
   if (!key_id.empty())
     if (auto next = keys_.remove(key_id, id))
       if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
@@ -570,17 +565,7 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   }
   // A rolled-back local_tx write certainly did not happen; a remote call may have.
   if (outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind != IDEMSINK_KIND_LOCAL_TX) ++r.uncertain_calls;
-  const bool failed = outcome == IDEMSINK_OUTCOME_RETRYABLE || outcome == IDEMSINK_OUTCOME_UNCERTAIN;
-  // A record that already failed a counted call here and fails again says
-  // nothing new about the remote: while the circuit is closed only its first
-  // failure is a sample. (Open or half-open, only the probe's result counts,
-  // and it always does.)
-  const bool failed_before = r.calls - r.calls_on_arrival - 1 > r.uncounted_calls;
-  if (r.route->circuit.closed()) r.circuit_held_since.reset();  // a wait for the circuit starts when it holds it
-  if (!(failed && failed_before && r.route->circuit.closed())) note_health(*r.route, r.id, failed, detail);
-  if (failed && !r.route->circuit.closed() &&
-      !(outcome == IDEMSINK_OUTCOME_UNCERTAIN && kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE) &&
-      !circuit_wait_over(r)) {
+  if (health_.after_call(r, outcome, detail)) {
     // The remote is down: the call does not count toward max_attempts and
     // the record waits for the circuit to close (with the same idem_token).
     ++r.uncounted_calls;
@@ -622,23 +607,6 @@ void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string det
   dispatcher_.pump();
 }
 
-bool Engine::circuit_wait_over(Record& r) {
-  // The circuit cannot tell a remote that is down from a record it refuses
-  // for itself when that record is the only one left to probe with: bound
-  // how long any record's failures go uncounted, then let them count (it
-  // goes on toward retry topics or the DLQ, the circuit stays open).
-  const auto max_wait = r.route->cfg.circuit.max_wait;
-  if (max_wait.count() == 0) return false;
-  const auto now = std::chrono::steady_clock::now();
-  if (!r.circuit_held_since) r.circuit_held_since = now;
-  if (now - *r.circuit_held_since < max_wait) return false;
-  spdlog::warn("route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
-               "counts toward retry.max_attempts",
-               r.route->cfg.name, printable(r.biz_key),
-               std::chrono::duration_cast<std::chrono::seconds>(now - *r.circuit_held_since).count(), r.calls);
-  return true;
-}
-
 bool Engine::hand_back_if_revoked(Record& r) {
   if (!r.part->revoked) return false;
   // Not ours to call again any more: hand the claim to the partition's new owner.
@@ -656,21 +624,12 @@ void Engine::hold(Record& r, int64_t ms, std::string detail) {
   // remote refuses for itself must not keep the route still (as for the
   // circuit, only a record's first failure speaks for the remote).
   Route& route = *r.route;
-  const auto now = std::chrono::steady_clock::now();
   const auto pause = std::chrono::milliseconds(ms);
   const bool route_wide = r.held_calls == 0;
   ++r.held_calls;
   ++r.uncounted_calls;
   r.note_failure(std::move(detail));
-  if (route_wide) {
-    if (!route.limiter.held(now)) {
-      route.metrics->holds.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("route {}: the remote asked for a pause of {}ms (key {}: {}); holding the route's calls until then",
-                   route.cfg.name, ms, printable(r.biz_key), r.last_error);
-    }
-    route.limiter.hold(now + pause, now);
-    route.metrics->held.store(1, std::memory_order_relaxed);
-  }
+  if (route_wide) health_.hold_route(route, pause, r);
   if (!hand_back_if_revoked(r)) {
     if (route_wide)
       dispatcher_.make_ready(r);
@@ -678,66 +637,6 @@ void Engine::hold(Record& r, int64_t ms, std::string detail) {
       retry_later(r, std::min(pause, route.cfg.rate_limit.max_hold));
   }
   dispatcher_.pump();
-}
-
-void Engine::note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail) {
-  const LogScope log_scope(LogFields{route.cfg.name});
-  CircuitBreaker& circuit = route.circuit;
-  const auto change = circuit.on_result(record_id, failed);
-  if (change == CircuitBreaker::Change::None) return;
-  const std::string& name = route.cfg.name;
-  if (change == CircuitBreaker::Change::Closed) {
-    const double open_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - route.circuit_opened).count();
-    spdlog::info("route {}: circuit closed after {:.1f}s open: the probe succeeded; calls and fetching resume", name,
-                 open_s);
-    route.probe_timer.reset();
-    route.fetch_for_probe = false;
-    route.metrics->circuit_open.store(0, std::memory_order_relaxed);
-    circuit_fetch(route);
-    return;  // the caller pumps
-  }
-  if (change == CircuitBreaker::Change::Opened) {
-    route.circuit_opened = std::chrono::steady_clock::now();
-    route.metrics->circuit_opens.fetch_add(1, std::memory_order_relaxed);
-    route.metrics->circuit_open.store(1, std::memory_order_relaxed);
-    spdlog::error(
-        "route {}: circuit opened: {} of its last {} calls failed (last: {}); no calls and no fetching for its "
-        "partitions until a probe succeeds (first in {}ms); failed calls do not count toward max_attempts meanwhile",
-        name, circuit.window_failures(), circuit.window_calls(), printable(detail), circuit.probe_wait().count());
-  } else {
-    spdlog::warn("route {}: circuit stays open: the probe failed ({}); next probe in {}ms", name, printable(detail),
-                 circuit.probe_wait().count());
-  }
-  circuit_fetch(route);
-  route.probe_timer = std::make_unique<asio::steady_timer>(io_, circuit.probe_wait());
-  route.probe_timer->async_wait([this, &route](boost::system::error_code ec) {
-    if (ec) return;
-    route.circuit.probe_due();
-    circuit_fetch(route);
-    dispatcher_.pump();
-  });
-}
-
-void Engine::circuit_fetch(Route& route) {
-  const auto state = route.circuit.state();
-  // Held records leave the backpressure count while the circuit is not
-  // closed, and come back to it when it closes.
-  const bool exempt = state != CircuitBreaker::State::Closed;
-  if (exempt != route.buffer_exempt) {
-    gate_.buffered_delta(exempt ? -route.live : route.live);
-    route.buffer_exempt = exempt;
-  }
-  // Not closed: no fetching, but for a record to probe with: when the route
-  // has none left (a rebalance took them, or an at-most-once route's records
-  // all ended unknown), or every record it holds has failed since (they may
-  // be failing on their own: a fresh one tells whether the remote is up).
-  const bool pause = state != CircuitBreaker::State::Closed && !route.fetch_for_probe &&
-                     !(state == CircuitBreaker::State::HalfOpen && route.live == 0);
-  if (pause != route.topics_paused) {
-    gate_.set_topics_paused(route.topics(), FetchGate::TopicPause::Circuit, pause);
-    route.topics_paused = pause;
-  }
 }
 
 void Engine::retry_later(Record& r, std::optional<std::chrono::milliseconds> after) {
@@ -785,7 +684,7 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
       continue;
     }
     if (res.outcome == IDEMSINK_OUTCOME_OK) {
-      note_health(*r->route, r->id, false, "");
+      health_.healthy(*r->route, r->id);
       // Applied and marked done in the same transaction.
       r->receipt = std::move(res.detail);
       r->route->metrics->done.fetch_add(1, std::memory_order_relaxed);
@@ -917,8 +816,7 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
-    for (auto& route : routes_)
-      if (route->probe_timer) route->probe_timer->cancel();
+    for (auto& route : routes_) health_.stop(*route);
     stopped.set_value();
   });
   fut.wait();

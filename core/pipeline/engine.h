@@ -14,8 +14,8 @@
 //
 // The engine owns the records and wires the stages; each stage lives in its
 // own module (admission, key_queue, claimer, dispatcher, local_tx,
-// failure_policy, outcome_writer, partitions, fetch_gate, housekeeping;
-// dlq/relay for publishing).
+// failure_policy, route_health, outcome_writer, partitions, fetch_gate,
+// housekeeping; dlq/relay for publishing).
 //
 // Threading: all engine state lives on one io_context thread. The consumer's
 // poll thread, database workers and plugin threads only post to it.
@@ -54,6 +54,7 @@
 #include "core/pipeline/periodic.h"
 #include "core/pipeline/record.h"
 #include "core/pipeline/route_control.h"
+#include "core/pipeline/route_health.h"
 
 namespace idemsink::pipeline {
 
@@ -133,12 +134,8 @@ class Engine : public kafka::Consumer::Listener {
   /// A record whose partition is being revoked, between calls: its claim is
   /// released for the new owner and the record ends here (true).
   bool hand_back_if_revoked(Record& r);
-  /// Whether `r` has waited for the open circuit past route.circuit.max_wait
-  /// (its failed calls count again); starts its wait on the first ask.
-  bool circuit_wait_over(Record& r);
   /// Calls `r` again after its backoff, or after `after`.
   void retry_later(Record& r, std::optional<std::chrono::milliseconds> after = std::nullopt);
-  /// Feeds a call's result to its route's circuit; opens or closes it.
   /// A retryable answer asking for a pause (Retry-After): holds the route
   /// (a record's first such answer) or the record.
   void hold(Record& r, int64_t ms, std::string detail);
@@ -146,9 +143,6 @@ class Engine : public kafka::Consumer::Listener {
   static constexpr int64_t kMinHoldMs = 100;
   /// Each group-limited route's share: the part of its partitions this host owns.
   void update_rate_shares();
-  void note_health(Route& route, uint64_t record_id, bool failed, const std::string& detail);
-  /// The route's fetching and backpressure accounting, as its circuit's state wants them.
-  void circuit_fetch(Route& route);
   void on_written(const std::vector<OutcomeWriter::Written>& written);
   /// The database refused a record's row: end it another way.
   void written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error);
@@ -180,6 +174,7 @@ class Engine : public kafka::Consumer::Listener {
   std::mt19937_64 rng_{std::random_device{}()};
 
   FetchGate gate_;
+  RouteHealth health_;
   Partitions partitions_;
   LocalTxRunner local_tx_;
   Dispatcher dispatcher_;

@@ -41,19 +41,23 @@ struct Route {
   RouteMetrics* metrics = nullptr;
   CircuitBreaker circuit{cfg.circuit};
   RateLimiter limiter{cfg.rate_limit};
-  std::unique_ptr<boost::asio::steady_timer> probe_timer;  // while the circuit is open
-  std::chrono::steady_clock::time_point circuit_opened;
-  // Records of this route in the pipeline. While its circuit is not closed
-  // they leave the host's backpressure count (held for the remote, they
-  // must not pause the other routes), and the route fetches only to find a
-  // record to probe with.
+  // Records of this route in the pipeline.
   int64_t live = 0;
-  bool buffer_exempt = false;
-  bool topics_paused = false;
-  // While its circuit is not closed: every held record has been a probe (and
-  // failed) since it opened, so the route fetches until a record arrives to
-  // probe with: records that fail on their own are not the only probes.
-  bool fetch_for_probe = false;
+  /// What the circuit's state does to the route (route_health.h alone
+  /// changes it). While the circuit is not closed the route's records leave
+  /// the host's backpressure count (held for the remote, they must not pause
+  /// the other routes), and the route fetches only to find a record to
+  /// probe with.
+  struct Health {
+    std::unique_ptr<boost::asio::steady_timer> probe_timer;  // while the circuit is open
+    std::chrono::steady_clock::time_point opened_at;
+    bool buffer_exempt = false;
+    bool topics_paused = false;
+    // Every held record has been a probe (and failed) since it opened, so
+    // the route fetches until a record arrives to probe with: records that
+    // fail on their own are not the only probes.
+    bool fetch_for_probe = false;
+  } health;
   /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
   std::vector<std::string> topics() const {
     std::vector<std::string> out{cfg.topic};

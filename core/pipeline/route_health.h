@@ -1,0 +1,72 @@
+// Route health: what a route's circuit and its remote's pauses do to the
+// route. The breaker (circuit_breaker.h) is pure state; this module makes
+// its decisions happen: the probe timer, the log lines, the route's
+// fetching and its place in the backpressure count, the wait of the
+// records it holds, and the route-wide hold a Retry-After answer asks for.
+//
+// The engine tells it what happened (a call ended, a record arrived or
+// left); it never reaches into the engine. What it decides for a record is
+// returned (held by the circuit or not); the engine acts on it.
+//
+// Delivery semantics: nothing here ends a record. A record held by the
+// circuit keeps its claim and idem_token and is called again; its held
+// calls do not count toward retry.max_attempts for route.circuit.max_wait.
+#pragma once
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/pipeline/fetch_gate.h"
+#include "core/pipeline/record.h"
+
+namespace idemsink::pipeline {
+
+class RouteHealth {
+ public:
+  /// `pump`: the dispatcher may start calls (a probe fell due).
+  RouteHealth(boost::asio::io_context& io, FetchGate& gate, std::function<void()> pump);
+
+  /// A call of `r` ended with `outcome` (not a Retry-After pause): feeds the
+  /// route's circuit (it may open or close) and says whether the record now
+  /// waits for it, its call uncounted: true when the call failed while the
+  /// circuit is not closed, unless the record has waited past max_wait or
+  /// its at-most-once call may have been sent.
+  bool after_call(Record& r, idemsink_outcome outcome, const std::string& detail);
+  /// A record of the route was applied without a call (a local_tx write).
+  void healthy(Route& route, uint64_t record_id);
+
+  /// The remote asked for a pause of `pause` (Retry-After) on `r`'s call:
+  /// the route's calls are held until then.
+  void hold_route(Route& route, std::chrono::milliseconds pause, const Record& r);
+
+  /// A record of the route entered the pipeline: it is a candidate probe.
+  /// Whether it counts toward the host's backpressure (not while the
+  /// circuit holds the route's records).
+  bool record_arrived(Route& route);
+  /// A record of the route left the pipeline; its backpressure count goes.
+  void record_left(Route& route);
+  /// Every record the route holds has been a probe since the circuit opened
+  /// (the dispatcher found no fresh one): fetch until one arrives.
+  void want_fresh_probe(Route& route);
+
+  /// The route's fetching and backpressure accounting, as its circuit's
+  /// state wants them.
+  void follow(Route& route);
+  /// Stops the route's probe timer (the engine is stopping).
+  void stop(Route& route);
+
+ private:
+  void note(Route& route, uint64_t record_id, bool failed, const std::string& detail);
+  bool wait_over(Record& r);
+  void arm_probe(Route& route);
+
+  boost::asio::io_context& io_;
+  FetchGate& gate_;
+  std::function<void()> pump_;
+};
+
+}  // namespace idemsink::pipeline
