@@ -35,7 +35,7 @@ void Claimer::start() {
 void Claimer::stop() { recheck_.stop(); }
 
 void Claimer::claim(Record& r) {
-  r.stage = Stage::Claim;
+  r.move_to(Stage::Claim);
   queue_.push(r.id);
   if (queue_.schedule())
     asio::post(io_, [this] {
@@ -45,7 +45,7 @@ void Claimer::claim(Record& r) {
 }
 
 void Claimer::claim_later(Record& r) {
-  r.stage = Stage::Busy;
+  r.move_to(Stage::Busy);
   waiting_.push_back(r.id);
 }
 
@@ -57,7 +57,7 @@ void Claimer::flush() {
     for (uint64_t id : ids) {
       Record* r = find_(id);
       if (r == nullptr || r->stage != Stage::Claim) continue;  // ended meanwhile (revoked)
-      r->stage = Stage::Claiming;
+      r->move_to(Stage::Claiming);
       live.push_back(id);
       claim::ClaimRequest q;
       q.key = claim::RowKey{r->route->cfg.name, r->biz_key, claim::bucket_of(r->timestamp_ms)};

@@ -30,7 +30,7 @@ Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimS
       confirm_retry_(io) {}
 
 void Dispatcher::make_ready(Record& r) {
-  r.stage = Stage::Ready;
+  r.move_to(Stage::Ready);
   lanes_[r.route].ready.push_back(r.id);
 }
 
@@ -97,7 +97,7 @@ void Dispatcher::pump() {
         lane.ready.pop_front();
         take_slot(*r);
         if (needs_confirmation(*r)) {
-          r->stage = Stage::Confirming;
+          r->move_to(Stage::Confirming);
           confirmations_.push(id);
         } else {
           dispatch(*r);
@@ -247,7 +247,7 @@ idemsink_record Dispatcher::abi_record(const Record& r, std::vector<idemsink_hea
 
 void Dispatcher::dispatch(Record& r) {
   Route& route = *r.route;
-  r.stage = Stage::Calling;
+  r.move_to(Stage::Calling);
   ++r.calls;
   r.call_started = std::chrono::steady_clock::now();
   if (route.handler->kind() == IDEMSINK_KIND_LOCAL_TX) {

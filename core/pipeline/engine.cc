@@ -357,7 +357,7 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     if (keys_.push(r.key_id, r.id)) {
       claimer_.claim(r);
     } else {
-      r.stage = Stage::Waiting;
+      r.move_to(Stage::Waiting);
     }
   }
   gate_.buffered_delta(kept - static_cast<int64_t>(batch.messages.size()));
@@ -467,7 +467,7 @@ void Engine::look_up_before_call(Record& r) {
   spdlog::info(
       "route {}: key {} may have been sent before the database lost its outcomes; asking the remote before calling",
       r.route->cfg.name, printable(r.biz_key));
-  r.stage = Stage::LookingUp;
+  r.move_to(Stage::LookingUp);
   r.timer.reset();  // no wait of an earlier stage outlives it
   const uint64_t call_id = call_with_deadline(
       io_, r.route->cfg.call_timeout, "look-up route " + r.route->cfg.name,
@@ -520,7 +520,7 @@ void Engine::claim_without_partition(std::vector<uint64_t> ids) {
     return;
   }
   for (uint64_t id : ids)
-    if (Record* r = find(id)) r->stage = Stage::Busy;  // not claimable until the partition exists
+    if (Record* r = find(id)) r->move_to(Stage::Busy);  // not claimable until the partition exists
   spdlog::warn("{} record(s) have no claim partition for their month; creating the partitions now", ids.size());
   housekeeping_.ensure_partitions([this, ids = std::move(ids)](bool ok) {
     if (!ok) spdlog::error("claim partitions could not be created; the records are claimed again after a wait");
@@ -645,7 +645,7 @@ void Engine::retry_later(Record& r, std::optional<std::chrono::milliseconds> aft
   const auto wait = after ? *after : backoff(r.route->cfg.retry, r.calls - r.uncounted_calls, rng_);
   spdlog::debug("route {}: key {} call {} failed ({}); retrying in {}ms", r.route->cfg.name, printable(r.biz_key),
                 r.calls, r.last_error, wait.count());
-  r.stage = Stage::Backoff;
+  r.move_to(Stage::Backoff);
   r.timer = std::make_unique<asio::steady_timer>(io_, wait);
   r.timer->async_wait([this, id = r.id](boost::system::error_code ec) {
     if (ec) return;

@@ -41,7 +41,7 @@ void OutcomeWriter::flush() {
 }
 
 void OutcomeWriter::done(Record& r) {
-  r.stage = Stage::Finishing;
+  r.move_to(Stage::Finishing);
   done_.push(r.id);
   // Completions wait a little to be marked done together, unless a poll's
   // worth is already waiting.
@@ -60,7 +60,7 @@ void OutcomeWriter::done(Record& r) {
 }
 
 void OutcomeWriter::end(Record& r, Status status, dlq::Reason reason) {
-  r.stage = Stage::Finishing;
+  r.move_to(Stage::Finishing);
   terminal_.push(Terminal{r.id, status, reason});
   if (terminal_.schedule())
     asio::post(io_, [this] {
@@ -70,7 +70,7 @@ void OutcomeWriter::end(Record& r, Status status, dlq::Reason reason) {
 }
 
 void OutcomeWriter::dead_letter(Record& r) {
-  r.stage = Stage::DeadLettering;
+  r.move_to(Stage::DeadLettering);
   dead_letters_.push(r.id);
   if (dead_letters_.schedule())
     asio::post(io_, [this] {
@@ -80,7 +80,7 @@ void OutcomeWriter::dead_letter(Record& r) {
 }
 
 void OutcomeWriter::forward(Record& r) {
-  r.stage = Stage::Finishing;
+  r.move_to(Stage::Finishing);
   forwards_.push(r.id);
   if (forwards_.schedule())
     asio::post(io_, [this] {

@@ -20,6 +20,7 @@
 #include "core/kafka/client.h"
 #include "core/pipeline/circuit_breaker.h"
 #include "core/pipeline/rate_limiter.h"
+#include "core/pipeline/stage.h"
 
 #include "core/pipeline/key_extractor.h"
 #include "core/pipeline/metrics.h"
@@ -94,20 +95,6 @@ struct Partition {
   int64_t lost_window_end = -1;
 };
 
-/// Where a record is in its life; exactly one owner acts on it per stage.
-enum class Stage {
-  Waiting,        // behind an earlier record of the same key
-  Claim,          // queued for the next claim batch
-  Claiming,       // in a claim job
-  Busy,           // key held by another live host; re-checked periodically
-  Ready,          // claim held; waiting for a call slot
-  Confirming,     // call slot taken; claim being confirmed (and an at-most-once call marked) before the call
-  LookingUp,      // at-most-once, in a window the database lost: the remote is asked whether it was sent
-  Calling,        // handler call (or local_tx apply job) in progress
-  Backoff,        // retry scheduled
-  Finishing,      // done / failed / unknown / forward being written
-  DeadLettering,  // refused before any claim; outbox row being written
-};
 
 struct Record;
 /// The fields of a log line about this record (core/common/log.h).
@@ -121,7 +108,7 @@ struct Record {
   std::shared_ptr<Partition> part;
   int64_t offset = 0;
   int64_t timestamp_ms = 0;
-  Stage stage = Stage::Claim;
+  Stage stage = Stage::New;  // changed only by move_to
   std::string biz_key;
   std::string key_id;  // empty: not in a key queue (refused before a key existed)
   std::string payload_hash;
@@ -174,6 +161,9 @@ struct Record {
     last_failure_ms = wall_clock_ms();
     if (first_failure_ms == 0) first_failure_ms = last_failure_ms;
   }
+  /// The next step of its life (stage.h); a step not in the table is
+  /// logged as a bug.
+  void move_to(Stage to);
   bool maybe_applied() const { return uncertain_calls > 0 || owner_died; }
   claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
 };

@@ -140,6 +140,10 @@ void audit_clean(const ScratchDir& dir, HostProcess& host) {
   auto [rc, out] = audit(dir, host);
   BOOST_TEST(rc == 0, out);
   BOOST_TEST(out.find("audit ok") != std::string::npos, out);
+  // A record that took a step outside its life's table (pipeline/stage.cc).
+  const std::string log = host.log();
+  const auto bug = log.find("bug:");
+  BOOST_TEST(bug == std::string::npos, log.substr(bug == std::string::npos ? 0 : bug, 400));
 }
 
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file) {

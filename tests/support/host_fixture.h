@@ -76,7 +76,8 @@ std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& na
 /// committed record); {exit code, what it printed}.
 std::pair<int, std::string> audit(const ScratchDir& dir, HostProcess& host);
 /// Every committed record accounted for: the audit exits 0 saying "audit ok"
-/// (a test failure otherwise, with the audit's output).
+/// (a test failure otherwise, with the audit's output), and no record of the
+/// host took a step outside its life's table (no "bug:" in its log).
 void audit_clean(const ScratchDir& dir, HostProcess& host);
 
 /// The scripted plugin's call log, one vector of columns per call.

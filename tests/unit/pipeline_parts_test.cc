@@ -1,5 +1,5 @@
 // The pure parts of the pipeline: admission, the key queue, the batch queue,
-// the circuit breaker.
+// the circuit breaker, a record's life.
 #define BOOST_TEST_MODULE pipeline_parts
 #include <boost/test/unit_test.hpp>
 
@@ -10,6 +10,15 @@
 
 #include "core/pipeline/key_queue.h"
 #include "core/pipeline/rate_limiter.h"
+#include "core/pipeline/record.h"
+#include "core/pipeline/stage.h"
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <set>
+#include <sstream>
 
 using namespace idemsink;
 using namespace idemsink::pipeline;
@@ -251,4 +260,84 @@ BOOST_AUTO_TEST_CASE(rate_limiter_shares_scale_the_rate_and_holds_stop_every_cal
   BOOST_TEST(retry_after_ms("HTTP 503 (Retry-After: 1)") == 0);
   BOOST_TEST(retry_after_ms("retry-after=15s: x") == 0);
   BOOST_TEST(retry_after_ms("retry-after=-5ms") == 0);
+}
+
+// ---------------------------------------------------------------- a record's life
+
+namespace {
+
+const std::vector<Stage> kAllStages = {Stage::New,       Stage::Waiting,    Stage::Claim,     Stage::Claiming,
+                                       Stage::Busy,      Stage::Ready,      Stage::Confirming, Stage::LookingUp,
+                                       Stage::Calling,   Stage::Backoff,    Stage::Finishing, Stage::DeadLettering};
+
+// The stages reachable from `from` by steps of the table.
+std::set<Stage> reachable(Stage from) {
+  std::set<Stage> seen{from};
+  std::vector<Stage> todo{from};
+  while (!todo.empty()) {
+    const Stage at = todo.back();
+    todo.pop_back();
+    for (size_t i = 0; i < kLifeSteps; ++i)
+      if (kLife[i].from == at && seen.insert(kLife[i].to).second) todo.push_back(kLife[i].to);
+  }
+  return seen;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_stage_is_reached_from_new_and_every_stage_can_reach_an_end) {
+  const auto from_new = reachable(Stage::New);
+  for (Stage s : kAllStages) {
+    BOOST_TEST(from_new.count(s) == 1u, to_string(s) << " is never reached");
+    // Every record can still end durably: its outcome written, or its letter.
+    const auto onward = reachable(s);
+    BOOST_TEST((onward.count(Stage::Finishing) + onward.count(Stage::DeadLettering)) > 0u,
+               to_string(s) << " cannot reach an end");
+    BOOST_TEST(to_string(s) != "?");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(each_step_is_listed_once_with_its_cause) {
+  std::set<std::pair<Stage, Stage>> steps;
+  for (size_t i = 0; i < kLifeSteps; ++i) {
+    const Step& st = kLife[i];
+    BOOST_TEST(steps.insert({st.from, st.to}).second, to_string(st.from) << " -> " << to_string(st.to) << " twice");
+    BOOST_TEST(!st.why.empty());
+    BOOST_TEST(allowed(st.from, st.to));
+  }
+  BOOST_TEST(steps.size() == kLifeSteps);
+}
+
+BOOST_AUTO_TEST_CASE(the_steps_that_would_break_the_contract_are_not_in_the_table) {
+  // A call only from a held claim; an outcome only after a call, a claim
+  // decision or a look-up; nothing comes back from being written but a
+  // takeover (claimed again) or a refused row; nothing is new twice.
+  BOOST_TEST(!allowed(Stage::New, Stage::Calling));
+  BOOST_TEST(!allowed(Stage::Claim, Stage::Calling));
+  BOOST_TEST(!allowed(Stage::Claiming, Stage::Calling));
+  BOOST_TEST(!allowed(Stage::Busy, Stage::Ready));
+  BOOST_TEST(!allowed(Stage::Waiting, Stage::Ready));
+  BOOST_TEST(!allowed(Stage::Ready, Stage::Finishing));
+  BOOST_TEST(!allowed(Stage::Backoff, Stage::Calling));
+  BOOST_TEST(!allowed(Stage::Finishing, Stage::Ready));
+  BOOST_TEST(!allowed(Stage::Finishing, Stage::Calling));
+  BOOST_TEST(!allowed(Stage::DeadLettering, Stage::Claim));
+  BOOST_TEST(!allowed(Stage::LookingUp, Stage::Calling));
+  for (Stage s : kAllStages) BOOST_TEST(!allowed(s, Stage::New), to_string(s) << " -> new");
+}
+
+BOOST_AUTO_TEST_CASE(a_step_outside_the_table_is_logged_as_a_bug_and_taken) {
+  std::ostringstream log;
+  auto logger = std::make_shared<spdlog::logger>("stage_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  const auto before = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  Record r;
+  r.move_to(Stage::Claim);
+  r.move_to(Stage::Claiming);
+  BOOST_TEST(log.str().empty());
+  r.move_to(Stage::Calling);  // a call without a claim
+  spdlog::set_default_logger(before);
+  BOOST_TEST(log.str().find("bug:") != std::string::npos, log.str());
+  BOOST_TEST(log.str().find("claiming -> calling") != std::string::npos, log.str());
+  BOOST_TEST((r.stage == Stage::Calling));  // behaviour as before the table: the caller decides
 }
