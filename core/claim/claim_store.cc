@@ -18,6 +18,15 @@ namespace {
 
 using db::Connection;
 
+// The rules of idemsink_claim's lease, each written once.
+// A pending row with no live owner: free to take over.
+const std::string kPendingUnowned = sql_status_is(Status::Pending) + " AND (owner IS NULL OR lease_until < NOW(3))";
+// An unknown row that no re-drive holds.
+const std::string kUnknownUnleased =
+    sql_status_is(Status::Unknown) + " AND (lease_until IS NULL OR lease_until < NOW(3))";
+// A pending row this host's claims own (with owner = ours).
+const std::string kPending = sql_status_is(Status::Pending);
+
 // Column list of every read; keep in sync with parse_existing().
 constexpr std::string_view kReadColumns =
     "namespace, biz_key, bucket, status, attempt, idem_token, owner, "
@@ -114,6 +123,15 @@ const char* to_string(Status s) {
     case Status::Unknown: return "unknown";
   }
   return "?";
+}
+
+std::string sql_status_is(Status s, std::string_view alias) {
+  return std::string(alias) + "status = " + std::to_string(static_cast<int>(s));
+}
+
+std::string sql_claim_is_unknown(std::string_view token_column) {
+  return "EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = " + std::string(token_column) + " AND " +
+         sql_status_is(Status::Unknown, "c.") + ")";
 }
 
 const char* to_string(Verdict v) {
@@ -365,7 +383,7 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
     const std::string sql =
         "UPDATE idemsink_claim SET attempt = attempt + 1, takeovers = takeovers + (owner IS NOT NULL), owner = " +
         c.quote(owner_) + ", lease_until = " + lease_expr() +
-        ", updated_at = NOW(3) WHERE status = 1 AND (owner IS NULL OR lease_until < NOW(3) OR " +
+        ", updated_at = NOW(3) WHERE " + kPending + " AND (owner IS NULL OR lease_until < NOW(3) OR " +
         "SUBSTRING_INDEX(owner, '#', 1) = " + c.quote(host_id_) + ") AND (" + where_epochs(epochs) + ")";
     c.execute(sql);
     lose_connection_on_fault();
@@ -442,10 +460,10 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
   }
   const std::string sql =
       "UPDATE idemsink_claim c JOIN (WITH t (ns, k, b, att, calls, unc, detail) AS (VALUES " + values +
-      ") SELECT * FROM t) v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET c.status = " +
-      std::to_string(static_cast<int>(status)) + ", " + (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
+      ") SELECT * FROM t) v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET " +
+      sql_status_is(status, "c.") + ", " + (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
       ", c.calls = v.calls, c.uncertain_calls = v.unc, c.lease_until = NULL, c.updated_at = NOW(3) "
-      "WHERE c.status = 1 AND c.owner = " +
+      "WHERE " + sql_status_is(Status::Pending, "c.") + " AND c.owner = " +
       c.quote(owner_) + " AND c.attempt = v.att";
   const uint64_t affected = c.execute(sql);
   if (affected == outcomes.size()) {
@@ -485,7 +503,7 @@ std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome>
   std::vector<bool> owned(outcomes.size(), false);
   if (outcomes.empty()) return owned;
   std::map<std::string, bool> locked;
-  for (auto& r : c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim WHERE status = 1 AND owner = " +
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim WHERE " + kPending + " AND owner = " +
                          c.quote(owner_) + " AND (" + where_epochs(outcomes) + ") FOR UPDATE"))
     locked[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = true;
   for (size_t i = 0; i < outcomes.size(); ++i)
@@ -503,7 +521,7 @@ void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const
     std::string set = "owner = NULL, lease_until = NULL";
     if (uncertain > 0) set += ", uncertain_calls = GREATEST(uncertain_calls, " + std::to_string(uncertain) + ")";
     if (calls_all_certain) set += ", call_started = NULL";
-    c.execute("UPDATE idemsink_claim SET " + set + ", updated_at = NOW(3) WHERE status = 1 AND owner = " +
+    c.execute("UPDATE idemsink_claim SET " + set + ", updated_at = NOW(3) WHERE " + kPending + " AND owner = " +
               c.quote(owner_) + " AND (" + where_epochs(group) + ")");
   }
 }
@@ -512,7 +530,7 @@ std::vector<bool> ClaimStore::confirm_calls(Connection& c, std::span<const Outco
   std::vector<bool> ours(outcomes.size(), false);
   if (outcomes.empty()) return ours;
   const std::string where =
-      " WHERE status = 1 AND owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")";
+      " WHERE " + kPending + " AND owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ")";
   const uint64_t affected = c.execute("UPDATE idemsink_claim SET lease_until = " + lease_expr() +
                                       (mark_calling ? ", call_started = NOW(3)" : "") + where);
   if (affected == outcomes.size()) {
@@ -544,9 +562,7 @@ std::string where_row(const RowKey& k) {
 
 // Rows the pipeline let go of: unknown with no re-drive holding it, or
 // pending with nobody's lease (stuck, once old enough).
-constexpr std::string_view kLetGo =
-    "((status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))) OR "
-    "(status = 1 AND (owner IS NULL OR lease_until < NOW(3))))";
+const std::string kLetGo = "((" + kUnknownUnleased + ") OR (" + kPendingUnowned + "))";
 
 }  // namespace
 
@@ -559,12 +575,12 @@ std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::spa
   // Unknown rows of one route: no re-drive holding them, and (for the
   // reconciler) their newest call began long enough ago to have landed.
   auto unknown = [&](std::chrono::milliseconds reconcile_after) {
-    std::string w = include_leased ? "status = 4" : "status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))";
+    std::string w = include_leased ? sql_status_is(Status::Unknown) : kUnknownUnleased;
     if (reconcile_after.count() > 0) w += " AND " + older_than("IFNULL(call_started, updated_at)", reconcile_after);
     return "(" + w + ")";
   };
   const std::string stuck =
-      "(status = 1 AND (owner IS NULL OR lease_until < NOW(3)) AND " + older_than("updated_at", stuck_after) + ")";
+      "(" + kPendingUnowned + " AND " + older_than("updated_at", stuck_after) + ")";
   std::string where;
   if (namespaces.empty()) {
     where = "(" + unknown(std::chrono::milliseconds(0)) + " OR " + stuck + ")";
@@ -595,24 +611,23 @@ std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::spa
 }
 
 bool ClaimStore::resolve_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view receipt) const {
-  return c.execute("UPDATE idemsink_claim SET status = 2, receipt = " + Connection::hex(fit_receipt(receipt)) +
+  return c.execute("UPDATE idemsink_claim SET " + sql_status_is(Status::Done) +
+                   ", receipt = " + Connection::hex(fit_receipt(receipt)) +
                    ", last_error = 'reconciled: the effect happened', lease_until = NULL, updated_at = NOW(3) WHERE " +
-                   where_row(row) + " AND attempt = " + std::to_string(attempt) + " AND " + std::string(kLetGo)) == 1;
+                   where_row(row) + " AND attempt = " + std::to_string(attempt) + " AND " + kLetGo) == 1;
 }
 
 bool ClaimStore::resolve_not_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view why) const {
-  return c.execute("UPDATE idemsink_claim SET status = 3, last_error = " +
+  return c.execute("UPDATE idemsink_claim SET " + sql_status_is(Status::Failed) + ", last_error = " +
                    c.quote(sanitize_utf8("reconciled: the effect never happened: " + std::string(why), kErrorBytes)) +
                    ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " +
-                   std::to_string(attempt) + " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
+                   std::to_string(attempt) + " AND " + kUnknownUnleased) == 1;
 }
 
 void ClaimStore::note_undecided(Connection& c, std::span<const Outcome> rows) const {
   if (rows.empty()) return;
-  c.execute(
-      "UPDATE idemsink_claim SET updated_at = NOW(3) WHERE status = 4 AND (lease_until IS NULL OR lease_until < "
-      "NOW(3)) AND (" +
-      where_epochs(rows) + ")");
+  c.execute("UPDATE idemsink_claim SET updated_at = NOW(3) WHERE " + kUnknownUnleased + " AND (" + where_epochs(rows) +
+            ")");
 }
 
 bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t attempt,
@@ -621,7 +636,7 @@ bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t att
              "UPDATE idemsink_claim SET attempt = attempt + 1, call_started = NOW(3), owner = " + c.quote(owner_) +
              ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
              " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " + std::to_string(attempt) +
-             " AND status = 4 AND (lease_until IS NULL OR lease_until < NOW(3))") == 1;
+             " AND " + kUnknownUnleased) == 1;
 }
 
 bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,
@@ -629,11 +644,11 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
   std::string set;
   switch (result) {
     case RedriveResult::Applied:
-      set = "status = 2, receipt = " + Connection::hex(fit_receipt(detail)) +
+      set = sql_status_is(Status::Done) + ", receipt = " + Connection::hex(fit_receipt(detail)) +
             ", last_error = " + c.quote("reconciled: not applied, re-driven once");
       break;
     case RedriveResult::Rejected:
-      set = "status = 3, last_error = " +
+      set = sql_status_is(Status::Failed) + ", last_error = " +
             c.quote(sanitize_utf8("re-driven after reconcile: " + std::string(detail), kErrorBytes));
       break;
     case RedriveResult::Undecided:
@@ -643,7 +658,7 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
   }
   return c.execute("UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(calls) +
                    ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) +
-                   " AND status = 4 AND owner = " + c.quote(owner_) +
+                   " AND " + sql_status_is(Status::Unknown) + " AND owner = " + c.quote(owner_) +
                    " AND attempt = " + std::to_string(taken_attempt)) == 1;
 }
 
@@ -652,15 +667,15 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
   if (as != Status::Done && as != Status::Failed)
     throw std::invalid_argument("resolve_by_operator takes done or failed");
   // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
-  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(static_cast<int>(as)) + ", last_error = " +
+  return c.execute("UPDATE idemsink_claim SET " + sql_status_is(as) + ", last_error = " +
                    c.quote(sanitize_utf8("resolved by operator: " + std::string(note), kErrorBytes)) +
                    ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) +
-                   " AND (status = 4 OR (status = 1 AND (owner IS NULL OR lease_until < NOW(3))))") > 0;
+                   " AND (" + sql_status_is(Status::Unknown) + " OR (" + kPendingUnowned + "))") > 0;
 }
 
 bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
                                std::string_view note) const {
-  return c.execute("UPDATE idemsink_claim SET status = " + std::to_string(int(Status::Pending)) +
+  return c.execute("UPDATE idemsink_claim SET " + sql_status_is(Status::Pending) +
                    // A failed row's calls certainly did not apply (a row settled
                    // failed from unknown was judged so by reconciliation or an
                    // operator): its call mark and uncertain calls go, or the
@@ -669,20 +684,20 @@ bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_vie
                    "call_started = NULL, "
                    "last_error = " +
                    c.quote(sanitize_utf8(std::string(note), kErrorBytes)) + ", updated_at = NOW(3) WHERE " +
-                   where_row(row) + " AND status = " + std::to_string(int(Status::Failed)) +
+                   where_row(row) + " AND " + sql_status_is(Status::Failed) +
                    " AND idem_token = " + c.quote(idem_token)) == 1;
 }
 
 uint64_t ClaimStore::count_stuck(Connection& c, std::chrono::milliseconds stuck_after) const {
-  auto rows = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE status = " + std::to_string(int(Status::Pending)) +
-                      " AND (owner IS NULL OR lease_until < NOW(3)) AND updated_at < NOW(3) - INTERVAL " +
+  auto rows = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + kPendingUnowned +
+                      " AND updated_at < NOW(3) - INTERVAL " +
                       std::to_string(stuck_after.count() * 1000) + " MICROSECOND");
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
 }
 
 uint64_t ClaimStore::renew(Connection& c) const {
   return c.execute("UPDATE idemsink_claim SET lease_until = " + lease_expr() + " WHERE owner = " + c.quote(owner_) +
-                   " AND status = 1");
+                   " AND " + kPending);
 }
 
 }  // namespace idemsink::claim

@@ -3,9 +3,9 @@
 // One row per (namespace, biz_key): who may run the side effect of that key,
 // with which idempotency token, and what came of it.
 //
-//   (none) ──insert──▶ pending ──mark_done──▶ done      (terminal)
-//                        │  ▲  ──mark_failed─▶ failed    (terminal)
-//                        │  │  ──mark_unknown▶ unknown   (terminal in the pipeline)
+//   (none) ──insert──▶ pending ──mark_done──────────────▶ done      (terminal)
+//                        │  ▲  ──mark_terminal(failed)───▶ failed    (terminal)
+//                        │  │  ──mark_terminal(unknown)──▶ unknown   (terminal in the pipeline)
 //                        └──┘ takeover: lease expired, released, or our own
 //                             host restarted; attempt+1 fences the old owner
 //
@@ -52,6 +52,11 @@ namespace idemsink::claim {
 
 enum class Status : int { Pending = 1, Done = 2, Failed = 3, Unknown = 4 };
 const char* to_string(Status s);
+/// SQL: "<alias>status = N", N from the enum (never a literal in a statement).
+std::string sql_status_is(Status s, std::string_view alias = "");
+/// SQL for tables that follow a claim (the DLQ outbox's held letters):
+/// whether the claim whose idem_token is in `token_column` is unknown.
+std::string sql_claim_is_unknown(std::string_view token_column);
 
 /// Identity of one claim row.
 struct RowKey {

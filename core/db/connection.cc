@@ -38,7 +38,7 @@ ErrorClass classify(unsigned code) {
     default:
       // Client-side (2xxx) errors not listed above still mean the connection
       // is unusable; server errors (1xxx) are about the statement.
-      return code >= 2000 && code < 3000 ? ErrorClass::ConnectionLost : ErrorClass::Permanent;
+      return code >= 2000 && code < 3000 ? ErrorClass::ConnectionLost : ErrorClass::Unexpected;
   }
 }
 

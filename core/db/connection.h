@@ -25,7 +25,7 @@ enum class ErrorClass {
   Transient,       ///< deadlock, lock wait timeout: re-run the job
   Data,            ///< the server refused a row's data (too long, invalid text, no partition, packet too
                    ///< large): the same statement fails again; isolate the row
-  Permanent        ///< anything else: unexpected; back off and re-run, for a bounded time
+  Unexpected       ///< anything else: back off and re-run, for a bounded time (not the ABI's PERMANENT)
 };
 
 class DbError : public std::runtime_error {

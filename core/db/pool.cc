@@ -74,7 +74,7 @@ const char* class_name(ErrorClass c) {
     case ErrorClass::ConnectionLost: return "connection_lost";
     case ErrorClass::Transient: return "transient";
     case ErrorClass::Data: return "data";
-    case ErrorClass::Permanent: return "unexpected";
+    case ErrorClass::Unexpected: return "unexpected";
   }
   return "?";
 }
@@ -95,7 +95,7 @@ void Pool::count_failure(const std::string& job, ErrorClass cls, const std::stri
   job_failures_.fetch_add(1);
   std::lock_guard lk(mu_);
   ++failures_[{job, class_name(cls)}];
-  if (cls == ErrorClass::Data || cls == ErrorClass::Permanent) last_job_error_ = "job '" + job + "': " + error;
+  if (cls == ErrorClass::Data || cls == ErrorClass::Unexpected) last_job_error_ = "job '" + job + "': " + error;
 }
 
 void Pool::worker(int index) {

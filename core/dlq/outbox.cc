@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/claim/claim_store.h"
 #include "core/common/util.h"
 #include "core/dlq/reason.h"
 
@@ -9,6 +10,13 @@ namespace idemsink::dlq {
 namespace {
 
 using db::Connection;
+
+// A held letter (an unknown outcome's, kept back while reconciliation may
+// still settle it) goes out once its hold is over, and only while its claim
+// is still unknown: the claim module says what "unknown" is.
+const std::string kHeldLetterDue =
+    "(held_until IS NULL OR (held_until < NOW(3) AND " + claim::sql_claim_is_unknown("idemsink_dlq_outbox.idem_token") +
+    "))";
 
 void put_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -181,9 +189,7 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
   // A held row goes out once its hold is over, and only while its claim is
   // still unknown: one reconciliation settled is never a dead letter.
   std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
-                     " OR owner IS NULL OR lease_until < NOW(3)) AND (held_until IS NULL OR (held_until < "
-                     "NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
-                     "idemsink_dlq_outbox.idem_token AND c.status = 4)))";
+                     " OR owner IS NULL OR lease_until < NOW(3)) AND " + kHeldLetterDue;
   if (!exclude.empty()) free += " AND id NOT IN (" + id_list(exclude) + ")";
   if (!skip_topics.empty()) {
     std::string topics;
@@ -260,9 +266,8 @@ void Outbox::mark_unpublishable(Connection& c, uint64_t id, std::string_view err
 
 uint64_t Outbox::pending(Connection& c) const {
   auto rows = c.query(
-      "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL AND "
-      "(held_until IS NULL OR (held_until < NOW(3) AND EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.idem_token = "
-      "idemsink_dlq_outbox.idem_token AND c.status = 4)))");
+      "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL AND " +
+      kHeldLetterDue);
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
 }
 
@@ -280,9 +285,8 @@ std::map<std::string, std::pair<uint64_t, uint64_t>> Outbox::backlog_by_route(Co
   std::map<std::string, std::pair<uint64_t, uint64_t>> out;
   // The same conditions as pending() and unpublishable(), in one pass.
   for (const auto& r : c.query(
-           "SELECT route, SUM(unpublishable_at IS NULL AND (held_until IS NULL OR (held_until < NOW(3) AND EXISTS "
-           "(SELECT 1 FROM idemsink_claim c WHERE c.idem_token = idemsink_dlq_outbox.idem_token AND c.status = 4)))), "
-           "SUM(unpublishable_at IS NOT NULL) FROM idemsink_dlq_outbox WHERE published_at IS NULL GROUP BY route"))
+           "SELECT route, SUM(unpublishable_at IS NULL AND " + kHeldLetterDue +
+           "), SUM(unpublishable_at IS NOT NULL) FROM idemsink_dlq_outbox WHERE published_at IS NULL GROUP BY route"))
     out[r[0].value_or("")] = {std::stoull(r[1].value_or("0")), std::stoull(r[2].value_or("0"))};
   return out;
 }
