@@ -294,7 +294,15 @@ BOOST_AUTO_TEST_CASE(a_host_started_before_its_database_waits_for_it) {
           route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
   wait_until([&] { return http_status(admin, "/livez") == 200 || !host.running(); }, 30s, "the admin port");
   BOOST_REQUIRE(host.running());
-  const auto [ready_status, ready_body] = http_request(admin, "GET", "/readyz");
+  // The admin port answers before the first connection attempt has failed.
+  std::pair<int, std::string> ready;
+  wait_until(
+      [&] {
+        ready = http_request(admin, "GET", "/readyz");
+        return ready.second.find("database wedge_start@") != std::string::npos;
+      },
+      30s, "/readyz to name the database");
+  const auto& [ready_status, ready_body] = ready;
   BOOST_TEST(ready_status == 503);
   BOOST_TEST(ready_body.find("database wedge_start@") != std::string::npos, ready_body);
   BOOST_TEST(ready_body.find("unreachable since start-up") != std::string::npos, ready_body);
