@@ -18,8 +18,7 @@
 // the admin thread.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <memory>
 #include <string>
 #include <vector>

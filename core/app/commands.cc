@@ -1,7 +1,6 @@
 #include "core/app/commands.h"
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <iostream>
 #include <map>
 

@@ -3,8 +3,7 @@
 #include <mysqld_error.h>
 #include <signal.h>
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>

@@ -31,8 +31,7 @@
 // producer's thread and are posted to it.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <functional>
 #include <map>

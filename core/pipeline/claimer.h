@@ -10,8 +10,7 @@
 // the engine's: this module only moves records to and from the claim table.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <functional>
 #include <map>
 #include <string>

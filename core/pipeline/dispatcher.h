@@ -14,8 +14,7 @@
 // per wave of calls; a record found taken over is not called.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <deque>
 #include <functional>
 #include <map>

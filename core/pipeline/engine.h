@@ -23,8 +23,7 @@
 // partitions drain.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <deque>
 #include <map>

@@ -10,8 +10,7 @@
 // Jobs run on the database pool; results come back on the engine thread.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <functional>
 #include <map>
 #include <string>

@@ -13,8 +13,7 @@
 // re-run forever.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <functional>
 #include <map>
 #include <span>

@@ -12,8 +12,7 @@
 // as GaveUp: its records are let go, never left wedged.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <functional>
 #include <string>
 #include <vector>

@@ -18,8 +18,7 @@
 // this one).
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <atomic>
 #include <chrono>
 #include <functional>

@@ -2,8 +2,7 @@
 // stopped. Stopping cancels the wait; a run already started finishes.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <functional>
 

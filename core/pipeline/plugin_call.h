@@ -7,8 +7,7 @@
 
 #include <idemsink/plugin_abi.h>
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <cstdint>
 #include <functional>

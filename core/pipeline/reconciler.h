@@ -25,8 +25,7 @@
 // reconciling the same row at once cannot both act on it.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <functional>
 #include <map>
 #include <string>

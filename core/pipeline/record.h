@@ -3,8 +3,7 @@
 // the engine thread.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio/steady_timer.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -9,8 +9,7 @@
 // an outage must not undo a pause.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
+#include "core/common/asio.h"
 #include <map>
 #include <mutex>
 #include <string>

@@ -13,8 +13,7 @@
 // calls do not count toward retry.max_attempts for route.circuit.max_wait.
 #pragma once
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio/io_context.hpp>
+#include "core/common/asio.h"
 #include <chrono>
 #include <cstdint>
 #include <functional>
