@@ -69,220 +69,216 @@ int first_database(const config::Config& cfg, const std::function<int(const conf
   return 1;
 }
 
-int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
-  po::options_description common("options");
-  common.add_options()("help,h", "show this help");
+// ---------------------------------------------------------------- the commands
 
-  if (cmd == "run" || cmd == "check-config" || cmd == "audit") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink " << cmd << " --config FILE\n\n" << desc;
-      return 0;
-    }
-    po::notify(vm);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format, cmd == "run" ? cfg.host.log_file : "");
-    if (cmd == "run") return app::run(cfg);
-    if (cmd == "audit") return each_database(cfg, app::audit);
-    return app::check_config(cfg);
+// One command of the CLI: its usage line, its options (beside --help) and
+// what it does with them.
+struct Command {
+  const char* name;
+  const char* usage;  // after "usage: idemsink "
+  void (*declare)(po::options_description& options, po::positional_options_description& positional);
+  int (*run)(const po::variables_map& vm);
+};
+
+void config_option(po::options_description& o) {
+  o.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)");
+}
+
+// The config the command names, with logging set up as it says.
+config::Config load_config(const po::variables_map& vm, bool host_log_file = false) {
+  config::Config cfg = config::load_file(vm["config"].as<std::string>());
+  init_logging(cfg.host.log_level, cfg.host.log_format, host_log_file ? cfg.host.log_file : "");
+  return cfg;
+}
+
+// run, check-config, audit: the config alone.
+void declare_config_only(po::options_description& o, po::positional_options_description&) { config_option(o); }
+
+int run_host_command(const po::variables_map& vm) { return app::run(load_config(vm, true)); }
+int check_config_command(const po::variables_map& vm) {
+  return app::check_config(load_config(vm));
+}
+int audit_command(const po::variables_map& vm) {
+  return each_database(load_config(vm), app::audit);
+}
+
+void declare_schema(po::options_description& o, po::positional_options_description& pos) {
+  config_option(o);
+  o.add_options()("action", po::value<std::string>()->required(), "print or apply");
+  pos.add("action", 1);
+}
+int schema_command(const po::variables_map& vm) {
+  const std::string action = vm["action"].as<std::string>();
+  if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
+  return each_database(load_config(vm), [&](const config::Config& c) { return app::schema(c, action == "apply"); });
+}
+
+void declare_reconcile(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("list", "list unknown and stuck claims (the default)")(
+      "check", "run every plugin's reconciliation checks (e.g. a biz_key credited twice); exit 1 on a problem")(
+      "ask", "ask the plugins' reconcile hooks about unknown and stuck claims and settle what they can tell")(
+      "resolve", po::value<std::string>(), "idem_token of an unknown or stuck claim to settle by hand")(
+      "as", po::value<std::string>(), "done or failed, with --resolve")(
+      "note", po::value<std::string>()->default_value("no note"), "why, stored with --resolve");
+}
+int reconcile_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  if (vm.count("check")) return each_database(cfg, app::reconcile_check);
+  if (vm.count("ask")) return each_database(cfg, app::reconcile_ask);
+  if (vm.count("resolve")) {
+    if (!vm.count("as")) throw po::error("--resolve needs --as done|failed");
+    return first_database(cfg, [&](const config::Config& c) {
+      return app::reconcile_resolve(c, vm["resolve"].as<std::string>(), vm["as"].as<std::string>(),
+                                    vm["note"].as<std::string>());
+    });
   }
-  if (cmd == "schema") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
-        "action", po::value<std::string>()->required(), "print or apply");
-    po::positional_options_description pos;
-    pos.add("action", 1);
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink schema print|apply --config FILE\n\n" << desc;
-      return 0;
+  return each_database(cfg, app::reconcile_list);
+}
+
+void declare_replay(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("route", po::value<std::string>()->required(), "the route whose failed claims to replay")(
+      "reason", po::value<std::string>(), "only dead letters with this idemsink.reason (e.g. retries_exhausted)")(
+      "since", po::value<std::string>(),
+      "only claims that failed since: a duration back (\"2h\") or a UTC time (\"2026-11-30 14:00\")")(
+      "key", po::value<std::string>(), "only this biz_key")("dry-run", "list what would be replayed; change nothing");
+}
+int replay_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  pipeline::ReplayFilter f;
+  f.route = vm["route"].as<std::string>();
+  if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
+  if (vm.count("reason")) f.reason = vm["reason"].as<std::string>();
+  if (vm.count("since")) {
+    try {
+      f.since = pipeline::since_expression(vm["since"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw po::error(e.what());
     }
-    po::notify(vm);
-    const std::string action = vm["action"].as<std::string>();
-    if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format);
-    return each_database(cfg, [&](const config::Config& c) { return app::schema(c, action == "apply"); });
   }
-  if (cmd == "reconcile") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
-        "list", "list unknown and stuck claims (the default)")(
-        "check", "run every plugin's reconciliation checks (e.g. a biz_key credited twice); exit 1 on a problem")(
-        "ask", "ask the plugins' reconcile hooks about unknown and stuck claims and settle what they can tell")(
-        "resolve", po::value<std::string>(), "idem_token of an unknown or stuck claim to settle by hand")(
-        "as", po::value<std::string>(), "done or failed, with --resolve")(
-        "note", po::value<std::string>()->default_value("no note"), "why, stored with --resolve");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as "
-                   "done|failed [--note TEXT]]\n\n"
-                << desc;
-      return 0;
-    }
-    po::notify(vm);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format);
-    if (vm.count("check")) return each_database(cfg, app::reconcile_check);
-    if (vm.count("ask")) return each_database(cfg, app::reconcile_ask);
-    if (vm.count("resolve")) {
-      if (!vm.count("as")) throw po::error("--resolve needs --as done|failed");
-      return first_database(cfg, [&](const config::Config& c) {
-        return app::reconcile_resolve(c, vm["resolve"].as<std::string>(), vm["as"].as<std::string>(),
-                                      vm["note"].as<std::string>());
-      });
-    }
-    return each_database(cfg, app::reconcile_list);
+  if (vm.count("key")) f.key = vm["key"].as<std::string>();
+  f.dry_run = vm.count("dry-run") != 0;
+  return app::replay(cfg, f);
+}
+
+void declare_plugin_info(po::options_description& o, po::positional_options_description& pos) {
+  o.add_options()("file", po::value<std::string>()->required(), "plugin .so");
+  pos.add("file", 1);
+}
+int plugin_info_command(const po::variables_map& vm) {
+  std::cout << plugin::Library::load(vm["file"].as<std::string>())->info();
+  return 0;
+}
+
+void declare_route(po::options_description& o, po::positional_options_description& pos) {
+  config_option(o);
+  o.add_options()("action", po::value<std::string>()->required(), "pause, resume or list")(
+      "name", po::value<std::string>(), "the route, as [[route]] name says")(
+      "by", po::value<std::string>(), "who, stored with the change (default: $USER on this machine)");
+  pos.add("action", 1).add("name", 1);
+}
+int route_command(const po::variables_map& vm) {
+  const std::string action = vm["action"].as<std::string>();
+  if (action != "pause" && action != "resume" && action != "list")
+    throw po::error("route action must be pause, resume or list, not " + action);
+  const config::Config cfg = load_config(vm);
+  if (action == "list") return app::route_list(cfg);
+  if (!vm.count("name")) throw po::error("route " + action + " needs the route's name");
+  std::string by;
+  if (vm.count("by")) {
+    by = vm["by"].as<std::string>();
+  } else {
+    const char* user = std::getenv("USER");
+    by = std::string("idemsink route, ") + (user ? user : "unknown user");
   }
-  if (cmd == "replay") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
-        "route", po::value<std::string>()->required(), "the route whose failed claims to replay")(
-        "reason", po::value<std::string>(), "only dead letters with this idemsink.reason (e.g. retries_exhausted)")(
-        "since", po::value<std::string>(),
-        "only claims that failed since: a duration back (\"2h\") or a UTC time (\"2026-11-30 14:00\")")(
-        "key", po::value<std::string>(), "only this biz_key")("dry-run", "list what would be replayed; change nothing");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] "
-                   "[--dry-run]\n\n"
-                << desc;
-      return 0;
-    }
-    po::notify(vm);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format);
-    pipeline::ReplayFilter f;
-    f.route = vm["route"].as<std::string>();
-    if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
-    if (vm.count("reason")) f.reason = vm["reason"].as<std::string>();
-    if (vm.count("since")) {
-      try {
-        f.since = pipeline::since_expression(vm["since"].as<std::string>());
-      } catch (const std::invalid_argument& e) {
-        throw po::error(e.what());
-      }
-    }
-    if (vm.count("key")) f.key = vm["key"].as<std::string>();
-    f.dry_run = vm.count("dry-run") != 0;
-    return app::replay(cfg, f);
+  return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by);
+}
+
+void declare_dlq(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("list", "list outbox rows Kafka refused for good (the default)")(
+      "retry", po::value<uint64_t>(), "outbox id: publish it again (after raising a limit or creating a topic)")(
+      "discard", po::value<uint64_t>(), "outbox id: drop it from the publishing queue (the row stays, stamped)")(
+      "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard")(
+      "database", po::value<std::string>(),
+      "with --retry or --discard when routes use several databases: the one of the id, as --list names it");
+}
+int dlq_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  if (!vm.count("retry") && !vm.count("discard")) return each_database(cfg, app::dlq_list);
+  // Outbox ids are per database: with several, the operator names which.
+  const auto slices = config::split_by_database(cfg);
+  const config::Config* slice = &slices.front();
+  if (slices.size() > 1) {
+    std::string labels;
+    for (const auto& s : slices) labels += " " + s.database.label();
+    if (!vm.count("database")) throw po::error("routes use several databases: name one with --database:" + labels);
+    slice = nullptr;
+    for (const auto& s : slices)
+      if (s.database.label() == vm["database"].as<std::string>()) slice = &s;
+    if (slice == nullptr) throw po::error("--database " + vm["database"].as<std::string>() + ": not one of" + labels);
   }
-  if (cmd == "plugin-info") {
-    po::options_description desc(common);
-    desc.add_options()("file", po::value<std::string>()->required(), "plugin .so");
-    po::positional_options_description pos;
-    pos.add("file", 1);
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink plugin-info FILE.so\n\n" << desc;
-      return 0;
-    }
-    po::notify(vm);
-    std::cout << plugin::Library::load(vm["file"].as<std::string>())->info();
+  if (vm.count("retry")) return app::dlq_retry(*slice, vm["retry"].as<uint64_t>());
+  return app::dlq_discard(*slice, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
+}
+
+void declare_dev_kafka(po::options_description& o, po::positional_options_description&) {
+  o.add_options()("brokers", po::value<int>()->default_value(1), "number of brokers")(
+      "topic", po::value<std::vector<std::string>>()->composing(), "NAME:PARTITIONS, repeatable")(
+      "control-port", po::value<int>()->default_value(0), "control channel port (0 = any)");
+}
+int dev_kafka_command(const po::variables_map& vm) {
+  return app::dev_kafka(vm["brokers"].as<int>(),
+                        vm.count("topic") ? vm["topic"].as<std::vector<std::string>>() : std::vector<std::string>{},
+                        vm["control-port"].as<int>());
+}
+
+void declare_nothing(po::options_description&, po::positional_options_description&) {}
+int config_reference_command(const po::variables_map&) {
+  std::cout << config::reference_markdown();
+  return 0;
+}
+
+const Command kCommands[] = {
+    {"run", "run --config FILE", declare_config_only, run_host_command},
+    {"check-config", "check-config --config FILE", declare_config_only, check_config_command},
+    {"audit", "audit --config FILE", declare_config_only, audit_command},
+    {"schema", "schema print|apply --config FILE", declare_schema, schema_command},
+    {"reconcile", "reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed [--note TEXT]]",
+     declare_reconcile, reconcile_command},
+    {"replay", "replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]", declare_replay,
+     replay_command},
+    {"plugin-info", "plugin-info FILE.so", declare_plugin_info, plugin_info_command},
+    {"route", "route pause|resume NAME --config FILE [--by WHO]\n       idemsink route list --config FILE",
+     declare_route, route_command},
+    {"dlq", "dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database LABEL]", declare_dlq,
+     dlq_command},
+    {"dev-kafka", "dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]", declare_dev_kafka,
+     dev_kafka_command},
+    {"config-reference", "config-reference", declare_nothing, config_reference_command},
+};
+
+// Parses the command's options (printing its usage on --help) and runs it.
+int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
+  const auto it = std::find_if(std::begin(kCommands), std::end(kCommands),
+                               [&](const Command& c) { return cmd == c.name; });
+  if (it == std::end(kCommands)) {
+    std::cerr << "idemsink: unknown command '" << cmd << "'\n\n" << kUsage << "\n";
+    return 2;
+  }
+  po::options_description options("options");
+  options.add_options()("help,h", "show this help");
+  po::positional_options_description positional;
+  it->declare(options, positional);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).positional(positional).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: idemsink " << it->usage << "\n\n" << options;
     return 0;
   }
-  if (cmd == "route") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
-        "action", po::value<std::string>()->required(), "pause, resume or list")("name", po::value<std::string>(),
-                                                                                 "the route, as [[route]] name says")(
-        "by", po::value<std::string>(), "who, stored with the change (default: $USER on this machine)");
-    po::positional_options_description pos;
-    pos.add("action", 1).add("name", 1);
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink route pause|resume NAME --config FILE [--by WHO]\n"
-                   "       idemsink route list --config FILE\n\n"
-                << desc;
-      return 0;
-    }
-    po::notify(vm);
-    const std::string action = vm["action"].as<std::string>();
-    if (action != "pause" && action != "resume" && action != "list")
-      throw po::error("route action must be pause, resume or list, not " + action);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format);
-    if (action == "list") return app::route_list(cfg);
-    if (!vm.count("name")) throw po::error("route " + action + " needs the route's name");
-    std::string by;
-    if (vm.count("by")) {
-      by = vm["by"].as<std::string>();
-    } else {
-      const char* user = std::getenv("USER");
-      by = std::string("idemsink route, ") + (user ? user : "unknown user");
-    }
-    return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by);
-  }
-  if (cmd == "dlq") {
-    po::options_description desc(common);
-    desc.add_options()("config,c", po::value<std::string>()->required(), "config file (TOML)")(
-        "list", "list outbox rows Kafka refused for good (the default)")(
-        "retry", po::value<uint64_t>(), "outbox id: publish it again (after raising a limit or creating a topic)")(
-        "discard", po::value<uint64_t>(), "outbox id: drop it from the publishing queue (the row stays, stamped)")(
-        "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard")(
-        "database", po::value<std::string>(),
-        "with --retry or --discard when routes use several databases: the one of the id, as --list names it");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database "
-                   "LABEL]\n\n"
-                << desc;
-      return 0;
-    }
-    po::notify(vm);
-    config::Config cfg = config::load_file(vm["config"].as<std::string>());
-    init_logging(cfg.host.log_level, cfg.host.log_format);
-    if (vm.count("retry") || vm.count("discard")) {
-      // Outbox ids are per database: with several, the operator names which.
-      const auto slices = config::split_by_database(cfg);
-      const config::Config* slice = &slices.front();
-      if (slices.size() > 1) {
-        std::string labels;
-        for (const auto& s : slices) labels += " " + s.database.label();
-        if (!vm.count("database")) throw po::error("routes use several databases: name one with --database:" + labels);
-        slice = nullptr;
-        for (const auto& s : slices)
-          if (s.database.label() == vm["database"].as<std::string>()) slice = &s;
-        if (slice == nullptr)
-          throw po::error("--database " + vm["database"].as<std::string>() + ": not one of" + labels);
-      }
-      if (vm.count("retry")) return app::dlq_retry(*slice, vm["retry"].as<uint64_t>());
-      return app::dlq_discard(*slice, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
-    }
-    return each_database(cfg, app::dlq_list);
-  }
-  if (cmd == "dev-kafka") {
-    po::options_description desc(common);
-    desc.add_options()("brokers", po::value<int>()->default_value(1), "number of brokers")(
-        "topic", po::value<std::vector<std::string>>()->composing(), "NAME:PARTITIONS, repeatable")(
-        "control-port", po::value<int>()->default_value(0), "control channel port (0 = any)");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: idemsink dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]\n\n"
-                << desc;
-      return 0;
-    }
-    po::notify(vm);
-    return app::dev_kafka(vm["brokers"].as<int>(),
-                          vm.count("topic") ? vm["topic"].as<std::vector<std::string>>() : std::vector<std::string>{},
-                          vm["control-port"].as<int>());
-  }
-  if (cmd == "config-reference") {
-    std::cout << config::reference_markdown();
-    return 0;
-  }
-  std::cerr << "idemsink: unknown command '" << cmd << "'\n\n" << kUsage << "\n";
-  return 2;
+  po::notify(vm);
+  return it->run(vm);
 }
 
 }  // namespace
