@@ -57,6 +57,9 @@ struct Route {
     // the route fetches until a record arrives to probe with: records that
     // fail on their own are not the only probes.
     bool fetch_for_probe = false;
+    // Times the circuit opened: a record's wait for it (max_wait) belongs to
+    // one open period, and starts again in the next.
+    uint64_t open_periods = 0;
   } health;
   /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
   std::vector<std::string> topics() const {
@@ -129,10 +132,13 @@ struct Record {
   // Calls answered with a pause: uncounted only up to max_attempts, so a
   // record the remote pauses forever still ends.
   uint32_t held_calls = 0;
-  // When a failed call of this record was first held by the open circuit:
-  // after route.circuit.max_wait its failures count again, so a record the
-  // remote refuses for itself, probed alone on a quiet topic, still ends.
-  std::optional<std::chrono::steady_clock::time_point> circuit_held_since;
+  // When a failed call of this record was first held by the open circuit,
+  // in which of its route's open periods (0: never held): after
+  // route.circuit.max_wait of one period its failures count again, so a
+  // record the remote refuses for itself, probed alone on a quiet topic,
+  // still ends.
+  std::chrono::steady_clock::time_point circuit_held_since;
+  uint64_t circuit_held_period = 0;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim
   // taken over from an owner that died holding it.

@@ -20,7 +20,6 @@ bool RouteHealth::after_call(Record& r, idemsink_outcome outcome, const std::str
   // failure is a sample. (Open or half-open, only the probe's result counts,
   // and it always does.)
   const bool failed_before = r.calls - r.calls_on_arrival - 1 > r.uncounted_calls;
-  if (route.circuit.closed()) r.circuit_held_since.reset();  // a wait for the circuit starts when it holds it
   if (!(failed && failed_before && route.circuit.closed())) note(route, r.id, failed, detail);
   // An at-most-once call that may have been sent is never made again: the
   // circuit cannot hold it (it ends unknown, as the failure policy says).
@@ -38,12 +37,16 @@ bool RouteHealth::wait_over(Record& r) {
   const auto max_wait = r.route->cfg.circuit.max_wait;
   if (max_wait.count() == 0) return false;
   const auto now = std::chrono::steady_clock::now();
-  if (!r.circuit_held_since) r.circuit_held_since = now;
-  if (now - *r.circuit_held_since < max_wait) return false;
+  const uint64_t period = r.route->health.open_periods;
+  if (r.circuit_held_period != period) {  // held first in this open period (periods count from 1)
+    r.circuit_held_since = now;
+    r.circuit_held_period = period;
+  }
+  if (now - r.circuit_held_since < max_wait) return false;
   spdlog::warn("route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
                "counts toward retry.max_attempts",
                r.route->cfg.name, printable(r.biz_key),
-               std::chrono::duration_cast<std::chrono::seconds>(now - *r.circuit_held_since).count(), r.calls);
+               std::chrono::duration_cast<std::chrono::seconds>(now - r.circuit_held_since).count(), r.calls);
   return true;
 }
 
@@ -98,6 +101,7 @@ void RouteHealth::note(Route& route, uint64_t record_id, bool failed, const std:
   }
   if (change == CircuitBreaker::Change::Opened) {
     health.opened_at = std::chrono::steady_clock::now();
+    ++health.open_periods;
     route.metrics->circuit_opens.fetch_add(1, std::memory_order_relaxed);
     route.metrics->circuit_open.store(1, std::memory_order_relaxed);
     spdlog::error(
