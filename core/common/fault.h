@@ -18,6 +18,10 @@
 //                       15 s (a handler that never returns): /livez must fail
 //   slow_start          `run` waits 2 s before loading its plugins (a signal
 //                       that arrives while the host starts)
+//   rebalance_protocol_unreported
+//                       the N-th rebalance callback finds the group's protocol
+//                       unreported (librdkafka answers NULL at times while a
+//                       consumer closes)
 // Without the variable every check is one relaxed load of a null pointer.
 //
 // Sync points are for tests that run core code in their own process (the

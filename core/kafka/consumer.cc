@@ -114,7 +114,8 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   rk_.reset(rk);
   rd_kafka_poll_set_consumer(rk);
   queue_ = rd_kafka_queue_get_consumer(rk);
-  must_wait_first_assignment_ = rd_kafka_version() < kStickyCloseFixed && cooperative_sticky(cfg);
+  configured_cooperative_ = cooperative_sticky(cfg);
+  must_wait_first_assignment_ = rd_kafka_version() < kStickyCloseFixed && configured_cooperative_;
 }
 
 Consumer::~Consumer() {
@@ -441,7 +442,8 @@ int Consumer::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque) {
 void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                             void* opaque) {
   auto* self = static_cast<Consumer*>(opaque);
-  const bool cooperative = std::strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+  const char* protocol = fault::once("rebalance_protocol_unreported") ? nullptr : rd_kafka_rebalance_protocol(rk);
+  const bool cooperative = cooperative_rebalance(protocol, self->configured_cooperative_);
   const auto tps = from_list(parts);
   self->flush();  // records polled before the rebalance reach the listener before it
   if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
@@ -502,6 +504,13 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   } else {
     rd_kafka_assign(rk, nullptr);
   }
+}
+
+bool cooperative_rebalance(const char* reported_protocol, bool configured_cooperative) {
+  if (reported_protocol == nullptr) return configured_cooperative;
+  if (std::strcmp(reported_protocol, "COOPERATIVE") == 0) return true;
+  if (std::strcmp(reported_protocol, "EAGER") == 0) return false;
+  return configured_cooperative;  // "NONE": not in a group at this moment
 }
 
 void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque) {

@@ -182,6 +182,7 @@ class Consumer {
   HandlePtr rk_;
   rd_kafka_queue_t* queue_ = nullptr;
   bool must_wait_first_assignment_ = false;  // librdkafka < 2.3 with cooperative-sticky
+  bool configured_cooperative_ = false;      // partition.assignment.strategy is cooperative-sticky
   std::atomic<bool> stop_{false};
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> first_rebalance_seen_{false};
@@ -210,6 +211,14 @@ config::KafkaConfig slice_consumer_config(const config::KafkaConfig& cfg, size_t
 
 /// librdkafka's own log lines, routed into the host log.
 void route_librdkafka_logs(rd_kafka_conf_t* conf);
+
+/// Whether a rebalance hands partitions over incrementally
+/// (incremental_assign/unassign) or eagerly (assign): as librdkafka reports
+/// the group's protocol ("COOPERATIVE" or "EAGER"), or, where it reports
+/// none ("NONE", or NULL: it does so at times while the consumer closes),
+/// as the configured assignor makes it (all of a group's assignors share
+/// one protocol).
+bool cooperative_rebalance(const char* reported_protocol, bool configured_cooperative);
 
 /// One line naming the linked librdkafka and the workarounds in force.
 std::string library_workarounds(const config::KafkaConfig& cfg);
