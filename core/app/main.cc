@@ -11,6 +11,7 @@
 
 #include "core/app/build_info.h"
 #include "core/app/commands.h"
+#include "core/app/crash_report.h"
 #include "core/app/host.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -88,6 +89,7 @@ void config_option(po::options_description& o) {
 config::Config load_config(const po::variables_map& vm, bool host_log_file = false) {
   config::Config cfg = config::load_file(vm["config"].as<std::string>());
   init_logging(cfg.host.log_level, cfg.host.log_format, host_log_file ? cfg.host.log_file : "");
+  if (host_log_file) app::set_crash_report_file(cfg.host.log_file);
   return cfg;
 }
 
@@ -286,6 +288,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   // A SIGTERM while the host starts (config, plugins) waits for run_host to drain.
   if (argc >= 2 && std::string(argv[1]) == "run") app::block_stop_signals();
+  app::install_crash_report();
   init_logging("info");
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage << "\n";

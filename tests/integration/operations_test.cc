@@ -328,3 +328,29 @@ BOOST_AUTO_TEST_CASE(json_log_lines_parse_and_sighup_reopens_the_log_file) {
   BOOST_TEST(read_text(rotated2).find("stopped") != std::string::npos);
   BOOST_TEST(read_text(rotated).find("stopped") == std::string::npos);
 }
+
+// A plugin that crashes the host (SIGSEGV in its invoke): the host dies of
+// that signal, as a supervisor expects, and leaves the signal and the stack
+// through the plugin in both its stderr and its log file. The record's claim
+// stays for the next owner (its call may have run: it is not marked done).
+BOOST_AUTO_TEST_CASE(a_host_killed_by_a_fatal_signal_leaves_its_stack_in_the_log) {
+  TestKafka kafka;
+  kafka.create_topic("orders", 1);
+  auto db = MariaDbServer::shared().fresh_database("ops_crash");
+  ScratchDir dir("ops_crash");
+  const auto log_file = dir / "idemsink.log";
+  HostProcess h(dir, "h",
+                base_config(kafka, db, "host-a", "g", "log_file = \"" + log_file.string() + "\"\n") +
+                    route_config({"r", "orders", "scripted_idempotent.so", "",
+                                  {{"log", "\"" + (dir / "calls.log").string() + "\""}}}));
+  kafka.produce("orders", {{"K1", "{}"}, {"crash-1", "{}"}});
+  const auto status = h.proc().wait(120s);
+  BOOST_REQUIRE_MESSAGE(status.has_value(), "the host did not die: " << read_text(log_file));
+  BOOST_TEST(*status == -SIGSEGV);
+  for (const std::string& text : {h.log(), read_text(log_file)}) {
+    BOOST_TEST_INFO("report: " << text);
+    BOOST_TEST(text.find("idemsink: fatal signal 11 (SEGV)") != std::string::npos);
+    BOOST_TEST(text.find("scripted_idempotent.so") != std::string::npos);  // a frame in the plugin
+  }
+  BOOST_TEST(calls_by_key(dir / "calls.log")["63726173682d31"] == 1);  // hex("crash-1"): the call that crashed
+}

@@ -5,6 +5,7 @@
 //   uncertainN-...  uncertain for the first N calls, then ok ("uncertain-": always)
 //   hang-...        never reports (the host's call_timeout must catch it)
 //   throw-...       throws from invoke (the SDK turns it into uncertain)
+//   crash-...       kills the host with SIGSEGV from invoke (a broken plugin)
 //   bigreceipt-...  ok, with a 5,000-byte receipt (the column holds 1,024)
 //   badtext-...     permanent, with an error text utf8mb4 refuses (overlong
 //                   form, a byte above F4, a surrogate)
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <csignal>
 #include <idemsink/sdk.h>
 #include <map>
 #include <mutex>
@@ -99,6 +101,7 @@ class Scripted {
       return;
     }
     if (key.starts_with("throw-")) throw std::runtime_error("scripted failure");
+    if (key.starts_with("crash-")) std::raise(SIGSEGV);
     std::string receipt = "r-" + std::string(rec.idem_token());
     if (key.starts_with("bigreceipt-")) receipt += std::string(5000 - receipt.size(), 'x');
     std::string detail = receipt;
