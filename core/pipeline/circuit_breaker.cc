@@ -71,4 +71,12 @@ void CircuitBreaker::reset_window() {
   failures_ = 0;
 }
 
+bool CircuitWait::over(uint64_t period, Clock::duration max_wait, Clock::time_point now) {
+  if (period != period_) {
+    since_ = now;
+    period_ = period;
+  }
+  return now - since_ >= max_wait;
+}
+
 }  // namespace idemsink::pipeline

@@ -87,4 +87,22 @@ class CircuitBreaker {
   uint64_t probe_round_ = 0;
 };
 
+/// How long one record's failed calls have been held by its route's open
+/// circuit, counted per open period: held again in a later period (the
+/// circuit closed and opened since), it starts from zero, so the outages of
+/// a flapping remote never add up to route.circuit.max_wait; only one
+/// outage, or a record refused for itself while it alone probes, reaches it.
+class CircuitWait {
+ public:
+  using Clock = std::chrono::steady_clock;
+  /// A failed call is held at `now` in the route's open period `period`
+  /// (they count from 1): true once held for `max_wait` in that period.
+  bool over(uint64_t period, Clock::duration max_wait, Clock::time_point now);
+  Clock::duration held_for(Clock::time_point now) const { return now - since_; }
+
+ private:
+  Clock::time_point since_;
+  uint64_t period_ = 0;  // 0: never held
+};
+
 }  // namespace idemsink::pipeline

@@ -132,13 +132,10 @@ struct Record {
   // Calls answered with a pause: uncounted only up to max_attempts, so a
   // record the remote pauses forever still ends.
   uint32_t held_calls = 0;
-  // When a failed call of this record was first held by the open circuit,
-  // in which of its route's open periods (0: never held): after
-  // route.circuit.max_wait of one period its failures count again, so a
-  // record the remote refuses for itself, probed alone on a quiet topic,
-  // still ends.
-  std::chrono::steady_clock::time_point circuit_held_since;
-  uint64_t circuit_held_period = 0;
+  // How long its failed calls have been held by the open circuit: after
+  // route.circuit.max_wait of one open period they count again, so a record
+  // the remote refuses for itself, probed alone on a quiet topic, still ends.
+  CircuitWait circuit_wait;
   // The effect may already have happened: calls (this record's, an earlier
   // tier's or an earlier claim's) with an uncertain outcome, or a claim
   // taken over from an owner that died holding it.

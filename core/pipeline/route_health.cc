@@ -37,16 +37,11 @@ bool RouteHealth::wait_over(Record& r) {
   const auto max_wait = r.route->cfg.circuit.max_wait;
   if (max_wait.count() == 0) return false;
   const auto now = std::chrono::steady_clock::now();
-  const uint64_t period = r.route->health.open_periods;
-  if (r.circuit_held_period != period) {  // held first in this open period (periods count from 1)
-    r.circuit_held_since = now;
-    r.circuit_held_period = period;
-  }
-  if (now - r.circuit_held_since < max_wait) return false;
+  if (!r.circuit_wait.over(r.route->health.open_periods, max_wait, now)) return false;
   spdlog::warn("route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
                "counts toward retry.max_attempts",
                r.route->cfg.name, printable(r.biz_key),
-               std::chrono::duration_cast<std::chrono::seconds>(now - r.circuit_held_since).count(), r.calls);
+               std::chrono::duration_cast<std::chrono::seconds>(r.circuit_wait.held_for(now)).count(), r.calls);
   return true;
 }
 

@@ -191,6 +191,23 @@ BOOST_AUTO_TEST_CASE(circuit_disabled_never_opens) {
   BOOST_TEST(cb.admit(101));
 }
 
+// A record held in one outage, then again in the next (the circuit closed
+// and reopened between): its wait starts over, so two outages shorter than
+// max_wait never end it, one outage as long does.
+BOOST_AUTO_TEST_CASE(circuit_wait_counts_per_open_period) {
+  using namespace std::chrono_literals;
+  const auto t0 = CircuitWait::Clock::time_point{} + 1h;
+  CircuitWait wait;
+  BOOST_TEST(!wait.over(1, 10s, t0));
+  BOOST_TEST(!wait.over(1, 10s, t0 + 9s));
+  BOOST_TEST(!wait.over(2, 10s, t0 + 12s));  // a new outage: 12 s in all, 0 s in this one
+  BOOST_TEST(!wait.over(2, 10s, t0 + 21s));
+  BOOST_TEST((wait.held_for(t0 + 21s) == 9s));
+  BOOST_TEST(wait.over(2, 10s, t0 + 22s));
+  BOOST_TEST(wait.over(2, 10s, t0 + 30s));  // stays over while the outage lasts
+  BOOST_TEST(!wait.over(3, 10s, t0 + 31s));
+}
+
 namespace {
 config::RateLimitConfig rate_cfg(int64_t rate, int64_t burst, const std::string& scope) {
   config::RateLimitConfig c;
