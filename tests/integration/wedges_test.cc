@@ -30,6 +30,15 @@ std::map<std::string, int> calls_by_key(const std::filesystem::path& log) {
   return out;
 }
 
+// The scripted waybill route of the circuit cases (an admin port for the
+// circuit's metrics), with the case's [route.retry] and [route.circuit] lines.
+std::string circuit_case_config(const TestKafka& kafka, const config::DatabaseConfig& db, int admin,
+                                const std::filesystem::path& calls, const std::string& policy) {
+  return base_config(kafka, db, "host-a", "g", admin_line(admin)) +
+         route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}},
+                       policy});
+}
+
 std::string hex(const std::string& s) {
   static const char* d = "0123456789abcdef";
   std::string out;
@@ -109,14 +118,9 @@ BOOST_AUTO_TEST_CASE(records_that_fail_on_their_own_do_not_stop_the_route) {
   const auto calls = dir / "calls.log";
   const int admin = free_port();
   HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-                       route_config({"waybill",
-                                     "orders",
-                                     "scripted_idempotent.so",
-                                     "",
-                                     {{"log", "\"" + calls.string() + "\""}},
-                                     "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
-                                     "backoff_max = \"200ms\"\n"}));
+                   circuit_case_config(kafka, db, admin, calls,
+                                       "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
+                                       "backoff_max = \"200ms\"\n"));
   // Their retries alone make the 20 calls the circuit needs to judge.
   wait_until([&] { return std::filesystem::exists(calls) && read_call_log(calls).size() >= 20; }, 30s, "20 calls");
   kafka.produce("orders", ordinary);
@@ -154,15 +158,10 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
   const auto calls = dir / "calls.log";
   const int admin = free_port();
   HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-                       route_config({"waybill",
-                                     "orders",
-                                     "scripted_idempotent.so",
-                                     "",
-                                     {{"log", "\"" + calls.string() + "\""}},
-                                     "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
-                                     "backoff_max = \"200ms\"\n[route.circuit]\nprobe_initial = \"200ms\"\n"
-                                     "probe_max = \"1s\"\n"}));
+                   circuit_case_config(kafka, db, admin, calls,
+                                       "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
+                                       "backoff_max = \"200ms\"\n[route.circuit]\nprobe_initial = \"200ms\"\n"
+                                       "probe_max = \"1s\"\n"));
   wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
              "the circuit to open");
   std::vector<TestMessage> ordinary;
@@ -195,15 +194,10 @@ BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circui
   const auto calls = dir / "calls.log";
   const int admin = free_port();
   HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-                       route_config({"waybill",
-                                     "orders",
-                                     "scripted_idempotent.so",
-                                     "",
-                                     {{"log", "\"" + calls.string() + "\""}},
-                                     "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"50ms\"\n"
-                                     "backoff_max = \"100ms\"\n[route.circuit]\nwindow = 4\nmin_calls = 4\n"
-                                     "probe_initial = \"100ms\"\nprobe_max = \"200ms\"\nmax_wait = \"2s\"\n"}));
+                   circuit_case_config(kafka, db, admin, calls,
+                                       "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"50ms\"\n"
+                                       "backoff_max = \"100ms\"\n[route.circuit]\nwindow = 4\nmin_calls = 4\n"
+                                       "probe_initial = \"100ms\"\nprobe_max = \"200ms\"\nmax_wait = \"2s\"\n"));
   wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") >= 1; }, 30s,
              "the circuit to open");
   std::vector<ConsumedMessage> letters;
