@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -111,6 +112,25 @@ KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-clus
   classpath_ = (libs / "*").string();
   write_file(dir_ / "log4j2.properties", kLog4j);
   if (opt_.nodes < 1) throw std::invalid_argument("a Kafka cluster needs at least one node");
+  // A cluster that does not come up on its first ports (one taken by another
+  // process between free_port() and the broker's bind, a node stalled on a
+  // loaded machine) is formed once more on fresh ports before a test fails.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      form();
+      return;
+    } catch (const std::runtime_error& e) {
+      if (attempt == 2) throw;
+      std::cerr << "Kafka cluster did not come up, forming it again on fresh ports: " << e.what() << "\n";
+      for (auto& n : nodes_)
+        if (n.proc) n.proc->kill_now();
+      nodes_.clear();
+      admin_.reset();
+    }
+  }
+}
+
+void KafkaCluster::form() {
   for (int id = 1; id <= opt_.nodes; ++id)
     nodes_.push_back(Node{id, free_port(), free_port(), dir_ / ("node" + std::to_string(id)), nullptr});
   std::string voters, bootstrap;
@@ -122,6 +142,7 @@ KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-clus
   const std::string cluster_id = random_cluster_id();
   const int rf = replication(), isr = min_insync();
   for (auto& n : nodes_) {
+    std::filesystem::remove_all(n.dir);
     std::filesystem::create_directories(n.dir);
     std::map<std::string, std::string> props{
         {"process.roles", "broker,controller"},
@@ -205,7 +226,7 @@ KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-clus
   rd_kafka_destroy(rk);
   if (brokers != nodes())
     throw std::runtime_error("Kafka cluster: " + std::to_string(brokers) + " of " + std::to_string(nodes()) +
-                             " brokers registered within 90s; node 1 log:\n" + log_tail(1));
+                             " brokers registered within 90s\n" + nodes_report());
 }
 
 struct KafkaCluster::AdminClient {
@@ -326,6 +347,17 @@ int KafkaCluster::active_controller() const {
       }
   }
   return id;
+}
+
+std::string KafkaCluster::nodes_report() const {
+  std::string report;
+  for (const auto& n : nodes_) {
+    report += "node " + std::to_string(n.id) + " (client port " + std::to_string(n.client_port) +
+              ", controller port " + std::to_string(n.controller_port) + ", " +
+              (n.proc && n.proc->running() ? "running" : "not running") + "), its log:\n" + log_tail(n.id, 1500) +
+              read_file(n.dir / "server.err") + "\n";
+  }
+  return report;
 }
 
 std::string KafkaCluster::log_tail(int id, size_t bytes) const {

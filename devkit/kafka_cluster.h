@@ -73,6 +73,11 @@ class KafkaCluster {
     std::filesystem::path dir;
     std::unique_ptr<Process> proc;
   };
+  /// Picks the ports, formats and starts the nodes, waits until every broker
+  /// is registered; throws std::runtime_error with nodes_report().
+  void form();
+  /// Every node's ports, whether it runs, and the end of its log.
+  std::string nodes_report() const;
   void start(Node& n);
   void wait_listening(Node& n);
   std::vector<std::string> java(const std::string& main_class, std::vector<std::string> args, int heap_mb) const;

@@ -10,7 +10,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -89,16 +91,32 @@ std::string Process::out() const { return read_file(out_file_); }
 std::string Process::err() const { return read_file(err_file_); }
 
 int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("bind failed");
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  // A server the tests start needs a fixed port (Kafka's voters name their
+  // peers; a broker or MariaDB restarts on the port it had). The port comes
+  // from below the kernel's ephemeral range, where no outgoing connection
+  // takes it as its source port while its server is down, and never twice
+  // in one process, so a stopped server's port is not handed to another.
+  static std::mutex mu;
+  static std::set<int> handed_out;
+  static std::mt19937 pick{std::random_device{}()};
+  std::lock_guard lk(mu);
+  std::uniform_int_distribution<int> below_ephemeral(10000, 32000);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = below_ephemeral(pick);
+    if (handed_out.count(port)) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error("free_port: socket failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (!free) continue;
+    handed_out.insert(port);
+    return port;
+  }
+  throw std::runtime_error("free_port: no free port in 10000-32000 on 127.0.0.1 after 1000 tries");
 }
 
 ScratchDir::ScratchDir(const std::string& tag) {

@@ -41,7 +41,8 @@ class Process {
   std::filesystem::path out_file_, err_file_;
 };
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
+/// A TCP port that was free a moment ago on 127.0.0.1, below the ephemeral
+/// range and not handed out before by this process.
 int free_port();
 
 /// Polls `pred` every `interval` until it holds or `timeout` passes;

@@ -95,6 +95,11 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   return *rc;
 }
 
+std::string HostProcess::log_tail(size_t bytes) const {
+  const std::string all = log();
+  return all.size() > bytes ? "...\n" + all.substr(all.size() - bytes) : all;
+}
+
 void wait_committed(TestKafka& kafka, const std::string& group, const std::vector<std::pair<std::string, int>>& topics,
                     HostProcess& host, std::chrono::milliseconds timeout) {
   std::map<std::string, std::map<int32_t, int64_t>> hi;
@@ -124,9 +129,7 @@ void wait_committed(TestKafka& kafka, const std::string& group, const std::vecto
         timeout, "committed offsets to reach the end", std::chrono::milliseconds(200));
   } catch (const std::runtime_error& e) {
     // A flake seen only on a CI machine must carry what is needed to explain it.
-    auto log = host.log();
-    if (log.size() > 20000) log = "...\n" + log.substr(log.size() - 20000);
-    throw std::runtime_error(std::string(e.what()) + "; behind:" + behind + "\nhost log (tail):\n" + log);
+    throw std::runtime_error(std::string(e.what()) + "; behind:" + behind + "\nhost log (tail):\n" + host.log_tail());
   }
 }
 

@@ -45,6 +45,8 @@ class HostProcess {
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   void kill() { proc_->kill_now(); }
   std::string log() const { return proc_->err(); }
+  /// The last `bytes` of the log, for failure messages.
+  std::string log_tail(size_t bytes = 20000) const;
   const std::filesystem::path& config_path() const { return config_; }
 
  private:
