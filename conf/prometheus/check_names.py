@@ -5,7 +5,8 @@ names the host renders.
     python3 conf/prometheus/check_names.py <repo-root>
 
 The known names are read from the host's sources, so no list is kept by hand:
-every string literal starting "idemsink_ in core/pipeline/metrics.cc,
+every string literal starting "idemsink_ in core/metrics/metrics.h (the
+lists that declare each series once), core/metrics/metrics.cc,
 core/kafka/*.cc and core/admin/*.cc. The names used are every idemsink_* name
 in the PromQL of conf/prometheus/alerts.yml (expr), of
 conf/prometheus/alerts_test.yml (series, expr) and of conf/grafana/idemsink.json
@@ -21,7 +22,7 @@ import os
 import re
 import sys
 
-SOURCES = ["core/pipeline/metrics.cc", "core/kafka/*.cc", "core/admin/*.cc"]
+SOURCES = ["core/metrics/metrics.h", "core/metrics/metrics.cc", "core/kafka/*.cc", "core/admin/*.cc"]
 RULES = "conf/prometheus/alerts.yml"
 RULE_TESTS = "conf/prometheus/alerts_test.yml"
 DASHBOARD = "conf/grafana/idemsink.json"

@@ -10,7 +10,7 @@
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/pipeline/engine.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 
 namespace idemsink::admin {
 
@@ -225,7 +225,7 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 }  // namespace
 
-AdminServer::AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics,
+AdminServer::AdminServer(const std::string& listen, std::string token, metrics::Metrics& metrics,
                          std::vector<pipeline::Engine*> engines, std::string host_id)
     : shared_{metrics, std::move(engines), std::move(host_id), std::move(token), false, 0},
       acceptor_(io_, parse_listen(listen)) {

@@ -26,8 +26,10 @@
 
 namespace idemsink::pipeline {
 class Engine;
-class Metrics;
 }  // namespace idemsink::pipeline
+namespace idemsink::metrics {
+class Metrics;
+}  // namespace idemsink::metrics
 
 namespace idemsink::admin {
 
@@ -35,7 +37,7 @@ class AdminServer {
  public:
   /// `listen` is "host:port" (port 0 picks a free one). Throws on a bad
   /// address or a port in use.
-  AdminServer(const std::string& listen, std::string token, pipeline::Metrics& metrics,
+  AdminServer(const std::string& listen, std::string token, metrics::Metrics& metrics,
               std::vector<pipeline::Engine*> engines, std::string host_id);
   ~AdminServer();
   void stop();
@@ -43,7 +45,7 @@ class AdminServer {
 
   /// What every connection reads; touched on the admin thread only.
   struct Shared {
-    pipeline::Metrics& metrics;
+    metrics::Metrics& metrics;
     std::vector<pipeline::Engine*> engines;  // one per database; at least one
     std::string host_id;
     std::string token;  // empty: none configured

@@ -10,10 +10,10 @@
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
-#include "core/pipeline/audit.h"
+#include "core/offline/audit.h"
 #include "core/app/host.h"
 #include "core/pipeline/reconciler.h"
-#include "core/pipeline/replay.h"
+#include "core/offline/replay.h"
 #include "core/pipeline/route_control.h"
 
 namespace idemsink::app {
@@ -220,9 +220,9 @@ int route_pause(const config::Config& cfg, const std::string& route, bool paused
   return 0;
 }
 
-int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter) {
+int replay(const config::Config& cfg, const offline::ReplayFilter& filter) {
   db::Connection c(cfg.database_of(*cfg.route_by_name(filter.route)));
-  const auto r = pipeline::replay(c, cfg, filter, std::cout);
+  const auto r = offline::replay(c, cfg, filter, std::cout);
   std::cout << "replay of route " << filter.route << (filter.dry_run ? " (dry run)" : "") << ": " << r.matched
             << " failed claim(s) matched, " << r.replayed << (filter.dry_run ? " would be" : "")
             << " re-opened and sent back to its source topic, " << r.not_replayable
@@ -235,7 +235,7 @@ int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter) {
 }
 
 int audit(const config::Config& cfg) {
-  auto report = pipeline::audit(cfg);
+  auto report = offline::audit(cfg);
   report.print(std::cout);
   return report.ok() ? 0 : 1;
 }

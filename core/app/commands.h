@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/pipeline/replay.h"
+#include "core/offline/replay.h"
 
 namespace idemsink::app {
 
@@ -42,6 +42,6 @@ int route_pause(const config::Config& cfg, const std::string& route, bool paused
 
 /// `idemsink replay`: dead (failed) claims of a route re-opened and their
 /// records sent back to its source topic; exit 1 if some could not be replayed.
-int replay(const config::Config& cfg, const pipeline::ReplayFilter& filter);
+int replay(const config::Config& cfg, const offline::ReplayFilter& filter);
 
 }  // namespace idemsink::app

@@ -29,9 +29,9 @@
 namespace idemsink::app {
 
 namespace asio = boost::asio;
+using metrics::Metrics;
 using pipeline::Engine;
 using pipeline::KeyExtractor;
-using pipeline::Metrics;
 using pipeline::Reconciler;
 using pipeline::Route;
 
@@ -56,8 +56,11 @@ std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::C
 std::vector<std::string> schema_statements(const config::Config& cfg,
                                            const std::vector<std::shared_ptr<plugin::Library>>& libs) {
   std::vector<std::string> stmts{claim::claim_table(std::chrono::system_clock::now(), {cfg.claim.retention_days, 3}),
-                                 claim::key_directory_table(), claim::meta_table(), claim::OffsetStore::schema(),
-                                 dlq::Outbox::schema(), pipeline::RouteControl::schema()};
+                                 claim::key_directory_table(),
+                                 claim::meta_table(),
+                                 claim::OffsetStore::schema(),
+                                 dlq::Outbox::schema(),
+                                 pipeline::RouteControl::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -143,8 +146,9 @@ void prepare_database(Slice& s) {
     std::string ns;  // made by apply_schema, or by `idemsink schema apply`
     db::Pool::run_once(s.cfg.database, [&](db::Connection& c) { ns = claim::token_namespace(c, false); });
     if (ns.empty())
-      throw db::DbError(0, "claim.derived_tokens needs the deployment's token namespace in idemsink_meta, and "
-                           "claim.apply_schema is off: run `idemsink schema apply` once");
+      throw db::DbError(0,
+                        "claim.derived_tokens needs the deployment's token namespace in idemsink_meta, and "
+                        "claim.apply_schema is off: run `idemsink schema apply` once");
     s.engine->set_token_namespace(ns);
   }
   s.engine->route_control().load_at_start();
@@ -156,7 +160,7 @@ void prepare_database(Slice& s) {
 // `fatal` instead.
 class SliceStarter {
  public:
-  SliceStarter(asio::io_context& io, Slice& slice, pipeline::SliceMetrics& metrics, std::function<void(Slice&)> ready,
+  SliceStarter(asio::io_context& io, Slice& slice, metrics::SliceMetrics& metrics, std::function<void(Slice&)> ready,
                std::function<void(std::string)> fatal)
       : thread_([this, &io, &slice, &metrics, ready = std::move(ready), fatal = std::move(fatal)] {
           const auto backoff_max =

@@ -97,12 +97,8 @@ config::Config load_config(const po::variables_map& vm, bool host_log_file = fal
 void declare_config_only(po::options_description& o, po::positional_options_description&) { config_option(o); }
 
 int run_host_command(const po::variables_map& vm) { return app::run(load_config(vm, true)); }
-int check_config_command(const po::variables_map& vm) {
-  return app::check_config(load_config(vm));
-}
-int audit_command(const po::variables_map& vm) {
-  return each_database(load_config(vm), app::audit);
-}
+int check_config_command(const po::variables_map& vm) { return app::check_config(load_config(vm)); }
+int audit_command(const po::variables_map& vm) { return each_database(load_config(vm), app::audit); }
 
 void declare_schema(po::options_description& o, po::positional_options_description& pos) {
   config_option(o);
@@ -148,13 +144,13 @@ void declare_replay(po::options_description& o, po::positional_options_descripti
 }
 int replay_command(const po::variables_map& vm) {
   const config::Config cfg = load_config(vm);
-  pipeline::ReplayFilter f;
+  offline::ReplayFilter f;
   f.route = vm["route"].as<std::string>();
   if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
   if (vm.count("reason")) f.reason = vm["reason"].as<std::string>();
   if (vm.count("since")) {
     try {
-      f.since = pipeline::since_expression(vm["since"].as<std::string>());
+      f.since = offline::since_expression(vm["since"].as<std::string>());
     } catch (const std::invalid_argument& e) {
       throw po::error(e.what());
     }
@@ -263,8 +259,8 @@ const Command kCommands[] = {
 
 // Parses the command's options (printing its usage on --help) and runs it.
 int dispatch(const std::string& cmd, const std::vector<std::string>& args) {
-  const auto it = std::find_if(std::begin(kCommands), std::end(kCommands),
-                               [&](const Command& c) { return cmd == c.name; });
+  const auto it =
+      std::find_if(std::begin(kCommands), std::end(kCommands), [&](const Command& c) { return cmd == c.name; });
   if (it == std::end(kCommands)) {
     std::cerr << "idemsink: unknown command '" << cmd << "'\n\n" << kUsage << "\n";
     return 2;

@@ -36,7 +36,7 @@ std::chrono::milliseconds unknown_topic_patience(const config::KafkaConfig& k) {
 }  // namespace
 
 Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-               std::vector<std::unique_ptr<Route>> routes, Metrics& metrics, std::string owner)
+               std::vector<std::unique_ptr<Route>> routes, metrics::Metrics& metrics, std::string owner)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
@@ -71,7 +71,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
             const auto it =
                 std::find_if(routes_.begin(), routes_.end(), [&](const auto& r) { return r->cfg.name == route; });
             if (it == routes_.end()) return;
-            RouteMetrics& m = *(*it)->metrics;
+            metrics::RouteMetrics& m = *(*it)->metrics;
             m.dlq_published.fetch_add(published, std::memory_order_relaxed);
             m.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
           },
@@ -402,7 +402,7 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
       if (r) end_record(*r, false);
       continue;
     }
-    RouteMetrics& m = *r->route->metrics;
+    metrics::RouteMetrics& m = *r->route->metrics;
     switch (res.verdict) {
       case Verdict::Owned: {
         r->row = res.row;
@@ -719,7 +719,7 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
   for (const auto& w : written) {
     Record* r = find(w.id);
     if (r == nullptr) continue;
-    RouteMetrics& m = *r->route->metrics;
+    metrics::RouteMetrics& m = *r->route->metrics;
     switch (w.result) {
       case Result::Written: break;
       case Result::Fenced:

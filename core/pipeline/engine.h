@@ -47,7 +47,7 @@
 #include "core/pipeline/housekeeping.h"
 #include "core/pipeline/key_queue.h"
 #include "core/pipeline/local_tx.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 #include "core/pipeline/outcome_writer.h"
 #include "core/pipeline/partitions.h"
 #include "core/pipeline/periodic.h"
@@ -60,7 +60,7 @@ namespace idemsink::pipeline {
 class Engine : public kafka::Consumer::Listener {
  public:
   Engine(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-         std::vector<std::unique_ptr<Route>> routes, Metrics& metrics, std::string owner);
+         std::vector<std::unique_ptr<Route>> routes, metrics::Metrics& metrics, std::string owner);
   ~Engine() override;
 
   /// Wires the consumer in and starts the timers.
@@ -91,7 +91,7 @@ class Engine : public kafka::Consumer::Listener {
   RouteControl& route_control() { return route_control_; }
 
   /// This engine's database's gauges (the reconciler of the same database reports there).
-  SliceMetrics& slice() { return slice_; }
+  metrics::SliceMetrics& slice() { return slice_; }
 
   /// The DLQ relay, for the host to give it its producer.
   dlq::Relay& relay() { return relay_; }
@@ -154,8 +154,8 @@ class Engine : public kafka::Consumer::Listener {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const config::Config& cfg_;
-  Metrics& metrics_;
-  SliceMetrics& slice_;  // this engine's database
+  metrics::Metrics& metrics_;
+  metrics::SliceMetrics& slice_;  // this engine's database
   std::string owner_;
   claim::ClaimStore store_;
   claim::OffsetStore offsets_;

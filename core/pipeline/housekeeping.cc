@@ -18,8 +18,8 @@ constexpr auto kGaugesEvery = std::chrono::seconds(5);
 }  // namespace
 
 Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                           const claim::ClaimStore& store, const dlq::Outbox& outbox, Metrics& all,
-                           SliceMetrics& metrics)
+                           const claim::ClaimStore& store, const dlq::Outbox& outbox, metrics::Metrics& all,
+                           metrics::SliceMetrics& metrics)
     : io_(io),
       pool_(pool),
       cfg_(cfg),

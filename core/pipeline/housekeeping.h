@@ -20,7 +20,7 @@
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 #include "core/pipeline/periodic.h"
 
 namespace idemsink::pipeline {
@@ -28,7 +28,7 @@ namespace idemsink::pipeline {
 class Housekeeping {
  public:
   Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
-               const dlq::Outbox& outbox, Metrics& all, SliceMetrics& metrics);
+               const dlq::Outbox& outbox, metrics::Metrics& all, metrics::SliceMetrics& metrics);
 
   void start();
   void stop();
@@ -48,8 +48,8 @@ class Housekeeping {
   const config::Config& cfg_;
   const claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
-  SliceMetrics& metrics_;
-  std::map<std::string, RouteMetrics*> routes_;  // this database's routes (DLQ backlog gauges)
+  metrics::SliceMetrics& metrics_;
+  std::map<std::string, metrics::RouteMetrics*> routes_;  // this database's routes (DLQ backlog gauges)
   bool stopped_ = false;
   bool ensuring_ = false;
   bool gauges_running_ = false;

@@ -22,14 +22,14 @@ std::vector<std::pair<std::string, int32_t>> keys_of(const std::vector<std::shar
 }
 }  // namespace
 
-Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
-                       FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets)
+Partitions::Partitions(asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics,
+                       metrics::SliceMetrics& slice, FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets)
     : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate), pool_(pool), offsets_(offsets) {
   for (const auto* props : {&cfg.kafka.properties, &cfg.kafka.consumer_properties})
     if (auto it = props->find("auto.offset.reset"); it != props->end())
       starts_at_end_ = it->second == "latest" || it->second == "largest" || it->second == "end";
   for (const auto& rc : cfg.routes) {
-    RouteMetrics* m = &metrics.route(rc.name);
+    metrics::RouteMetrics* m = &metrics.route(rc.name);
     route_of_topic_[rc.topic] = m;
     for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
       route_of_topic_[rc.retry.topic_name(rc.topic, tier)] = m;
@@ -37,10 +37,11 @@ Partitions::Partitions(asio::io_context& io, const config::Config& cfg, Metrics&
 }
 
 void Partitions::count_commit(const std::vector<kafka::TopicPartitionOffset>& offsets, bool failed) {
-  std::set<RouteMetrics*> routes;
+  std::set<metrics::RouteMetrics*> routes;
   for (const auto& o : offsets)
     if (auto it = route_of_topic_.find(o.tp.topic); it != route_of_topic_.end()) routes.insert(it->second);
-  for (RouteMetrics* m : routes) (failed ? m->commit_failures : m->commits).fetch_add(1, std::memory_order_relaxed);
+  for (metrics::RouteMetrics* m : routes)
+    (failed ? m->commit_failures : m->commits).fetch_add(1, std::memory_order_relaxed);
 }
 
 size_t Partitions::active_of(const std::vector<std::string>& topics) const {
@@ -151,9 +152,10 @@ void Partitions::recheck_stored() {
         const int64_t from = db != stored.end() ? db->second : p->first_consumed;
         if (from < 0 || from >= read_end) continue;
         if (db == stored.end())
-          spdlog::warn("kafka: {}[{}]: after the failover the database has no stored offset for the partition; "
-                       "reading again from {}, the first record this host took of it",
-                       p->tp.topic, p->tp.partition, from);
+          spdlog::warn(
+              "kafka: {}[{}]: after the failover the database has no stored offset for the partition; "
+              "reading again from {}, the first record this host took of it",
+              p->tp.topic, p->tp.partition, from);
         // Everything this host has read may have had a claim (and a call
         // mark) there: at-most-once records up to it are looked up first.
         p->lost_window_end = read_end;
@@ -307,7 +309,7 @@ void Partitions::check_drains() {
 
 bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
                       bool retry_topic) {
-  if (part->starting) return false;                        // fetched again once the start is known
+  if (part->starting) return false;                       // fetched again once the start is known
   if (seek_generation < part->seek_ticket) return false;  // polled before our last seek of the partition
   switch (part->tracker.check(msg.offset)) {
     case OffsetTracker::Admit::Next: break;

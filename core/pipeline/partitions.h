@@ -34,15 +34,15 @@
 #include "core/db/pool.h"
 #include "core/kafka/consumer.h"
 #include "core/pipeline/fetch_gate.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {
 
 class Partitions {
  public:
-  Partitions(boost::asio::io_context& io, const config::Config& cfg, Metrics& metrics, SliceMetrics& slice,
-             FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets);
+  Partitions(boost::asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics,
+             metrics::SliceMetrics& slice, FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets);
 
   void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
 
@@ -125,9 +125,9 @@ class Partitions {
 
   boost::asio::io_context& io_;
   const config::Config& cfg_;
-  Metrics& metrics_;
-  SliceMetrics& slice_;
-  std::map<std::string, RouteMetrics*> route_of_topic_;  // the route of each topic (own and retry topics)
+  metrics::Metrics& metrics_;
+  metrics::SliceMetrics& slice_;
+  std::map<std::string, metrics::RouteMetrics*> route_of_topic_;  // the route of each topic (own and retry topics)
   FetchGate& gate_;
   db::Pool& pool_;
   const claim::OffsetStore& offsets_;

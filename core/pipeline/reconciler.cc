@@ -1,5 +1,7 @@
 #include "core/pipeline/reconciler.h"
 
+#include <memory>
+
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/dlq/outbox.h"
@@ -52,7 +54,8 @@ idemsink_record record_of(const C& c, const std::string& route, uint32_t attempt
 }  // namespace
 
 Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                       std::map<std::string, plugin::Instance*> handlers, SliceMetrics* metrics, std::string owner)
+                       std::map<std::string, plugin::Instance*> handlers, metrics::SliceMetrics* metrics,
+                       std::string owner)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
@@ -90,19 +93,27 @@ void Reconciler::stop() {
   timer_.cancel();
 }
 
-void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t limit) {
-  if (handlers_.empty() || running_) {
-    asio::post(io_, [done] { done({}); });
-    return;
-  }
-  running_ = true;
-  pool_.submit("reconcile scan", [this, done, limit](Connection& c) {
+// One reconcile round in its steps, each run once the one before has
+// answered; the callbacks it hands out keep it alive:
+//   scan ─▶ ask every plugin ─▶ sort the answers ─▶ settle them (one
+//   transaction), take the rows to re-drive ─▶ re-drive each once ─▶ record
+//   the results ─▶ finish
+// Steps on the engine thread and on a database worker alternate, never
+// overlap. A database step may be re-run by the pool after a failure: it
+// works on locals and touches the round only once its transaction commits.
+class Reconciler::Round : public std::enable_shared_from_this<Round> {
+ public:
+  Round(Reconciler& reconciler, std::function<void(ReconcileSummary)> done) : r_(reconciler), done_(std::move(done)) {}
+
+  /// Database worker: the candidates, and the payload the outbox kept of each.
+  void scan(Connection& c, size_t limit) {
     // An unknown is asked about only once its newest call is old enough to
     // have landed: a call still on its way must not look like "never sent".
     std::vector<claim::ClaimStore::Namespace> routes;
-    for (const auto& [name, h] : handlers_) routes.push_back({name, cfg_.reconcile_after(*cfg_.route_by_name(name))});
-    auto cands = std::make_shared<std::vector<Candidate>>();
-    for (auto& u : store_.unsettled(c, routes, cfg_.claim.stuck_after, limit, false)) {
+    for (const auto& [name, h] : r_.handlers_)
+      routes.push_back({name, r_.cfg_.reconcile_after(*r_.cfg_.route_by_name(name))});
+    std::vector<Candidate> found;
+    for (auto& u : r_.store_.unsettled(c, routes, r_.cfg_.claim.stuck_after, limit, false)) {
       Candidate cand;
       cand.row = std::move(u.row);
       cand.status = u.status;
@@ -112,186 +123,216 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
       cand.src_topic = std::move(u.src_topic);
       cand.src_partition = u.src_partition;
       cand.src_offset = u.src_offset;
-      cands->push_back(std::move(cand));
+      found.push_back(std::move(cand));
     }
-    if (!cands->empty()) {
+    if (!found.empty()) {
       std::string tokens;
-      for (const auto& cand : *cands) tokens += (tokens.empty() ? "'" : ", '") + cand.token + "'";
+      for (const auto& cand : found) tokens += (tokens.empty() ? "'" : ", '") + cand.token + "'";
       std::map<std::string, size_t> by_token;
-      for (size_t i = 0; i < cands->size(); ++i) by_token[(*cands)[i].token] = i;
+      for (size_t i = 0; i < found.size(); ++i) by_token[found[i].token] = i;
       // The newest outbox row of each token carries the record's payload.
       for (auto& r :
            c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp, reason FROM idemsink_dlq_outbox WHERE "
                    "idem_token IN (" +
                    tokens + ") ORDER BY id")) {
-        Candidate& cand = (*cands)[by_token[*r[0]]];
+        Candidate& cand = found[by_token[*r[0]]];
         cand.key = r[1];
         cand.value = r[2];
         cand.timestamp_ms = std::stoll(*r[3]);
         cand.reason = *r[4];
       }
     }
-    asio::post(io_, [this, cands, done] { handle(cands, done); });
-  });
-}
-
-void Reconciler::handle(std::shared_ptr<std::vector<Candidate>> cands, std::function<void(ReconcileSummary)> done) {
-  auto finish = [this, done](ReconcileSummary s) {
-    running_ = false;
-    if (metrics_) {
-      metrics_->reconciled_done.fetch_add(s.applied + s.redriven_done, std::memory_order_relaxed);
-      metrics_->reconcile_undecided.store(static_cast<int64_t>(s.undecided + s.left_stuck), std::memory_order_relaxed);
-    }
-    done(s);
-  };
-  if (cands->empty()) {
-    finish({});
-    return;
+    cands_ = std::move(found);
+    asio::post(r_.io_, [self = shared_from_this()] { self->ask(); });
   }
-  // Once every plugin answered (or its deadline passed), act on the answers.
-  auto pending = std::make_shared<size_t>(cands->size());
-  auto decide = std::make_shared<std::function<void()>>();
-  *decide = [this, cands, finish] {
-    auto summary = std::make_shared<ReconcileSummary>();
-    summary->examined = cands->size();
-    std::vector<size_t> resolve, redrive, not_applied;
-    std::vector<claim::Outcome> undecided;
-    for (size_t i = 0; i < cands->size(); ++i) {
-      const Candidate& c = (*cands)[i];
+
+ private:
+  /// Engine thread: every plugin asked about its rows, each with the route's
+  /// call deadline.
+  void ask() {
+    if (cands_.empty()) return finish();
+    unanswered_ = cands_.size();
+    for (size_t i = 0; i < cands_.size(); ++i) {
+      Candidate& c = cands_[i];
+      const std::string route = c.row.ns;
+      const uint64_t call_id =
+          call_with_deadline(r_.io_, r_.cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
+                             {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+                             [self = shared_from_this(), i](idemsink_outcome o, std::string detail) {
+                               self->cands_[i].answer = o;
+                               self->cands_[i].detail = std::move(detail);
+                               if (--self->unanswered_ == 0) self->sort_answers();
+                             });
+      const idemsink_record rec = record_of(c, route, c.calls);
+      r_.handlers_.at(route)->reconcile(rec, call_id);
+    }
+  }
+
+  /// Engine thread, once every plugin answered (or its deadline passed).
+  void sort_answers() {
+    summary_.examined = cands_.size();
+    for (size_t i = 0; i < cands_.size(); ++i) {
+      const Candidate& c = cands_[i];
       // Unknown because its attempts ran out (or it kept killing hosts)
       // after a call that may have applied it, or its re-drives have used up
       // the route's attempts (a remote that refuses it every time): the
       // record has had its chances, so "never happened" settles it as failed.
-      const config::RouteConfig* rc = cfg_.route_by_name(c.row.ns);
+      const config::RouteConfig* rc = r_.cfg_.route_by_name(c.row.ns);
       const bool spent = c.reason == dlq::to_string(dlq::Reason::MaybeApplied) ||
                          c.reason == dlq::to_string(dlq::Reason::CrashLoop) ||
                          (rc != nullptr && c.calls >= static_cast<uint32_t>(rc->retry.max_attempts));
       if (c.answer == IDEMSINK_OUTCOME_OK) {
-        resolve.push_back(i);
+        resolve_.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && spent) {
-        not_applied.push_back(i);
+        not_applied_.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && c.value) {
-        redrive.push_back(i);
+        redrive_.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT) {
-        ++summary->left_stuck;
+        ++summary_.left_stuck;
         spdlog::warn(
             "reconcile: route {} key {} (token {}) is {} and its effect did not happen; it waits for its "
             "record or `idemsink reconcile --resolve`",
             c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
       } else {
-        ++summary->undecided;
-        if (c.status == claim::Status::Unknown) undecided.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
+        ++summary_.undecided;
+        if (c.status == claim::Status::Unknown) undecided_.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
       }
     }
-    // 1. Applied: done, with the receipt the remote returned.
-    pool_.submit("reconcile resolve", [this, cands, resolve, redrive, not_applied, undecided, summary,
-                                       finish](Connection& c) {
-      // One transaction: a resolution and the stamp of its held DLQ row
-      // commit together (a host killed in between would leave the row
-      // unstamped). Counted once committed, so a re-run counts once.
-      std::vector<std::string> settled;  // their held DLQ rows are never sent
-      size_t applied = 0, failed = 0;
-      c.begin();
-      for (size_t i : resolve) {
-        const Candidate& cand = (*cands)[i];
-        if (store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) {
-          ++applied;
-          settled.push_back(cand.token);
-        }
-      }
-      for (size_t i : not_applied) {
-        const Candidate& cand = (*cands)[i];
-        if (store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) {
-          ++failed;
-          settled.push_back(cand.token);
-        }
-      }
-      dlq::Outbox::settle_held(c, settled);
-      store_.note_undecided(c, undecided);
-      c.commit();
-      summary->applied += applied;
-      summary->failed += failed;
-      // 2. Not applied: take the unknown row (CAS on attempt, plus a lease so
-      //    no other host re-drives it meanwhile) and run it once more. The row
-      //    stays `unknown` until the re-drive reports: a host that dies on the
-      //    way leaves it unknown, to be reconciled again, never half-done.
-      std::vector<size_t> owned;
-      const auto lease = std::max<std::chrono::milliseconds>(cfg_.claim.lease, std::chrono::seconds(10));
-      for (size_t i : redrive) {
-        const Candidate& cand = (*cands)[i];
-        if (store_.take_for_redrive(c, cand.row, cand.attempt, lease + cfg_.route_by_name(cand.row.ns)->call_timeout))
-          owned.push_back(i);
-      }
-      asio::post(io_, [this, cands, owned, summary, finish] {
-        if (owned.empty()) {
-          finish(*summary);
-          return;
-        }
-        auto left = std::make_shared<size_t>(owned.size());
-        auto outcomes = std::make_shared<std::vector<std::pair<size_t, std::pair<idemsink_outcome, std::string>>>>();
-        for (size_t i : owned) {
-          Candidate& cand = (*cands)[i];
-          const std::string route = cand.row.ns;
-          spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route,
-                       printable(cand.row.biz_key), cand.token);
-          const uint64_t call_id = call_with_deadline(
-              io_, cfg_.route_by_name(route)->call_timeout, "re-drive " + route,
-              {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
-              [this, cands, i, left, outcomes, summary, finish](idemsink_outcome o, std::string detail) {
-                outcomes->push_back({i, {o, std::move(detail)}});
-                if (--*left > 0) return;
-                // 3. Record the re-drives' results under the epoch we took.
-                pool_.submit("reconcile re-drive results", [this, cands, outcomes, summary, finish](Connection& c) {
-                  std::vector<std::string> settled;
-                  ReconcileSummary counted;
-                  c.begin();  // results and their held rows' stamps commit together
-                  for (const auto& [idx, res] : *outcomes) {
-                    const Candidate& cand = (*cands)[idx];
-                    using Result = claim::ClaimStore::RedriveResult;
-                    const Result result = res.first == IDEMSINK_OUTCOME_OK          ? Result::Applied
-                                          : res.first == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
-                                                                                    : Result::Undecided;
-                    // False: our lease ran out and another host took it; its result counts.
-                    if (!store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, res.second))
-                      continue;
-                    if (result == Result::Applied)
-                      ++counted.redriven_done;
-                    else if (result == Result::Rejected)
-                      ++counted.failed;
-                    else
-                      ++counted.undecided;
-                    if (result != Result::Undecided) settled.push_back(cand.token);
-                  }
-                  dlq::Outbox::settle_held(c, settled);
-                  c.commit();
-                  summary->redriven_done += counted.redriven_done;
-                  summary->failed += counted.failed;
-                  summary->undecided += counted.undecided;
-                  asio::post(io_, [summary, finish] { finish(*summary); });
-                });
-              });
-          const idemsink_record rec = record_of(cand, route, cand.calls + 1);
-          handlers_.at(route)->invoke(rec, call_id);
-        }
-      });
-    });
-  };
-  // Ask every plugin about its rows, each with the route's call deadline.
-  for (size_t i = 0; i < cands->size(); ++i) {
-    Candidate& c = (*cands)[i];
-    const std::string route = c.row.ns;
-    plugin::Instance* h = handlers_.at(route);
-    const uint64_t call_id = call_with_deadline(
-        io_, cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
-        {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
-        [cands, i, pending, decide](idemsink_outcome o, std::string detail) {
-          (*cands)[i].answer = o;
-          (*cands)[i].detail = std::move(detail);
-          if (--*pending == 0) (*decide)();
-        });
-    const idemsink_record rec = record_of(c, route, c.calls);
-    h->reconcile(rec, call_id);
+    r_.pool_.submit("reconcile resolve", [self = shared_from_this()](Connection& c) { self->settle(c); });
   }
+
+  /// Database worker. 1. Applied: done, with the receipt the remote
+  /// returned; never applied and spent: failed. 2. Not applied: the unknown
+  /// row taken (CAS on attempt, plus a lease so no other host re-drives it
+  /// meanwhile) to run it once more. The row stays `unknown` until the
+  /// re-drive reports: a host that dies on the way leaves it unknown, to be
+  /// reconciled again, never half-done.
+  void settle(Connection& c) {
+    // One transaction: a resolution and the stamp of its held DLQ row commit
+    // together (a host killed in between would leave the row unstamped).
+    // Counted once committed, so a re-run counts once.
+    std::vector<std::string> settled;  // their held DLQ rows are never sent
+    size_t applied = 0, failed = 0;
+    c.begin();
+    for (size_t i : resolve_) {
+      const Candidate& cand = cands_[i];
+      if (r_.store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) {
+        ++applied;
+        settled.push_back(cand.token);
+      }
+    }
+    for (size_t i : not_applied_) {
+      const Candidate& cand = cands_[i];
+      if (r_.store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) {
+        ++failed;
+        settled.push_back(cand.token);
+      }
+    }
+    dlq::Outbox::settle_held(c, settled);
+    r_.store_.note_undecided(c, undecided_);
+    c.commit();
+    summary_.applied += applied;
+    summary_.failed += failed;
+    std::vector<size_t> owned;
+    const auto lease = std::max<std::chrono::milliseconds>(r_.cfg_.claim.lease, std::chrono::seconds(10));
+    for (size_t i : redrive_) {
+      const Candidate& cand = cands_[i];
+      if (r_.store_.take_for_redrive(c, cand.row, cand.attempt,
+                                     lease + r_.cfg_.route_by_name(cand.row.ns)->call_timeout))
+        owned.push_back(i);
+    }
+    owned_ = std::move(owned);
+    asio::post(r_.io_, [self = shared_from_this()] { self->redrive_owned(); });
+  }
+
+  /// Engine thread: each row taken run once more, same token.
+  void redrive_owned() {
+    if (owned_.empty()) return finish();
+    redrives_left_ = owned_.size();
+    for (size_t i : owned_) {
+      Candidate& cand = cands_[i];
+      const std::string route = cand.row.ns;
+      spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route,
+                   printable(cand.row.biz_key), cand.token);
+      const uint64_t call_id = call_with_deadline(
+          r_.io_, r_.cfg_.route_by_name(route)->call_timeout, "re-drive " + route,
+          {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
+          [self = shared_from_this(), i](idemsink_outcome o, std::string detail) {
+            self->redriven_.push_back({i, o, std::move(detail)});
+            if (--self->redrives_left_ > 0) return;
+            self->r_.pool_.submit("reconcile re-drive results", [self](Connection& c) { self->record_redrives(c); });
+          });
+      const idemsink_record rec = record_of(cand, route, cand.calls + 1);
+      r_.handlers_.at(route)->invoke(rec, call_id);
+    }
+  }
+
+  /// Database worker. 3. The re-drives' results, under the epoch we took.
+  void record_redrives(Connection& c) {
+    using Result = claim::ClaimStore::RedriveResult;
+    std::vector<std::string> settled;
+    ReconcileSummary counted;
+    c.begin();  // results and their held rows' stamps commit together
+    for (const Redriven& d : redriven_) {
+      const Candidate& cand = cands_[d.index];
+      const Result result = d.outcome == IDEMSINK_OUTCOME_OK          ? Result::Applied
+                            : d.outcome == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
+                                                                      : Result::Undecided;
+      // False: our lease ran out and another host took it; its result counts.
+      if (!r_.store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, d.detail)) continue;
+      if (result == Result::Applied)
+        ++counted.redriven_done;
+      else if (result == Result::Rejected)
+        ++counted.failed;
+      else
+        ++counted.undecided;
+      if (result != Result::Undecided) settled.push_back(cand.token);
+    }
+    dlq::Outbox::settle_held(c, settled);
+    c.commit();
+    summary_.redriven_done += counted.redriven_done;
+    summary_.failed += counted.failed;
+    summary_.undecided += counted.undecided;
+    asio::post(r_.io_, [self = shared_from_this()] { self->finish(); });
+  }
+
+  /// Engine thread.
+  void finish() {
+    r_.running_ = false;
+    if (r_.metrics_) {
+      r_.metrics_->reconciled_done.fetch_add(summary_.applied + summary_.redriven_done, std::memory_order_relaxed);
+      r_.metrics_->reconcile_undecided.store(static_cast<int64_t>(summary_.undecided + summary_.left_stuck),
+                                             std::memory_order_relaxed);
+    }
+    done_(summary_);
+  }
+
+  struct Redriven {
+    size_t index;
+    idemsink_outcome outcome;
+    std::string detail;
+  };
+
+  Reconciler& r_;
+  const std::function<void(ReconcileSummary)> done_;
+  std::vector<Candidate> cands_;
+  ReconcileSummary summary_;
+  size_t unanswered_ = 0;
+  std::vector<size_t> resolve_, not_applied_, redrive_;  // indexes into cands_, by the answer
+  std::vector<claim::Outcome> undecided_;
+  std::vector<size_t> owned_;  // of redrive_, the rows taken
+  size_t redrives_left_ = 0;
+  std::vector<Redriven> redriven_;
+};
+
+void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t limit) {
+  if (handlers_.empty() || running_) {
+    asio::post(io_, [done] { done({}); });
+    return;
+  }
+  running_ = true;
+  auto round = std::make_shared<Round>(*this, std::move(done));
+  pool_.submit("reconcile scan", [round, limit](Connection& c) { round->scan(c, limit); });
 }
 
 }  // namespace idemsink::pipeline

@@ -34,7 +34,7 @@
 #include "core/claim/claim_store.h"
 #include "core/config/config.h"
 #include "core/db/pool.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 #include "core/plugin/plugin.h"
 
 namespace idemsink::pipeline {
@@ -51,7 +51,7 @@ struct ReconcileSummary {
 class Reconciler {
  public:
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-             std::map<std::string, plugin::Instance*> handlers, SliceMetrics* metrics, std::string owner);
+             std::map<std::string, plugin::Instance*> handlers, metrics::SliceMetrics* metrics, std::string owner);
 
   static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
@@ -63,13 +63,13 @@ class Reconciler {
 
  private:
   struct Candidate;
-  void handle(std::shared_ptr<std::vector<Candidate>> cands, std::function<void(ReconcileSummary)> done);
+  class Round;  // one run_once(), in its steps
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const config::Config& cfg_;
   std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
-  SliceMetrics* metrics_;
+  metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;
   boost::asio::steady_timer timer_;
   bool running_ = false;

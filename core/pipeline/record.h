@@ -22,7 +22,7 @@
 #include "core/pipeline/stage.h"
 
 #include "core/pipeline/key_extractor.h"
-#include "core/pipeline/metrics.h"
+#include "core/metrics/metrics.h"
 #include "core/pipeline/offset_tracker.h"
 #include "core/plugin/plugin.h"
 
@@ -38,7 +38,7 @@ struct Route {
   config::RouteConfig cfg;
   std::unique_ptr<plugin::Instance> handler;
   KeyExtractor extractor;
-  RouteMetrics* metrics = nullptr;
+  metrics::RouteMetrics* metrics = nullptr;
   CircuitBreaker circuit{cfg.circuit};
   RateLimiter limiter{cfg.rate_limit};
   // Records of this route in the pipeline.
@@ -72,7 +72,7 @@ struct Route {
 /// One assigned partition, for one assignment (a re-assignment gets a new one).
 struct Partition {
   kafka::TopicPartition tp;
-  PartitionMetrics* metrics = nullptr;
+  metrics::PartitionMetrics* metrics = nullptr;
   OffsetTracker tracker;
   bool revoked = false;
   int64_t last_sent = -1;   // commit point last sent to Kafka
@@ -89,14 +89,13 @@ struct Partition {
   // (it may be behind Kafka's, if the database went back in time). Records
   // polled meanwhile are dropped, and fetched again from the start chosen.
   bool starting = true;
-  int64_t kafka_start = -1;  // the group's committed offset (-1: none, or unreadable)
+  int64_t kafka_start = -1;     // the group's committed offset (-1: none, or unreadable)
   int64_t first_consumed = -1;  // the first offset this host took of the partition, this assignment
   // Records below this offset were committed in Kafka on the strength of
   // outcomes the database has lost (-1: none): re-processed, and an
   // at-most-once record among them is looked up before it is sent again.
   int64_t lost_window_end = -1;
 };
-
 
 struct Record;
 /// The fields of a log line about this record (core/common/log.h).

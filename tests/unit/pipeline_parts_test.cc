@@ -1,5 +1,5 @@
 // The pure parts of the pipeline: admission, the key queue, the batch queue,
-// the circuit breaker, a record's life.
+// the circuit breaker, a record's life, the metrics' declarations.
 #define BOOST_TEST_MODULE pipeline_parts
 #include <boost/test/unit_test.hpp>
 
@@ -9,6 +9,7 @@
 #include "core/pipeline/circuit_breaker.h"
 
 #include "core/pipeline/key_queue.h"
+#include "core/metrics/metrics.h"
 #include "core/pipeline/rate_limiter.h"
 #include "core/pipeline/record.h"
 #include "core/pipeline/stage.h"
@@ -226,7 +227,7 @@ BOOST_AUTO_TEST_CASE(rate_limiter_spends_its_burst_then_one_call_per_token) {
   RateLimiter l(rate_cfg(50, 10, "host"), t0);
   int started = 0;
   while (l.try_call(t0)) ++started;
-  BOOST_TEST(started == 10);  // the burst
+  BOOST_TEST(started == 10);                   // the burst
   BOOST_TEST((l.next_call(t0) == t0 + 20ms));  // 50/s: one token every 20 ms
   BOOST_TEST(!l.try_call(t0 + 19ms));
   BOOST_TEST(l.try_call(t0 + 20ms));
@@ -283,9 +284,9 @@ BOOST_AUTO_TEST_CASE(rate_limiter_shares_scale_the_rate_and_holds_stop_every_cal
 
 namespace {
 
-const std::vector<Stage> kAllStages = {Stage::New,       Stage::Waiting,    Stage::Claim,     Stage::Claiming,
-                                       Stage::Busy,      Stage::Ready,      Stage::Confirming, Stage::LookingUp,
-                                       Stage::Calling,   Stage::Backoff,    Stage::Finishing, Stage::DeadLettering};
+const std::vector<Stage> kAllStages = {Stage::New,     Stage::Waiting, Stage::Claim,      Stage::Claiming,
+                                       Stage::Busy,    Stage::Ready,   Stage::Confirming, Stage::LookingUp,
+                                       Stage::Calling, Stage::Backoff, Stage::Finishing,  Stage::DeadLettering};
 
 // The stages reachable from `from` by steps of the table.
 std::set<Stage> reachable(Stage from) {
@@ -357,4 +358,53 @@ BOOST_AUTO_TEST_CASE(a_step_outside_the_table_is_logged_as_a_bug_and_taken) {
   BOOST_TEST(log.str().find("bug:") != std::string::npos, log.str());
   BOOST_TEST(log.str().find("claiming -> calling") != std::string::npos, log.str());
   BOOST_TEST((r.stage == Stage::Calling));  // behaviour as before the table: the caller decides
+}
+
+BOOST_AUTO_TEST_CASE(every_declared_series_is_rendered_once_with_its_type_and_help) {
+  metrics::Metrics m;
+  m.route("waybill").done.store(7);
+  m.route("waybill").rate_limit.store(2.5);
+  m.partition("orders", 3).assigned.store(true);
+  m.partition("orders", 4);  // revoked: its counters only
+  m.slice("shop@127.0.0.1:3306");
+  const std::string text = m.prometheus();
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  struct Declared {
+    std::string name, type, help, series;
+  };
+  std::vector<Declared> declared;
+  auto declare = [&](const char* name, const char* type, const char* help, const std::string& labels) {
+    declared.push_back({name, type, help, name + labels});
+  };
+#define ROUTE(field, T, initial, type, name, help) declare(name, #type, help, "{route=\"waybill\"} ");
+#define PARTITION(field, T, initial, type, name, help) \
+  declare(name, #type, help, "{topic=\"orders\",partition=\"3\"} ");
+#define SLICE(field, T, initial, type, name, help) declare(name, #type, help, " ");
+  IDEMSINK_ROUTE_METRICS(ROUTE)
+  IDEMSINK_PARTITION_METRICS(PARTITION)
+  IDEMSINK_SLICE_METRICS(SLICE)
+#undef ROUTE
+#undef PARTITION
+#undef SLICE
+  std::set<std::string> names;
+  for (const auto& d : declared) {
+    BOOST_TEST(names.insert(d.name).second, d.name << " declared twice");
+    BOOST_TEST(d.name.rfind("idemsink_", 0) == 0, d.name);
+    BOOST_TEST((d.type == "counter") == (d.name.size() > 6 && d.name.substr(d.name.size() - 6) == "_total"),
+               d.name << " is a " << d.type);
+    BOOST_TEST(count("# HELP " + d.name + " " + d.help + "\n") == 1u, d.name);
+    BOOST_TEST(count("# TYPE " + d.name + " " + d.type + "\n") == 1u, d.name);
+    BOOST_TEST(count("\n" + d.series) == 1u, d.series);
+  }
+  BOOST_TEST(count("\nidemsink_records_done_total{route=\"waybill\"} 7\n") == 1u);
+  BOOST_TEST(count("\nidemsink_route_rate_limit{route=\"waybill\"} 2.5\n") == 1u);
+  BOOST_TEST(count("\nidemsink_partition_committed_offset{topic=\"orders\",partition=\"3\"} -1\n") == 1u);
+  // A revoked partition keeps its counters, not its gauges.
+  BOOST_TEST(count("\nidemsink_offset_gaps_total{topic=\"orders\",partition=\"4\"} 0\n") == 1u);
+  BOOST_TEST(count("\nidemsink_partition_lag{topic=\"orders\",partition=\"4\"}") == 0u);
+  BOOST_TEST(count("\nidemsink_db_healthy 1\n") == 1u);
 }

@@ -1,4 +1,4 @@
-#include "core/pipeline/replay.h"
+#include "core/offline/replay.h"
 
 #include <charconv>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "core/dlq/headers.h"
 #include "core/dlq/outbox.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::offline {
 
 namespace {
 
@@ -170,4 +170,4 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
   return report;
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::offline

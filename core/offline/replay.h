@@ -31,7 +31,7 @@
 #include "core/config/config.h"
 #include "core/db/connection.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::offline {
 
 struct ReplayFilter {
   std::string route;
@@ -57,4 +57,4 @@ std::string since_expression(const std::string& text);
 /// not replayed and per record replayed when `out_each`.
 ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFilter& filter, std::ostream& out);
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::offline

@@ -11,7 +11,7 @@
 
 #include "core/config/config.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::offline {
 
 struct PartitionAudit {
   std::string topic;
@@ -41,4 +41,4 @@ struct AuditReport {
 /// Reads the topics and the database; throws on Kafka or database errors.
 AuditReport audit(const config::Config& cfg);
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::offline

@@ -1,4 +1,4 @@
-#include "core/pipeline/audit.h"
+#include "core/offline/audit.h"
 
 #include <librdkafka/rdkafka.h>
 
@@ -12,7 +12,7 @@
 #include "core/kafka/consumer.h"
 #include "core/pipeline/key_extractor.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::offline {
 namespace {
 
 using db::Connection;
@@ -104,7 +104,7 @@ std::string ranges(const std::vector<int64_t>& offsets, size_t max_ranges) {
 // Reads every partition of `topic` from its low watermark up to the group's
 // committed offset, all partitions at once, and accounts for each record.
 void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
-                 KeyExtractor& extractor, const std::string& topic, AuditReport& report) {
+                 pipeline::KeyExtractor& extractor, const std::string& topic, AuditReport& report) {
   const int parts = partition_count(group, topic);
   if (parts == 0) return;
   kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_new(parts));
@@ -205,7 +205,7 @@ AuditReport audit(const config::Config& cfg) {
   auto reader = consumer_handle(cfg, cfg.kafka.group_id + ".audit");  // assigns partitions, never commits
   Connection db(cfg.database);
   for (const auto& route : cfg.routes) {
-    KeyExtractor extractor(route);
+    pipeline::KeyExtractor extractor(route);
     std::vector<std::string> topics{route.topic};
     for (size_t tier = 1; tier <= route.retry.topics.size(); ++tier)
       topics.push_back(route.retry.topic_name(route.topic, tier));
@@ -214,4 +214,4 @@ AuditReport audit(const config::Config& cfg) {
   return report;
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::offline
