@@ -191,16 +191,37 @@ std::vector<ClaimStore::Existing> ClaimStore::fetch(Connection& c, std::span<con
   return out;
 }
 
-std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimRequest> reqs,
-                                           ClaimJobMemory& memory) const {
-  std::vector<ClaimResult> results(reqs.size());
-  if (reqs.empty()) return results;
+// One claim job (ClaimStore::claim), as its steps: read what exists, insert
+// the keys never seen, read again the keys another host inserted meanwhile,
+// classify the rows that exist, take over the pending rows we may.
+class ClaimStore::Job {
+ public:
+  Job(const ClaimStore& store, Connection& c, std::span<const ClaimRequest> reqs, ClaimJobMemory& memory)
+      : store_(store), c_(c), reqs_(reqs), memory_(memory), results_(reqs.size()) {}
+
+  std::vector<ClaimResult> run() {
+    if (reqs_.empty()) return std::move(results_);
+    read_existing();
+    insert_new_keys();
+    read_lost_races();
+    classify_existing();
+    take_over();
+    return std::move(results_);
+  }
+
+ private:
+  struct Takeover {
+    size_t index;
+    const Existing* e;
+  };
+  static std::string index(const std::string& ns, const std::string& k) { return ns + '\0' + k; }
+  std::string index(size_t i) const { return index(reqs_[i].key.ns, reqs_[i].key.biz_key); }
 
   // 1. What exists already, in any bucket (oldest first: the oldest governs).
-  auto index = [](const std::string& ns, const std::string& k) { return ns + '\0' + k; };
-  std::map<std::string, Existing> existing;
-  for (auto& e : fetch(c, reqs)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
-  fault::sync_point("claim_store.after_read");
+  void read_existing() {
+    for (auto& e : store_.fetch(c_, reqs_)) existing_.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+    fault::sync_point("claim_store.after_read");
+  }
 
   // 2. Insert rows for keys never seen. The key directory (one row per key,
   //    whatever the month) is the arbiter: its INSERT IGNORE ... RETURNING
@@ -209,190 +230,206 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
   //    of the keys won go in in the same transaction, so a key's directory row
   //    is never seen without its claim row. Keys in byte order: two hosts
   //    inserting overlapping batches take the row locks in one order.
-  std::vector<size_t> to_insert;
-  auto& tokens = memory.tokens;  // generated once per job: a re-run inserts (and recognises) the same
-  for (size_t i = 0; i < reqs.size(); ++i)
-    if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) to_insert.push_back(i);
-  std::sort(to_insert.begin(), to_insert.end(), [&](size_t a, size_t b) {
-    return std::tie(reqs[a].key.ns, reqs[a].key.biz_key) < std::tie(reqs[b].key.ns, reqs[b].key.biz_key);
-  });
-  std::vector<size_t> lost_race;
-  std::vector<size_t> no_partition;
-  if (!to_insert.empty()) {
-    std::string dir_sql = "INSERT IGNORE INTO idemsink_claim_key (namespace, biz_key, bucket) VALUES ";
-    for (size_t n = 0; n < to_insert.size(); ++n) {
-      const ClaimRequest& r = reqs[to_insert[n]];
-      dir_sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
-                 date_literal(r.key.bucket) + ")";
-    }
-    dir_sql += " RETURNING namespace, biz_key";
-    c.begin();
-    std::set<std::string> won;
-    for (auto& row : c.query(dir_sql)) won.insert(index(*row[0], *row[1]));
-    std::string sql =
-        "INSERT IGNORE INTO idemsink_claim (namespace, biz_key, bucket, status, attempt, idem_token, owner, "
-        "lease_until, payload_hash, src_topic, src_partition, src_offset, created_at, updated_at) VALUES ";
-    const std::string owner = c.quote(owner_), lease = lease_expr();
-    size_t rows = 0;
-    for (size_t i : to_insert) {
-      const ClaimRequest& r = reqs[i];
-      if (!won.count(index(r.key.ns, r.key.biz_key))) {
-        lost_race.push_back(i);
-        continue;
-      }
-      auto [tok, fresh] = tokens.try_emplace(index(r.key.ns, r.key.biz_key));
-      if (fresh) tok->second = new_token(r.key.ns, r.key.biz_key);
-      sql += (rows++ ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
-             date_literal(r.key.bucket) + ", 1, 1, '" + tok->second + "', " + owner + ", " + lease + ", " +
-             Connection::hex(r.payload_hash) + ", " + c.quote(r.src_topic) + ", " + std::to_string(r.src_partition) +
-             ", " + std::to_string(r.src_offset) + ", NOW(3), NOW(3))";
-    }
-    std::map<std::string, RowKey> inserted;
-    if (rows > 0) {
-      sql += " RETURNING namespace, biz_key, bucket";
-      for (auto& row : c.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
-    }
-    // A key won whose claim row INSERT IGNORE skipped: its month has no
-    // partition (its directory row goes too: nothing claims the key), or a
-    // host of an earlier version, which writes no directory row, inserted
-    // the same row meanwhile (the directory row stays: it names that row).
-    std::vector<size_t> skipped;
-    for (size_t i : to_insert) {
-      const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
-      if (won.count(idx) && !inserted.count(idx)) skipped.push_back(i);
-    }
-    if (!skipped.empty()) {
-      std::vector<Outcome> rows;
-      for (size_t i : skipped) rows.push_back(Outcome{reqs[i].key, 0, 0, 0, {}, {}});
-      std::set<std::string> present;
-      for (auto& row : c.query("SELECT namespace, biz_key FROM idemsink_claim WHERE " + where_rows(rows)))
-        present.insert(index(*row[0], *row[1]));
-      std::vector<RowKey> gone;
-      for (size_t i : skipped) {
-        if (present.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) {
-          lost_race.push_back(i);
-        } else {
-          no_partition.push_back(i);
-          gone.push_back(reqs[i].key);
-        }
-      }
-      if (!gone.empty())
-        c.execute("DELETE FROM idemsink_claim_key WHERE " +
-                  where_keys(gone, [](const RowKey& k) -> const RowKey& { return k; }));
-    }
-    c.commit();
+  void insert_new_keys() {
+    std::vector<size_t> to_insert;
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (!existing_.count(index(i))) to_insert.push_back(i);
+    if (to_insert.empty()) return;
+    std::sort(to_insert.begin(), to_insert.end(), [&](size_t a, size_t b) {
+      return std::tie(reqs_[a].key.ns, reqs_[a].key.biz_key) < std::tie(reqs_[b].key.ns, reqs_[b].key.biz_key);
+    });
+    c_.begin();
+    const std::set<std::string> won = insert_directory_rows(to_insert);
+    const std::map<std::string, RowKey> inserted = insert_claim_rows(to_insert, won);
+    const std::vector<size_t> no_partition = sort_out_skipped(to_insert, won, inserted);
+    c_.commit();
     lose_connection_on_fault();
     for (size_t i : to_insert) {
-      const std::string idx = index(reqs[i].key.ns, reqs[i].key.biz_key);
-      auto it = inserted.find(idx);
+      auto it = inserted.find(index(i));
       if (it == inserted.end()) continue;
-      ClaimResult& res = results[i];
+      ClaimResult& res = results_[i];
       res.verdict = Verdict::Owned;
       res.row = it->second;
       res.status = Status::Pending;
       res.attempt = 1;
-      res.idem_token = tokens[idx];
+      res.idem_token = memory_.tokens[index(i)];
     }
-    for (size_t i : no_partition) results[i].verdict = Verdict::NoPartition;
+    for (size_t i : no_partition) results_[i].verdict = Verdict::NoPartition;
   }
+
+  /// The keys of `to_insert` this job won in the key directory.
+  std::set<std::string> insert_directory_rows(const std::vector<size_t>& to_insert) {
+    std::string sql = "INSERT IGNORE INTO idemsink_claim_key (namespace, biz_key, bucket) VALUES ";
+    for (size_t n = 0; n < to_insert.size(); ++n) {
+      const ClaimRequest& r = reqs_[to_insert[n]];
+      sql += (n ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
+             date_literal(r.key.bucket) + ")";
+    }
+    sql += " RETURNING namespace, biz_key";
+    std::set<std::string> won;
+    for (auto& row : c_.query(sql)) won.insert(index(*row[0], *row[1]));
+    for (size_t i : to_insert)
+      if (!won.count(index(i))) lost_race_.push_back(i);
+    return won;
+  }
+
+  /// Claim rows, pending and ours, for the keys won; the rows inserted.
+  std::map<std::string, RowKey> insert_claim_rows(const std::vector<size_t>& to_insert,
+                                                  const std::set<std::string>& won) {
+    std::string sql =
+        "INSERT IGNORE INTO idemsink_claim (namespace, biz_key, bucket, status, attempt, idem_token, owner, "
+        "lease_until, payload_hash, src_topic, src_partition, src_offset, created_at, updated_at) VALUES ";
+    const std::string owner = c_.quote(store_.owner_), lease = store_.lease_expr();
+    const std::string pending = std::to_string(static_cast<int>(Status::Pending));
+    size_t rows = 0;
+    for (size_t i : to_insert) {
+      if (!won.count(index(i))) continue;
+      const ClaimRequest& r = reqs_[i];
+      // Generated once per job: a re-run inserts (and recognises) the same token.
+      auto [tok, fresh] = memory_.tokens.try_emplace(index(i));
+      if (fresh) tok->second = store_.new_token(r.key.ns, r.key.biz_key);
+      sql += (rows++ ? ", (" : "(") + Connection::hex(r.key.ns) + ", " + Connection::hex(r.key.biz_key) + ", " +
+             date_literal(r.key.bucket) + ", " + pending + ", 1, '" + tok->second + "', " + owner + ", " + lease +
+             ", " + Connection::hex(r.payload_hash) + ", " + c_.quote(r.src_topic) + ", " +
+             std::to_string(r.src_partition) + ", " + std::to_string(r.src_offset) + ", NOW(3), NOW(3))";
+    }
+    std::map<std::string, RowKey> inserted;
+    if (rows == 0) return inserted;
+    sql += " RETURNING namespace, biz_key, bucket";
+    for (auto& row : c_.query(sql)) inserted.emplace(index(*row[0], *row[1]), RowKey{*row[0], *row[1], *row[2]});
+    return inserted;
+  }
+
+  /// A key won whose claim row INSERT IGNORE skipped: its month has no
+  /// partition (its directory row goes too: nothing claims the key), or a
+  /// host of an earlier version, which writes no directory row, inserted the
+  /// same row meanwhile (the directory row stays: it names that row). Returns
+  /// the keys without a partition; the others join the lost races.
+  std::vector<size_t> sort_out_skipped(const std::vector<size_t>& to_insert, const std::set<std::string>& won,
+                                       const std::map<std::string, RowKey>& inserted) {
+    std::vector<size_t> skipped, no_partition;
+    for (size_t i : to_insert)
+      if (won.count(index(i)) && !inserted.count(index(i))) skipped.push_back(i);
+    if (skipped.empty()) return no_partition;
+    std::vector<Outcome> rows;
+    for (size_t i : skipped) rows.push_back(Outcome{reqs_[i].key, 0, 0, 0, {}, {}});
+    std::set<std::string> present;
+    for (auto& row : c_.query("SELECT namespace, biz_key FROM idemsink_claim WHERE " + where_rows(rows)))
+      present.insert(index(*row[0], *row[1]));
+    std::vector<RowKey> gone;
+    for (size_t i : skipped) {
+      if (present.count(index(i))) {
+        lost_race_.push_back(i);
+      } else {
+        no_partition.push_back(i);
+        gone.push_back(reqs_[i].key);
+      }
+    }
+    if (!gone.empty())
+      c_.execute("DELETE FROM idemsink_claim_key WHERE " +
+                 where_keys(gone, [](const RowKey& k) -> const RowKey& { return k; }));
+    return no_partition;
+  }
+
   // Keys another host inserted between our read and our insert.
-  if (!lost_race.empty()) {
+  void read_lost_races() {
+    if (lost_race_.empty()) return;
     std::vector<ClaimRequest> again;
-    for (size_t i : lost_race) again.push_back(reqs[i]);
-    for (auto& e : fetch(c, again)) existing.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
+    for (size_t i : lost_race_) again.push_back(reqs_[i]);
+    for (auto& e : store_.fetch(c_, again)) existing_.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
     // A directory row without its claim row: the claim's month was dropped
     // (at retention, or by hand) after the directory was written. Such a row
     // guards nothing any more: it goes, and the record claims again shortly.
     std::vector<RowKey> stale;
-    for (size_t i : lost_race)
-      if (!existing.count(index(reqs[i].key.ns, reqs[i].key.biz_key))) {
-        stale.push_back(reqs[i].key);
-        results[i].verdict = Verdict::Busy;
+    for (size_t i : lost_race_)
+      if (!existing_.count(index(i))) {
+        stale.push_back(reqs_[i].key);
+        results_[i].verdict = Verdict::Busy;
       }
     if (!stale.empty())
-      c.execute("DELETE k FROM idemsink_claim_key k WHERE (" +
-                where_keys(stale, [](const RowKey& key) -> const RowKey& { return key; }) +
-                ") AND NOT EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.namespace = k.namespace AND c.biz_key = "
-                "k.biz_key AND c.bucket = k.bucket)");
+      c_.execute("DELETE k FROM idemsink_claim_key k WHERE (" +
+                 where_keys(stale, [](const RowKey& key) -> const RowKey& { return key; }) +
+                 ") AND NOT EXISTS (SELECT 1 FROM idemsink_claim c WHERE c.namespace = k.namespace AND c.biz_key = "
+                 "k.biz_key AND c.bucket = k.bucket)");
   }
 
   // 3. Classify existing rows; collect pending rows we may take over.
-  struct Takeover {
-    size_t index;
-    const Existing* e;
-  };
-  std::vector<Takeover> candidates;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    if (results[i].verdict == Verdict::Owned || results[i].verdict == Verdict::NoPartition) continue;
-    auto it = existing.find(index(reqs[i].key.ns, reqs[i].key.biz_key));
-    if (it == existing.end()) continue;  // a stale directory row was cleared: Busy, claimed again shortly
-    const Existing& e = it->second;
-    ClaimResult& res = results[i];
-    res.row = e.row;
-    res.status = e.status;
-    res.attempt = e.attempt;
-    res.idem_token = e.idem_token;
-    res.receipt = e.receipt;
-    res.takeovers = e.takeovers;
-    res.uncertain_calls = e.uncertain_calls;
-    res.maybe_called = e.maybe_called;
-    if (reqs[i].check_payload && e.payload_hash != reqs[i].payload_hash) {
-      res.verdict = Verdict::Conflict;
-      continue;
-    }
-    switch (e.status) {
-      case Status::Done: res.verdict = Verdict::Done; break;
-      case Status::Failed:
-      case Status::Unknown: res.verdict = Verdict::Terminal; break;
-      case Status::Pending: {
-        // Written by an earlier run of this very job, whose connection was
-        // lost after the write committed: ours as it stands.
-        const std::string key = index(reqs[i].key.ns, reqs[i].key.biz_key);
-        const bool this_run = e.owner && *e.owner == owner_;
-        auto token = memory.tokens.find(key);
-        auto took = memory.takeovers.find(key);
-        if (this_run && token != memory.tokens.end() && token->second == e.idem_token && e.attempt == 1) {
-          res.verdict = Verdict::Owned;
-          break;
-        }
-        if (this_run && took != memory.takeovers.end() && e.attempt == took->second.from_attempt + 1) {
-          res.verdict = Verdict::Owned;
-          res.taken_over = true;
-          res.previous_owner_vanished = took->second.owner_was_set;
-          break;
-        }
-        const bool ours = e.owner && e.owner->substr(0, e.owner->find('#')) == host_id_;
-        if (!e.owner || e.lease_expired || ours) {
-          candidates.push_back({i, &e});
-        } else {
-          res.verdict = Verdict::Busy;
-        }
-        break;
+  void classify_existing() {
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      if (results_[i].verdict == Verdict::Owned || results_[i].verdict == Verdict::NoPartition) continue;
+      auto it = existing_.find(index(i));
+      if (it == existing_.end()) continue;  // a stale directory row was cleared: Busy, claimed again shortly
+      const Existing& e = it->second;
+      ClaimResult& res = results_[i];
+      res.row = e.row;
+      res.status = e.status;
+      res.attempt = e.attempt;
+      res.idem_token = e.idem_token;
+      res.receipt = e.receipt;
+      res.takeovers = e.takeovers;
+      res.uncertain_calls = e.uncertain_calls;
+      res.maybe_called = e.maybe_called;
+      if (reqs_[i].check_payload && e.payload_hash != reqs_[i].payload_hash) {
+        res.verdict = Verdict::Conflict;
+        continue;
       }
+      switch (e.status) {
+        case Status::Done: res.verdict = Verdict::Done; break;
+        case Status::Failed:
+        case Status::Unknown: res.verdict = Verdict::Terminal; break;
+        case Status::Pending: classify_pending(i, e); break;
+      }
+    }
+  }
+
+  void classify_pending(size_t i, const Existing& e) {
+    ClaimResult& res = results_[i];
+    // Written by an earlier run of this very job, whose connection was lost
+    // after the write committed: ours as it stands.
+    const std::string key = index(i);
+    const bool this_run = e.owner && *e.owner == store_.owner_;
+    auto token = memory_.tokens.find(key);
+    auto took = memory_.takeovers.find(key);
+    if (this_run && token != memory_.tokens.end() && token->second == e.idem_token && e.attempt == 1) {
+      res.verdict = Verdict::Owned;
+      return;
+    }
+    if (this_run && took != memory_.takeovers.end() && e.attempt == took->second.from_attempt + 1) {
+      res.verdict = Verdict::Owned;
+      res.taken_over = true;
+      res.previous_owner_vanished = took->second.owner_was_set;
+      return;
+    }
+    const bool ours = e.owner && e.owner->substr(0, e.owner->find('#')) == store_.host_id_;
+    if (!e.owner || e.lease_expired || ours) {
+      candidates_.push_back({i, &e});
+    } else {
+      res.verdict = Verdict::Busy;
     }
   }
 
   // 4. Take over with one conditional UPDATE; the attempt in the condition
   //    makes it a CAS per row. Then read back which ones we now hold.
-  if (!candidates.empty()) {
+  void take_over() {
+    if (candidates_.empty()) return;
     std::vector<Outcome> epochs;
-    for (const auto& t : candidates) {
+    for (const auto& t : candidates_) {
       epochs.push_back(Outcome{t.e->row, t.e->attempt, 0, 0, {}, {}});
-      memory.takeovers[index(t.e->row.ns, t.e->row.biz_key)] = {t.e->attempt, t.e->owner.has_value()};
+      memory_.takeovers[index(t.e->row.ns, t.e->row.biz_key)] = {t.e->attempt, t.e->owner.has_value()};
     }
     const std::string sql =
         "UPDATE idemsink_claim SET attempt = attempt + 1, takeovers = takeovers + (owner IS NOT NULL), owner = " +
-        c.quote(owner_) + ", lease_until = " + lease_expr() +
-        ", updated_at = NOW(3) WHERE " + kPending + " AND (owner IS NULL OR lease_until < NOW(3) OR " +
-        "SUBSTRING_INDEX(owner, '#', 1) = " + c.quote(host_id_) + ") AND (" + where_epochs(epochs) + ")";
-    c.execute(sql);
+        c_.quote(store_.owner_) + ", lease_until = " + store_.lease_expr() + ", updated_at = NOW(3) WHERE " + kPending +
+        " AND (owner IS NULL OR lease_until < NOW(3) OR " +
+        "SUBSTRING_INDEX(owner, '#', 1) = " + c_.quote(store_.host_id_) + ") AND (" + where_epochs(epochs) + ")";
+    c_.execute(sql);
     lose_connection_on_fault();
     std::vector<RowKey> keys;
-    for (const auto& t : candidates) keys.push_back(t.e->row);
+    for (const auto& t : candidates_) keys.push_back(t.e->row);
     std::map<std::string, ClaimResult> now;
-    for (auto& r : read(c, keys)) now.emplace(index(r.row.ns, r.row.biz_key), std::move(r));
-    for (const auto& t : candidates) {
-      ClaimResult& res = results[t.index];
+    for (auto& r : store_.read(c_, keys)) now.emplace(index(r.row.ns, r.row.biz_key), std::move(r));
+    for (const auto& t : candidates_) {
+      ClaimResult& res = results_[t.index];
       auto it = now.find(index(t.e->row.ns, t.e->row.biz_key));
       if (it == now.end()) throw db::DbError(0, "claim row vanished during takeover");
       const ClaimResult& cur = it->second;
@@ -411,7 +448,20 @@ std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimR
       }
     }
   }
-  return results;
+
+  const ClaimStore& store_;
+  Connection& c_;
+  const std::span<const ClaimRequest> reqs_;
+  ClaimJobMemory& memory_;
+  std::vector<ClaimResult> results_;
+  std::map<std::string, Existing> existing_;  // by index(ns, biz_key)
+  std::vector<size_t> lost_race_;             // keys another host inserted first
+  std::vector<Takeover> candidates_;          // pending rows we may take over
+};
+
+std::vector<ClaimResult> ClaimStore::claim(Connection& c, std::span<const ClaimRequest> reqs,
+                                           ClaimJobMemory& memory) const {
+  return Job(*this, c, reqs, memory).run();
 }
 
 std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey> keys) const {
@@ -463,8 +513,8 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
       ") SELECT * FROM t) v ON c.namespace = v.ns AND c.biz_key = v.k AND c.bucket = v.b SET " +
       sql_status_is(status, "c.") + ", " + (done ? "c.receipt = v.detail" : "c.last_error = v.detail") +
       ", c.calls = v.calls, c.uncertain_calls = v.unc, c.lease_until = NULL, c.updated_at = NOW(3) "
-      "WHERE " + sql_status_is(Status::Pending, "c.") + " AND c.owner = " +
-      c.quote(owner_) + " AND c.attempt = v.att";
+      "WHERE " +
+      sql_status_is(Status::Pending, "c.") + " AND c.owner = " + c.quote(owner_) + " AND c.attempt = v.att";
   const uint64_t affected = c.execute(sql);
   if (affected == outcomes.size()) {
     ok.assign(outcomes.size(), true);
@@ -503,8 +553,8 @@ std::vector<bool> ClaimStore::lock_owned(Connection& c, std::span<const Outcome>
   std::vector<bool> owned(outcomes.size(), false);
   if (outcomes.empty()) return owned;
   std::map<std::string, bool> locked;
-  for (auto& r : c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim WHERE " + kPending + " AND owner = " +
-                         c.quote(owner_) + " AND (" + where_epochs(outcomes) + ") FOR UPDATE"))
+  for (auto& r : c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim WHERE " + kPending +
+                         " AND owner = " + c.quote(owner_) + " AND (" + where_epochs(outcomes) + ") FOR UPDATE"))
     locked[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = true;
   for (size_t i = 0; i < outcomes.size(); ++i)
     owned[i] = locked.count(outcomes[i].row.ns + '\0' + outcomes[i].row.biz_key + '\0' + outcomes[i].row.bucket) != 0;
@@ -521,8 +571,8 @@ void ClaimStore::release(Connection& c, std::span<const Outcome> outcomes) const
     std::string set = "owner = NULL, lease_until = NULL";
     if (uncertain > 0) set += ", uncertain_calls = GREATEST(uncertain_calls, " + std::to_string(uncertain) + ")";
     if (calls_all_certain) set += ", call_started = NULL";
-    c.execute("UPDATE idemsink_claim SET " + set + ", updated_at = NOW(3) WHERE " + kPending + " AND owner = " +
-              c.quote(owner_) + " AND (" + where_epochs(group) + ")");
+    c.execute("UPDATE idemsink_claim SET " + set + ", updated_at = NOW(3) WHERE " + kPending +
+              " AND owner = " + c.quote(owner_) + " AND (" + where_epochs(group) + ")");
   }
 }
 
@@ -579,8 +629,7 @@ std::vector<ClaimStore::Unsettled> ClaimStore::unsettled(Connection& c, std::spa
     if (reconcile_after.count() > 0) w += " AND " + older_than("IFNULL(call_started, updated_at)", reconcile_after);
     return "(" + w + ")";
   };
-  const std::string stuck =
-      "(" + kPendingUnowned + " AND " + older_than("updated_at", stuck_after) + ")";
+  const std::string stuck = "(" + kPendingUnowned + " AND " + older_than("updated_at", stuck_after) + ")";
   std::string where;
   if (namespaces.empty()) {
     where = "(" + unknown(std::chrono::milliseconds(0)) + " OR " + stuck + ")";
@@ -620,8 +669,8 @@ bool ClaimStore::resolve_applied(Connection& c, const RowKey& row, uint32_t atte
 bool ClaimStore::resolve_not_applied(Connection& c, const RowKey& row, uint32_t attempt, std::string_view why) const {
   return c.execute("UPDATE idemsink_claim SET " + sql_status_is(Status::Failed) + ", last_error = " +
                    c.quote(sanitize_utf8("reconciled: the effect never happened: " + std::string(why), kErrorBytes)) +
-                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " +
-                   std::to_string(attempt) + " AND " + kUnknownUnleased) == 1;
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) +
+                   " AND attempt = " + std::to_string(attempt) + " AND " + kUnknownUnleased) == 1;
 }
 
 void ClaimStore::note_undecided(Connection& c, std::span<const Outcome> rows) const {
@@ -632,11 +681,10 @@ void ClaimStore::note_undecided(Connection& c, std::span<const Outcome> rows) co
 
 bool ClaimStore::take_for_redrive(Connection& c, const RowKey& row, uint32_t attempt,
                                   std::chrono::milliseconds hold) const {
-  return c.execute(
-             "UPDATE idemsink_claim SET attempt = attempt + 1, call_started = NOW(3), owner = " + c.quote(owner_) +
-             ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
-             " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) + " AND attempt = " + std::to_string(attempt) +
-             " AND " + kUnknownUnleased) == 1;
+  return c.execute("UPDATE idemsink_claim SET attempt = attempt + 1, call_started = NOW(3), owner = " +
+                   c.quote(owner_) + ", lease_until = NOW(3) + INTERVAL " + std::to_string(hold.count() * 1000) +
+                   " MICROSECOND, updated_at = NOW(3) WHERE " + where_row(row) +
+                   " AND attempt = " + std::to_string(attempt) + " AND " + kUnknownUnleased) == 1;
 }
 
 bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken_attempt, uint32_t calls,
@@ -657,8 +705,8 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
       break;
   }
   return c.execute("UPDATE idemsink_claim SET " + set + ", calls = " + std::to_string(calls) +
-                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) +
-                   " AND " + sql_status_is(Status::Unknown) + " AND owner = " + c.quote(owner_) +
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE " + where_row(row) + " AND " +
+                   sql_status_is(Status::Unknown) + " AND owner = " + c.quote(owner_) +
                    " AND attempt = " + std::to_string(taken_attempt)) == 1;
 }
 
@@ -669,8 +717,8 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
   // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
   return c.execute("UPDATE idemsink_claim SET " + sql_status_is(as) + ", last_error = " +
                    c.quote(sanitize_utf8("resolved by operator: " + std::string(note), kErrorBytes)) +
-                   ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) +
-                   " AND (" + sql_status_is(Status::Unknown) + " OR (" + kPendingUnowned + "))") > 0;
+                   ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) + " AND (" +
+                   sql_status_is(Status::Unknown) + " OR (" + kPendingUnowned + "))") > 0;
 }
 
 bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
@@ -689,9 +737,9 @@ bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_vie
 }
 
 uint64_t ClaimStore::count_stuck(Connection& c, std::chrono::milliseconds stuck_after) const {
-  auto rows = c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + kPendingUnowned +
-                      " AND updated_at < NOW(3) - INTERVAL " +
-                      std::to_string(stuck_after.count() * 1000) + " MICROSECOND");
+  auto rows =
+      c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + kPendingUnowned + " AND updated_at < NOW(3) - INTERVAL " +
+              std::to_string(stuck_after.count() * 1000) + " MICROSECOND");
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
 }
 

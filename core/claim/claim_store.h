@@ -255,6 +255,7 @@ class ClaimStore {
 
  private:
   struct Existing;
+  class Job;  // one claim() in its steps
   std::vector<Existing> fetch(db::Connection& c, std::span<const ClaimRequest> reqs) const;
   std::string lease_expr() const;
   std::vector<bool> finish(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
