@@ -96,258 +96,408 @@ void store(const Target& t, Value&& v) {
   }
 }
 
+// One row of the table, by name: what is left out is empty, false or 0.
+struct Row {
+  std::string_view path;
+  std::string_view default_value = "";
+  bool required = false;
+  int64_t min = 0, max = 0;  // bounds of an integer (a duration: in milliseconds)
+  std::string_view doc;
+};
+
 // A setting stored into `Member`; its type follows from the field's.
 template <auto Member>
-constexpr Setting field(std::string_view path, std::string_view default_value, bool required, int64_t min, int64_t max,
-                        std::string_view doc) {
+constexpr Setting field(Row r) {
   using M = MemberOf<decltype(Member)>;
-  return Setting{path,           type_of<typename M::Field>(),     default_value, required, min, max, doc,
+  return Setting{r.path,         type_of<typename M::Field>(),     r.default_value, r.required, r.min, r.max, r.doc,
                  &store<Member>, Section<typename M::Struct>::path};
 }
 
 // A section, or a setting the loading code reads itself.
-constexpr Setting declare(std::string_view path, Type type, std::string_view default_value, bool required, int64_t min,
-                          int64_t max, std::string_view doc) {
-  return Setting{path, type, default_value, required, min, max, doc, nullptr, {}};
+constexpr Setting declare(Type type, Row r) {
+  return Setting{r.path, type, r.default_value, r.required, r.min, r.max, r.doc, nullptr, {}};
 }
 
 // The single declaration table: validation, defaults, bounds, the fields
 // values land in and the generated reference all come from here.
 constexpr Setting kSettings[] = {
-    declare("host", Type::Section, "", false, 0, 0, "This host process."),
+    declare(Type::Section, {.path = "host", .doc = "This host process."}),
     field<&HostConfig::id>(
-        "host.id", "", false, 0, 0,
-        "Stable identity of this host (default: the machine's hostname). Claims are owned by `<id>#<run>`: a host "
-        "restarted with the same id takes over its own leases at once instead of waiting for them to expire. Two live "
-        "hosts must never share an id."),
+        {.path = "host.id",
+         .doc = "Stable identity of this host (default: the machine's hostname). Claims are owned by `<id>#<run>`: a "
+                "host restarted with the same id takes over its own leases at once instead of waiting for them to "
+                "expire. Two live hosts must never share an id."}),
     field<&HostConfig::max_in_flight>(
-        "host.max_in_flight", "2000", false, 1, 100000,
-        "Handler calls in flight at once, all routes together (Little's law: rate x latency)."),
+        {.path = "host.max_in_flight",
+         .default_value = "2000",
+         .min = 1,
+         .max = 100000,
+         .doc = "Handler calls in flight at once, all routes together (Little's law: rate x latency)."}),
     field<&HostConfig::max_buffered_records>(
-        "host.max_buffered_records", "20000", false, 1, 10000000,
-        "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."),
+        {.path = "host.max_buffered_records",
+         .default_value = "20000",
+         .min = 1,
+         .max = 10000000,
+         .doc = "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."}),
     field<&HostConfig::shutdown_grace>(
-        "host.shutdown_grace", "30s", false, 0, 3600000,
-        "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."),
-    field<&HostConfig::log_level>("host.log_level", "info", false, 0, 0, "trace, debug, info, warn or error."),
+        {.path = "host.shutdown_grace",
+         .default_value = "30s",
+         .max = 3600000,
+         .doc = "On SIGTERM or partition revocation: how long in-flight calls may finish before the host lets go."}),
+    field<&HostConfig::log_level>(
+        {.path = "host.log_level", .default_value = "info", .doc = "trace, debug, info, warn or error."}),
     field<&HostConfig::log_format>(
-        "host.log_format", "text", false, 0, 0,
-        "text, or json: one object per line with time, level, thread, message and, where a line is about a "
-        "record, route, topic, partition, offset, biz_key (printable) and idem_token."),
-    field<&HostConfig::log_file>("host.log_file", "", false, 0, 0,
-                                 "Where `idemsink run` writes its log; empty = stderr (the service manager's "
-                                 "journal). SIGHUP reopens it, for logrotate."),
+        {.path = "host.log_format",
+         .default_value = "text",
+         .doc = "text, or json: one object per line with time, level, thread, message and, where a line is about a "
+                "record, route, topic, partition, offset, biz_key (printable) and idem_token."}),
+    field<&HostConfig::log_file>({.path = "host.log_file",
+                                  .doc = "Where `idemsink run` writes its log; empty = stderr (the service manager's "
+                                         "journal). SIGHUP reopens it, for logrotate."}),
     field<&HostConfig::admin_listen>(
-        "host.admin_listen", "", false, 0, 0,
-        "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
-        "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."),
-    declare("host.admin_token_env", Type::String, "", false, 0, 0,
-            "Name of an environment variable holding a bearer token: POST requests (pause, resume) must carry "
-            "`Authorization: Bearer <token>`. Without it, POST is accepted only when admin_listen is a loopback "
-            "address. GET /metrics, /status and /healthz never need it."),
+        {.path = "host.admin_listen",
+         .doc = "Address of the admin HTTP server (/metrics, /status, pause/resume): an IP address and a port, e.g. "
+                "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."}),
+    declare(Type::String,
+            {.path = "host.admin_token_env",
+             .doc = "Name of an environment variable holding a bearer token: POST requests (pause, resume) must carry "
+                    "`Authorization: Bearer <token>`. Without it, POST is accepted only when admin_listen is a "
+                    "loopback address. GET /metrics, /status and /healthz never need it."}),
 
-    declare("kafka", Type::Section, "", true, 0, 0, "The Kafka cluster and consumer group."),
-    field<&KafkaConfig::bootstrap_servers>("kafka.bootstrap_servers", "", true, 0, 0,
-                                           "Comma-separated host:port list."),
-    field<&KafkaConfig::group_id>("kafka.group_id", "idemsink", false, 0, 0,
-                                  "Consumer group; all hosts of one deployment share it."),
-    field<&KafkaConfig::max_poll_records>("kafka.max_poll_records", "500", false, 1, 100000,
-                                          "Records taken per poll and claimed as one batch."),
-    field<&KafkaConfig::poll_timeout>("kafka.poll_timeout", "100ms", false, 1, 60000,
-                                      "How long one poll waits for records."),
-    field<&KafkaConfig::commit_interval>("kafka.commit_interval", "1s", false, 10, 600000,
-                                         "How often durable offsets are committed (also on revoke and shutdown)."),
+    declare(Type::Section, {.path = "kafka", .required = true, .doc = "The Kafka cluster and consumer group."}),
+    field<&KafkaConfig::bootstrap_servers>(
+        {.path = "kafka.bootstrap_servers", .required = true, .doc = "Comma-separated host:port list."}),
+    field<&KafkaConfig::group_id>({.path = "kafka.group_id",
+                                   .default_value = "idemsink",
+                                   .doc = "Consumer group; all hosts of one deployment share it."}),
+    field<&KafkaConfig::max_poll_records>({.path = "kafka.max_poll_records",
+                                           .default_value = "500",
+                                           .min = 1,
+                                           .max = 100000,
+                                           .doc = "Records taken per poll and claimed as one batch."}),
+    field<&KafkaConfig::poll_timeout>({.path = "kafka.poll_timeout",
+                                       .default_value = "100ms",
+                                       .min = 1,
+                                       .max = 60000,
+                                       .doc = "How long one poll waits for records."}),
+    field<&KafkaConfig::commit_interval>(
+        {.path = "kafka.commit_interval",
+         .default_value = "1s",
+         .min = 10,
+         .max = 600000,
+         .doc = "How often durable offsets are committed (also on revoke and shutdown)."}),
     field<&KafkaConfig::stall_timeout>(
-        "kafka.stall_timeout", "30s", false, 1000, 3600000,
-        "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
-        "receives no record for this long, is stalled: logged, counted and read again from where it stands."),
-    field<&KafkaConfig::properties>("kafka.properties", "", false, 0, 0,
-                                    "librdkafka properties for both clients (security.protocol, sasl.*, ...)."),
+        {.path = "kafka.stall_timeout",
+         .default_value = "30s",
+         .min = 1000,
+         .max = 3600000,
+         .doc =
+             "A partition that should be fetching and is behind the end of the partition (its last stable offset), yet "
+             "receives no record for this long, is stalled: logged, counted and read again from where it stands."}),
+    field<&KafkaConfig::properties>(
+        {.path = "kafka.properties",
+         .doc = "librdkafka properties for both clients (security.protocol, sasl.*, ...)."}),
     field<&KafkaConfig::consumer_properties>(
-        "kafka.consumer", "", false, 0, 0,
-        "librdkafka properties for the consumer only (session.timeout.ms, partition.assignment.strategy, ...). "
-        "enable.auto.commit and enable.auto.offset.store are always false, isolation.level is read_committed."),
+        {.path = "kafka.consumer",
+         .doc =
+             "librdkafka properties for the consumer only (session.timeout.ms, partition.assignment.strategy, ...). "
+             "enable.auto.commit and enable.auto.offset.store are always false, isolation.level is read_committed."}),
     field<&KafkaConfig::producer_properties>(
-        "kafka.producer", "", false, 0, 0,
-        "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."),
+        {.path = "kafka.producer",
+         .doc =
+             "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."}),
 
-    declare("database", Type::Section, "", true, 0, 0, "The business MariaDB holding the claim table."),
-    field<&DatabaseConfig::host>("database.host", "127.0.0.1", false, 0, 0, "Server host (TCP)."),
-    field<&DatabaseConfig::port>("database.port", "3306", false, 1, 65535, "Server port."),
-    field<&DatabaseConfig::socket>("database.socket", "", false, 0, 0,
-                                   "Unix socket path; when set, used instead of host/port."),
-    field<&DatabaseConfig::user>("database.user", "root", false, 0, 0, "User name."),
-    field<&DatabaseConfig::password>("database.password", "", false, 0, 0,
-                                     "Password (prefer password_env). Never logged."),
-    declare("database.password_env", Type::String, "", false, 0, 0,
-            "Name of an environment variable holding the password; it must be set when this is."),
-    field<&DatabaseConfig::database>("database.database", "", true, 0, 0, "Schema (database) name."),
-    field<&DatabaseConfig::pool_size>("database.pool_size", "4", false, 2, 64, "Connections, one worker thread each."),
-    field<&DatabaseConfig::connect_timeout>("database.connect_timeout", "5s", false, 100, 600000,
-                                            "Connect timeout per attempt."),
+    declare(Type::Section,
+            {.path = "database", .required = true, .doc = "The business MariaDB holding the claim table."}),
+    field<&DatabaseConfig::host>({.path = "database.host", .default_value = "127.0.0.1", .doc = "Server host (TCP)."}),
+    field<&DatabaseConfig::port>(
+        {.path = "database.port", .default_value = "3306", .min = 1, .max = 65535, .doc = "Server port."}),
+    field<&DatabaseConfig::socket>(
+        {.path = "database.socket", .doc = "Unix socket path; when set, used instead of host/port."}),
+    field<&DatabaseConfig::user>({.path = "database.user", .default_value = "root", .doc = "User name."}),
+    field<&DatabaseConfig::password>(
+        {.path = "database.password", .doc = "Password (prefer password_env). Never logged."}),
+    declare(Type::String,
+            {.path = "database.password_env",
+             .doc = "Name of an environment variable holding the password; it must be set when this is."}),
+    field<&DatabaseConfig::database>({.path = "database.database", .required = true, .doc = "Schema (database) name."}),
+    field<&DatabaseConfig::pool_size>({.path = "database.pool_size",
+                                       .default_value = "4",
+                                       .min = 2,
+                                       .max = 64,
+                                       .doc = "Connections, one worker thread each."}),
+    field<&DatabaseConfig::connect_timeout>({.path = "database.connect_timeout",
+                                             .default_value = "5s",
+                                             .min = 100,
+                                             .max = 600000,
+                                             .doc = "Connect timeout per attempt."}),
     field<&DatabaseConfig::job_give_up_after>(
-        "database.job_give_up_after", "1m", false, 1000, 86400000,
-        "A job failing for another reason than a lost connection (an unexpected server error) is retried this long, "
-        "then given up: its records are released, never wedged. A lost connection is waited out however long."),
+        {.path = "database.job_give_up_after",
+         .default_value = "1m",
+         .min = 1000,
+         .max = 86400000,
+         .doc = "A job failing for another reason than a lost connection (an unexpected server error) is retried this "
+                "long, then given up: its records are released, never wedged. A lost connection is waited out however "
+                "long."}),
     field<&DatabaseConfig::tls_mode>(
-        "database.tls_mode", "disabled", false, 0, 0,
-        "TLS to the server: disabled; preferred (TLS when the server offers it, else plain); required (TLS, the "
-        "certificate not checked); verify (TLS, the certificate checked against tls_ca and the host name). Not used "
-        "over a Unix socket."),
-    field<&DatabaseConfig::tls_ca>("database.tls_ca", "", false, 0, 0,
-                                   "PEM file of the CA certificate(s) the server's certificate must chain to; "
-                                   "required with tls_mode = \"verify\" and used only then."),
-    field<&DatabaseConfig::tls_cert>("database.tls_cert", "", false, 0, 0,
-                                     "Client certificate (PEM) for servers that require one; with tls_key."),
-    field<&DatabaseConfig::tls_key>("database.tls_key", "", false, 0, 0, "Private key (PEM) of tls_cert."),
+        {.path = "database.tls_mode",
+         .default_value = "disabled",
+         .doc = "TLS to the server: disabled; preferred (TLS when the server offers it, else plain); required (TLS, "
+                "the certificate not checked); verify (TLS, the certificate checked against tls_ca and the host name). "
+                "Not used over a Unix socket."}),
+    field<&DatabaseConfig::tls_ca>({.path = "database.tls_ca",
+                                    .doc = "PEM file of the CA certificate(s) the server's certificate must chain to; "
+                                           "required with tls_mode = \"verify\" and used only then."}),
+    field<&DatabaseConfig::tls_cert>(
+        {.path = "database.tls_cert", .doc = "Client certificate (PEM) for servers that require one; with tls_key."}),
+    field<&DatabaseConfig::tls_key>({.path = "database.tls_key", .doc = "Private key (PEM) of tls_cert."}),
     field<&DatabaseConfig::reconnect_backoff_max>(
-        "database.reconnect_backoff_max", "5s", false, 10, 600000,
-        "Longest wait between reconnect attempts while the database is gone."),
+        {.path = "database.reconnect_backoff_max",
+         .default_value = "5s",
+         .min = 10,
+         .max = 600000,
+         .doc = "Longest wait between reconnect attempts while the database is gone."}),
 
-    declare("claim", Type::Section, "", false, 0, 0, "The claim/dedup state machine."),
-    field<&ClaimConfig::lease>(
-        "claim.lease", "30s", false, 1000, 86400000,
-        "Lease on a pending claim, renewed while its record is being handled; another host may take it over only "
-        "after it expires."),
-    field<&ClaimConfig::wait_recheck>("claim.wait_recheck", "1s", false, 10, 600000,
-                                      "How often a record whose key is held by another live host is checked again."),
-    field<&ClaimConfig::retention_days>("claim.retention_days", "90", false, 2, 36500,
-                                        "Claim rows are kept this long (monthly partitions, dropped whole)."),
+    declare(Type::Section, {.path = "claim", .doc = "The claim/dedup state machine."}),
+    field<&ClaimConfig::lease>({.path = "claim.lease",
+                                .default_value = "30s",
+                                .min = 1000,
+                                .max = 86400000,
+                                .doc = "Lease on a pending claim, renewed while its record is being handled; another "
+                                       "host may take it over only after it expires."}),
+    field<&ClaimConfig::wait_recheck>(
+        {.path = "claim.wait_recheck",
+         .default_value = "1s",
+         .min = 10,
+         .max = 600000,
+         .doc = "How often a record whose key is held by another live host is checked again."}),
+    field<&ClaimConfig::retention_days>({.path = "claim.retention_days",
+                                         .default_value = "90",
+                                         .min = 2,
+                                         .max = 36500,
+                                         .doc = "Claim rows are kept this long (monthly partitions, dropped whole)."}),
     field<&ClaimConfig::horizon_margin_days>(
-        "claim.horizon_margin_days", "7", false, 1, 36500,
-        "Records older than retention minus this margin are refused (DLQ reason beyond_replay_horizon): their claim "
-        "may already be dropped."),
+        {.path = "claim.horizon_margin_days",
+         .default_value = "7",
+         .min = 1,
+         .max = 36500,
+         .doc = "Records older than retention minus this margin are refused (DLQ reason beyond_replay_horizon): their "
+                "claim may already be dropped."}),
     field<&ClaimConfig::max_future_skew>(
-        "claim.max_future_skew", "1h", false, 0, 86400000 * 30LL,
-        "Records timestamped further in the future than this are refused (DLQ reason timestamp_in_future)."),
+        {.path = "claim.max_future_skew",
+         .default_value = "1h",
+         .max = 86400000 * 30LL,
+         .doc = "Records timestamped further in the future than this are refused (DLQ reason timestamp_in_future)."}),
     field<&ClaimConfig::apply_schema>(
-        "claim.apply_schema", "true", false, 0, 0,
-        "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."),
+        {.path = "claim.apply_schema",
+         .default_value = "true",
+         .doc = "Create missing tables and partitions at start-up (`idemsink schema apply` does the same by hand)."}),
     field<&ClaimConfig::derived_tokens>(
-        "claim.derived_tokens", "true", false, 0, 0,
-        "The idem_token sent to remotes is derived from the route and the biz_key (a name-based UUID in a namespace "
-        "made once per deployment and kept in idemsink_meta), so a record claimed again after its claim row was lost "
-        "(a database failover that went back in time, a partition dropped at retention) calls the remote with the "
-        "token the remote already saw. false: a random token per claim, as before 0.2."),
-    field<&ClaimConfig::max_takeovers>(
-        "claim.max_takeovers", "5", false, 1, 1000,
-        "A record whose claim was taken over this many times (its host kept dying on it) is failed to the DLQ "
-        "instead of being handled again."),
-    field<&ClaimConfig::flush_linger>("claim.flush_linger", "5ms", false, 0, 1000,
-                                      "How long completions wait to be marked done together in one statement."),
+        {.path = "claim.derived_tokens",
+         .default_value = "true",
+         .doc =
+             "The idem_token sent to remotes is derived from the route and the biz_key (a name-based UUID in a "
+             "namespace made once per deployment and kept in idemsink_meta), so a record claimed again after its claim "
+             "row was lost (a database failover that went back in time, a partition dropped at retention) calls the "
+             "remote with the token the remote already saw. false: a random token per claim, as before 0.2."}),
+    field<&ClaimConfig::max_takeovers>({.path = "claim.max_takeovers",
+                                        .default_value = "5",
+                                        .min = 1,
+                                        .max = 1000,
+                                        .doc = "A record whose claim was taken over this many times (its host kept "
+                                               "dying on it) is failed to the DLQ instead of being handled again."}),
+    field<&ClaimConfig::flush_linger>(
+        {.path = "claim.flush_linger",
+         .default_value = "5ms",
+         .max = 1000,
+         .doc = "How long completions wait to be marked done together in one statement."}),
     field<&ClaimConfig::stuck_after>(
-        "claim.stuck_after", "10m", false, 1000, 86400000 * 30LL,
-        "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."),
+        {.path = "claim.stuck_after",
+         .default_value = "10m",
+         .min = 1000,
+         .max = 86400000 * 30LL,
+         .doc =
+             "A pending claim nobody holds and nobody touched for this long is stuck: its record is not coming back."}),
     field<&ClaimConfig::reconcile_interval>(
-        "claim.reconcile_interval", "1m", false, 0, 86400000,
-        "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."),
+        {.path = "claim.reconcile_interval",
+         .default_value = "1m",
+         .max = 86400000,
+         .doc = "How often unknown and stuck claims are put to their plugin's reconcile hook; \"0s\" turns it off."}),
     field<&ClaimConfig::reconcile_after>(
-        "claim.reconcile_after", "0s", false, 0, 86400000,
-        "An unknown claim is put to the reconcile hook no earlier than this after its last call began, so a call "
-        "still on its way is never taken for one that did not happen (and re-driven). \"0s\": the route's "
-        "call_timeout plus 10s."),
+        {.path = "claim.reconcile_after",
+         .default_value = "0s",
+         .max = 86400000,
+         .doc = "An unknown claim is put to the reconcile hook no earlier than this after its last call began, so a "
+                "call still on its way is never taken for one that did not happen (and re-driven). \"0s\": the route's "
+                "call_timeout plus 10s."}),
     field<&ClaimConfig::unknown_dlq_after>(
-        "claim.unknown_dlq_after", "1h", false, 0, 86400000 * 30LL,
-        "An unknown record of a route whose plugin can reconcile reaches the DLQ only if the hook still cannot tell "
-        "after this long; settled ones never do. Routes without a reconcile hook dead-letter unknowns at once."),
+        {.path = "claim.unknown_dlq_after",
+         .default_value = "1h",
+         .max = 86400000 * 30LL,
+         .doc = "An unknown record of a route whose plugin can reconcile reaches the DLQ only if the hook still cannot "
+                "tell after this long; settled ones never do. Routes without a reconcile hook dead-letter unknowns at "
+                "once."}),
     field<&ClaimConfig::maintenance_interval>(
-        "claim.maintenance_interval", "1h", false, 1000, 86400000,
-        "How often the claim table's monthly partitions are created ahead (3 months) and dropped past retention, by "
-        "one host at a time; with apply_schema off they are only watched (idemsink_claim_partitions_ahead)."),
-    field<&ClaimConfig::outbox_retention>(
-        "claim.outbox_retention", "7d", false, 60000, 86400000 * 3650LL,
-        "Published DLQ outbox rows (payloads included) are deleted this long after publishing, in small batches."),
+        {.path = "claim.maintenance_interval",
+         .default_value = "1h",
+         .min = 1000,
+         .max = 86400000,
+         .doc =
+             "How often the claim table's monthly partitions are created ahead (3 months) and dropped past retention, "
+             "by one host at a time; with apply_schema off they are only watched (idemsink_claim_partitions_ahead)."}),
+    field<&ClaimConfig::outbox_retention>({.path = "claim.outbox_retention",
+                                           .default_value = "7d",
+                                           .min = 60000,
+                                           .max = 86400000 * 3650LL,
+                                           .doc = "Published DLQ outbox rows (payloads included) are deleted this long "
+                                                  "after publishing, in small batches."}),
 
-    declare("route", Type::SectionArray, "", true, 0, 0,
-            "One [[route]] per topic: which handler runs for its records."),
-    field<&RouteConfig::name>(
-        "route.name", "", true, 0, 0,
-        "Route name, also the claim namespace: one biz_key can have one claim per route. [A-Za-z0-9_.-], at most 64."),
-    field<&RouteConfig::topic>("route.topic", "", true, 0, 0, "Source topic."),
-    field<&RouteConfig::plugin>("route.plugin", "", true, 0, 0,
-                                "Handler plugin (.so) path, relative to this file's folder."),
-    field<&RouteConfig::concurrency>("route.concurrency", "0", false, 0, 100000,
-                                     "Calls in flight for this route; 0 = only the host-wide max_in_flight."),
-    field<&RouteConfig::call_timeout>("route.call_timeout", "30s", false, 10, 3600000,
-                                      "Deadline for one handler call to report; past it the call counts as uncertain."),
+    declare(Type::SectionArray,
+            {.path = "route", .required = true, .doc = "One [[route]] per topic: which handler runs for its records."}),
+    field<&RouteConfig::name>({.path = "route.name",
+                               .required = true,
+                               .doc = "Route name, also the claim namespace: one biz_key can have one claim per route. "
+                                      "[A-Za-z0-9_.-], at most 64."}),
+    field<&RouteConfig::topic>({.path = "route.topic", .required = true, .doc = "Source topic."}),
+    field<&RouteConfig::plugin>({.path = "route.plugin",
+                                 .required = true,
+                                 .doc = "Handler plugin (.so) path, relative to this file's folder."}),
+    field<&RouteConfig::concurrency>({.path = "route.concurrency",
+                                      .default_value = "0",
+                                      .max = 100000,
+                                      .doc = "Calls in flight for this route; 0 = only the host-wide max_in_flight."}),
+    field<&RouteConfig::call_timeout>(
+        {.path = "route.call_timeout",
+         .default_value = "30s",
+         .min = 10,
+         .max = 3600000,
+         .doc = "Deadline for one handler call to report; past it the call counts as uncertain."}),
     field<&RouteConfig::payload_check>(
-        "route.payload_check", "true",
-        false, 0, 0, "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."),
+        {.path = "route.payload_check",
+         .default_value = "true",
+         .doc = "A redelivered biz_key with a different payload is a conflict (DLQ), not a duplicate."}),
     field<&RouteConfig::max_record_bytes>(
-        "route.max_record_bytes", "983040", false, 1, 1LL << 30,
-        "Larger records (key + value) are refused (DLQ reason record_too_large), and their DLQ copy keeps this much "
-        "of the payload. With the DLQ's headers (up to 16 KiB) it must fit the producer's message.max.bytes "
-        "(librdkafka's default 1000000), which check-config verifies."),
-    declare("route.key", Type::Section, "", false, 0, 0, "Where the biz_key comes from."),
-    declare("route.key.from", Type::String, "key", false, 0, 0, "\"key\" (the Kafka key), \"header\" or \"json\"."),
-    field<&RouteConfig::key_header>("route.key.header", "", false, 0, 0, "Header name, with from = \"header\"."),
-    field<&RouteConfig::key_json_path>("route.key.json", "", false, 0, 0,
-                                       "Dotted field path in a JSON value, with from = \"json\"."),
-    declare("route.retry", Type::Section, "", false, 0, 0,
-            "Retries of retryable (and, for idempotent kinds, uncertain) outcomes."),
-    field<&RetryConfig::max_attempts>("route.retry.max_attempts", "5", false, 1, 1000,
-                                      "Calls per record before it is dead-lettered."),
-    field<&RetryConfig::backoff_initial>("route.retry.backoff_initial", "200ms", false, 1, 3600000,
-                                         "First backoff; doubles per attempt, with full jitter."),
-    field<&RetryConfig::backoff_max>("route.retry.backoff_max", "30s", false, 1, 86400000, "Backoff cap."),
+        {.path = "route.max_record_bytes",
+         .default_value = "983040",
+         .min = 1,
+         .max = 1LL << 30,
+         .doc = "Larger records (key + value) are refused (DLQ reason record_too_large), and their DLQ copy keeps this "
+                "much of the payload. With the DLQ's headers (up to 16 KiB) it must fit the producer's "
+                "message.max.bytes (librdkafka's default 1000000), which check-config verifies."}),
+    declare(Type::Section, {.path = "route.key", .doc = "Where the biz_key comes from."}),
+    declare(
+        Type::String,
+        {.path = "route.key.from", .default_value = "key", .doc = "\"key\" (the Kafka key), \"header\" or \"json\"."}),
+    field<&RouteConfig::key_header>({.path = "route.key.header", .doc = "Header name, with from = \"header\"."}),
+    field<&RouteConfig::key_json_path>(
+        {.path = "route.key.json", .doc = "Dotted field path in a JSON value, with from = \"json\"."}),
+    declare(Type::Section,
+            {.path = "route.retry", .doc = "Retries of retryable (and, for idempotent kinds, uncertain) outcomes."}),
+    field<&RetryConfig::max_attempts>({.path = "route.retry.max_attempts",
+                                       .default_value = "5",
+                                       .min = 1,
+                                       .max = 1000,
+                                       .doc = "Calls per record before it is dead-lettered."}),
+    field<&RetryConfig::backoff_initial>({.path = "route.retry.backoff_initial",
+                                          .default_value = "200ms",
+                                          .min = 1,
+                                          .max = 3600000,
+                                          .doc = "First backoff; doubles per attempt, with full jitter."}),
+    field<&RetryConfig::backoff_max>(
+        {.path = "route.retry.backoff_max", .default_value = "30s", .min = 1, .max = 86400000, .doc = "Backoff cap."}),
     field<&RetryConfig::topics>(
-        "route.retry.topics", "", false, 1, 86400000 * 7LL,
-        "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the record "
-        "to "
-        "\"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has passed; after the "
-        "last it is dead-lettered. The source partition moves on at once."),
-    declare("route.circuit", Type::Section, "", false, 0, 0,
-            "Route health: a circuit breaker that stops calling a remote that is down instead of spending "
-            "records' attempts on it."),
-    field<&CircuitConfig::enabled>("route.circuit.enabled", "true", false, 0, 0,
-                                   "Open the circuit when most recent calls fail retryable or uncertain."),
-    field<&CircuitConfig::window>("route.circuit.window", "50", false, 1, 100000,
-                                  "How many of the route's most recent calls (that ended) are judged."),
+        {.path = "route.retry.topics",
+         .min = 1,
+         .max = 86400000 * 7LL,
+         .doc = "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the "
+                "record to \"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has "
+                "passed; after the last it is dead-lettered. The source partition moves on at once."}),
+    declare(Type::Section, {.path = "route.circuit",
+                            .doc = "Route health: a circuit breaker that stops calling a remote that is down instead "
+                                   "of spending records' attempts on it."}),
+    field<&CircuitConfig::enabled>({.path = "route.circuit.enabled",
+                                    .default_value = "true",
+                                    .doc = "Open the circuit when most recent calls fail retryable or uncertain."}),
+    field<&CircuitConfig::window>({.path = "route.circuit.window",
+                                   .default_value = "50",
+                                   .min = 1,
+                                   .max = 100000,
+                                   .doc = "How many of the route's most recent calls (that ended) are judged."}),
     field<&CircuitConfig::failure_percent>(
-        "route.circuit.failure_percent", "80", false, 1, 100,
-        "The circuit opens when at least this share of the calls in the window failed retryable or uncertain "
-        "(permanent answers and successes count as healthy). While open: no calls, the route's partitions stop "
-        "fetching (the host stays in its group), and failed calls do not count toward retry.max_attempts."),
-    field<&CircuitConfig::min_calls>("route.circuit.min_calls", "20", false, 1, 100000,
-                                     "Calls that must have ended in the window before it can open."),
+        {.path = "route.circuit.failure_percent",
+         .default_value = "80",
+         .min = 1,
+         .max = 100,
+         .doc = "The circuit opens when at least this share of the calls in the window failed retryable or uncertain "
+                "(permanent answers and successes count as healthy). While open: no calls, the route's partitions stop "
+                "fetching (the host stays in its group), and failed calls do not count toward retry.max_attempts."}),
+    field<&CircuitConfig::min_calls>({.path = "route.circuit.min_calls",
+                                      .default_value = "20",
+                                      .min = 1,
+                                      .max = 100000,
+                                      .doc = "Calls that must have ended in the window before it can open."}),
     field<&CircuitConfig::probe_initial>(
-        "route.circuit.probe_initial", "1s", false, 10, 3600000,
-        "While open, one call goes out as a probe after this long, then after twice as long each time it fails; "
-        "a probe that succeeds (or is answered permanent) closes the circuit."),
-    field<&CircuitConfig::probe_max>("route.circuit.probe_max", "10s", false, 10, 3600000,
-                                     "The longest wait between probes."),
+        {.path = "route.circuit.probe_initial",
+         .default_value = "1s",
+         .min = 10,
+         .max = 3600000,
+         .doc = "While open, one call goes out as a probe after this long, then after twice as long each time it "
+                "fails; a probe that succeeds (or is answered permanent) closes the circuit."}),
+    field<&CircuitConfig::probe_max>({.path = "route.circuit.probe_max",
+                                      .default_value = "10s",
+                                      .min = 10,
+                                      .max = 3600000,
+                                      .doc = "The longest wait between probes."}),
     field<&CircuitConfig::max_wait>(
-        "route.circuit.max_wait", "10m", false, 0, 86400000,
-        "How long a record's failed calls may wait for the open circuit uncounted; after that they count toward "
-        "retry.max_attempts again. It bounds the wait of a record that the remote refuses for itself when it is "
-        "the only one left to probe with (a quiet topic: nothing new to fetch). 0 = wait as long as the circuit "
-        "stays open."),
-    declare("route.database", Type::Section, "", false, 0, 0,
-            "This route's own database, with the keys of [database]; each one not set here is inherited from "
-            "[database]. The route's claims, DLQ outbox and local_tx writes live there, with a pool, schema, health "
-            "and consumer of their own: one database down stalls only the routes that use it."),
-    declare("route.rate_limit", Type::Section, "", false, 0, 0,
-            "Calls started per period for this route, so its remote is not overrun. A 429 or 503 answered with "
-            "Retry-After (plugins/http) also holds the route's calls that long; such calls do not count toward "
-            "retry.max_attempts."),
-    field<&RateLimitConfig::rate>("route.rate_limit.rate", "0", false, 0, 1000000,
-                                  "Calls per `per`; 0 = no limit."),
-    field<&RateLimitConfig::per>("route.rate_limit.per", "1s", false, 1, 86400000, "The period of `rate`."),
-    field<&RateLimitConfig::burst>("route.rate_limit.burst", "0", false, 0, 1000000,
-                                   "Calls that may start at once after a quiet spell; 0 = `rate` (one period's worth)."),
+        {.path = "route.circuit.max_wait",
+         .default_value = "10m",
+         .max = 86400000,
+         .doc = "How long a record's failed calls may wait for the open circuit uncounted; after that they count "
+                "toward retry.max_attempts again. It bounds the wait of a record that the remote refuses for itself "
+                "when it is the only one left to probe with (a quiet topic: nothing new to fetch). 0 = wait as long as "
+                "the circuit stays open."}),
+    declare(Type::Section,
+            {.path = "route.database",
+             .doc = "This route's own database, with the keys of [database]; each one not set here is inherited from "
+                    "[database]. The route's claims, DLQ outbox and local_tx writes live there, with a pool, schema, "
+                    "health and consumer of their own: one database down stalls only the routes that use it."}),
+    declare(Type::Section, {.path = "route.rate_limit",
+                            .doc = "Calls started per period for this route, so its remote is not overrun. A 429 or "
+                                   "503 answered with Retry-After (plugins/http) also holds the route's calls that "
+                                   "long; such calls do not count toward retry.max_attempts."}),
+    field<&RateLimitConfig::rate>({.path = "route.rate_limit.rate",
+                                   .default_value = "0",
+                                   .max = 1000000,
+                                   .doc = "Calls per `per`; 0 = no limit."}),
+    field<&RateLimitConfig::per>({.path = "route.rate_limit.per",
+                                  .default_value = "1s",
+                                  .min = 1,
+                                  .max = 86400000,
+                                  .doc = "The period of `rate`."}),
+    field<&RateLimitConfig::burst>(
+        {.path = "route.rate_limit.burst",
+         .default_value = "0",
+         .max = 1000000,
+         .doc = "Calls that may start at once after a quiet spell; 0 = `rate` (one period's worth)."}),
     field<&RateLimitConfig::scope>(
-        "route.rate_limit.scope", "group", false, 0, 0,
-        "\"group\": the rate is the whole group's; each host takes the share of the route's partitions it owns "
-        "(source and retry topics), so the shares add up to the rate whatever the assignment. \"host\": each host "
-        "may call at the full rate."),
-    field<&RateLimitConfig::max_hold>("route.rate_limit.max_hold", "60s", false, 0, 86400000,
-                                      "The longest hold a Retry-After answer can ask for."),
-    declare("route.dlq", Type::Section, "", false, 0, 0, "Dead-letter queue."),
-    field<&DlqConfig::enabled>("route.dlq.enabled", "true", false, 0, 0,
-                               "Publish dead records to the DLQ topic (they are always recorded in the database)."),
-    field<&DlqConfig::topic>("route.dlq.topic", "", false, 0, 0, "DLQ topic (default: \"<topic>.dlq\")."),
-    declare("route.options", Type::Options, "", false, 0, 0,
-            "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."),
+        {.path = "route.rate_limit.scope",
+         .default_value = "group",
+         .doc = "\"group\": the rate is the whole group's; each host takes the share of the route's partitions it owns "
+                "(source and retry topics), so the shares add up to the rate whatever the assignment. \"host\": each "
+                "host may call at the full rate."}),
+    field<&RateLimitConfig::max_hold>({.path = "route.rate_limit.max_hold",
+                                       .default_value = "60s",
+                                       .max = 86400000,
+                                       .doc = "The longest hold a Retry-After answer can ask for."}),
+    declare(Type::Section, {.path = "route.dlq", .doc = "Dead-letter queue."}),
+    field<&DlqConfig::enabled>(
+        {.path = "route.dlq.enabled",
+         .default_value = "true",
+         .doc = "Publish dead records to the DLQ topic (they are always recorded in the database)."}),
+    field<&DlqConfig::topic>({.path = "route.dlq.topic", .doc = "DLQ topic (default: \"<topic>.dlq\")."}),
+    declare(Type::Options,
+            {.path = "route.options",
+             .doc = "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."}),
 };
 
 // Every bound setting lives under the section its field's struct stands for.
