@@ -3,15 +3,19 @@
 // it against this table; a step not in it is a bug (logged "bug:", and the
 // fault checker fails on it), never a silent overwrite.
 //
-//   New ─┬─▶ Waiting ─▶ Claim ─▶ Claiming ─┬─▶ Ready ─┬─▶ Confirming ─▶ Calling
-//        ├─▶ Claim                         ├─▶ LookingUp ─▶ Ready | Finishing
-//        └─▶ DeadLettering                 ├─▶ Busy ─▶ Claim
+//   New ─┬─▶ Waiting ─▶ Claim ─▶ Claiming ─┬─▶ Ready ─┬─▶ Confirming ─┬─▶ Calling
+//        ├─▶ Claim                         │          └─▶ Calling     ├─▶ Ready (not confirmed)
+//        └─▶ DeadLettering                 │                          └─▶ Claim (taken over)
+//                                          ├─▶ LookingUp ─▶ Ready | Finishing
+//                                          ├─▶ Busy ─▶ Claim | Busy
 //                                          ├─▶ Finishing
 //                                          └─▶ DeadLettering
 //   Calling ─┬─▶ Finishing (done, failed, unknown, forwarded)
 //            ├─▶ Backoff ─▶ Ready
 //            ├─▶ Ready (held by the circuit or a remote's pause)
 //            └─▶ Claim (taken over: claimed again to learn the outcome)
+//   Finishing ─▶ Finishing (its row refused: written another way) | Claim (taken over first)
+//   DeadLettering ─▶ DeadLettering (its row refused: written stripped)
 //
 // A record leaves the pipeline from any stage (Engine::end_record): durable
 // once its outcome is written or decided, or handed back when its partition
