@@ -161,9 +161,8 @@ BOOST_AUTO_TEST_CASE(ten_thousand_records_two_kills_every_key_exactly_once) {
   for (const std::string fault : {"in_local_tx:20", "after_handler_ok:2000"}) {
     HostProcess crashing(dir, "crashing", config, {{"IDEMSINK_FAULT", fault}});
     auto rc = crashing.proc().wait(180s);
-    BOOST_REQUIRE_MESSAGE(rc.has_value() && *rc == -9,
-                          "fault " << fault << " did not kill the host; its log (tail):\n"
-                                   << crashing.log_tail());
+    BOOST_REQUIRE_MESSAGE(rc.has_value() && *rc == -9, "fault " << fault << " did not kill the host; its log (tail):\n"
+                                                                << crashing.log_tail());
   }
   HostProcess recovering(dir, "recovering", config);
   wait_committed(kafka, "g", topics, recovering, 180s);
@@ -201,8 +200,10 @@ BOOST_AUTO_TEST_CASE(at_most_once_never_calls_twice_across_a_crash) {
   for (const auto& cols : read_call_log(calls)) ++invocations[cols.at(1)];
   for (const auto& [k, n] : invocations) BOOST_TEST(n == 1, k << " sent " << n << " times");
   auto conn = MariaDbServer::shared().connect(dbname);
-  const auto unknown = std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 4")[0][0]);
-  const auto done = std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]);
+  const auto unknown =
+      std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown))[0][0]);
+  const auto done =
+      std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done))[0][0]);
   BOOST_TEST(unknown > 0u);  // in flight at the kill: maybe sent, so never sent again
   BOOST_TEST(done + unknown == keys.size());
   auto dlq = kafka.read_all("sms.dlq", 1);

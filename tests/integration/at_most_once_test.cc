@@ -38,9 +38,9 @@ std::string order_value(const std::string& id) {
 
 // Records that went unknown at some point: still unknown, or settled by reconciliation.
 int64_t went_unknown(db::Connection& c) {
-  return scalar(c,
-                "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4 OR last_error LIKE 'reconciled:%' OR "
-                "last_error LIKE 're-driven after reconcile%'");
+  return scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown) +
+                       " OR last_error LIKE 'reconciled:%' OR "
+                       "last_error LIKE 're-driven after reconcile%'");
 }
 
 }  // namespace
@@ -78,22 +78,31 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
   int64_t in_flight_at_kills = 0;
   for (int kill = 0; kill < 5; ++kill) {
     const int64_t target = 400 * (kill + 1);
-    wait_until([&] { return scalar_or_zero(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status <> 1") >= target; },
-               120s, "progress before kill " + std::to_string(kill + 1));
+    wait_until(
+        [&] {
+          return scalar_or_zero(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                           status_is_not(claim::Status::Pending)) >= target;
+        },
+        120s, "progress before kill " + std::to_string(kill + 1));
     const std::string victim = kill % 2 == 0 ? "host-a" : "host-b";
     hosts[victim]->kill();
     // Calls that may have been out when the host died: marked, not finished.
-    const int64_t marked = scalar(*conn,
-                                  "SELECT COUNT(*) FROM idemsink_claim WHERE status = 1 AND call_started IS NOT NULL "
-                                  "AND owner LIKE '" +
-                                      victim + "#%'");
+    const int64_t marked =
+        scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Pending) +
+                          " AND call_started IS NOT NULL "
+                          "AND owner LIKE '" +
+                          victim + "#%'");
     in_flight_at_kills += marked;
     BOOST_TEST_MESSAGE("kill " << kill + 1 << " of " << victim << ": " << marked << " call(s) in flight");
     start(victim);  // the same host id takes its own claims over at once
   }
   s.wait_committed(*hosts["host-a"], 180s);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-             "every unknown settled by reconciliation");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                 status_in(claim::Status::Pending, claim::Status::Unknown)) == 0;
+      },
+      120s, "every unknown settled by reconciliation");
   for (auto& [id, h] : hosts) BOOST_TEST(h->stop() == 0);
 
   const auto stats = services.stats()["sms"];
@@ -156,8 +165,9 @@ BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
   wait_until([&] { return b.log().find("kafka: revoking") != std::string::npos; }, 60s, "host-b to be revoked");
   locker->commit();  // the takeover completes, on a partition host-b no longer has
 
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 1; }, 90s,
-             "the record parked as unknown and reconciled done");
+  wait_until(
+      [&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 1; },
+      90s, "the record parked as unknown and reconciled done");
   BOOST_TEST(b.stop() == 0);
   BOOST_TEST(c.stop() == 0);
   const auto stats = services.stats()["sms"];
@@ -181,9 +191,13 @@ BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed
                       {.claim_lines = "reconcile_interval = \"1s\"\n"});
   s.wait_committed(host);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 20);  // the plugin timed out
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 20; }, 60s,
-             "every text found sent by reconciliation");
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) ==
+             20);  // the plugin timed out
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20;
+      },
+      60s, "every text found sent by reconciliation");
   BOOST_TEST(host.stop() == 0);
   const auto stats = services.stats()["sms"];
   BOOST_TEST(stats["applied"].get<int>() == 20);
@@ -272,15 +286,18 @@ BOOST_AUTO_TEST_CASE(an_unknown_the_gateway_refuses_every_time_is_settled_after_
   wait_until(
       [&] {
         try {
-          return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 1;
+          return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) == 1;
         } catch (const db::DbError&) {
           return false;  // the host has not made its schema yet
         }
       },
       30s, "the text unknown");
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"latency_mean_ms": 0})").first == 200);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == 1; }, 60s,
-             "the text settled failed");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 1;
+      },
+      60s, "the text settled failed");
   const std::string log = host.log();
   size_t redrives = 0;
   for (size_t at = log.find("re-driving it once"); at != std::string::npos; at = log.find("re-driving it once", at + 1))

@@ -47,8 +47,9 @@ std::vector<TestMessage> orders(int from, int to) {
 // What both scenarios run: the fake remotes, the topics, the hosts' routes
 // (waybill, SMS, ledger) and, at the end, the counts.
 struct Rig {
-  FakeServices services{fake_services_binary(), {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=30", "--faults",
-                                                 "sms:latency_mean_ms=5,latency_p99_ms=30"}};
+  FakeServices services{fake_services_binary(),
+                        {"--faults", "waybill:latency_mean_ms=5,latency_p99_ms=30", "--faults",
+                         "sms:latency_mean_ms=5,latency_p99_ms=30"}};
   TestKafka kafka;
   ScratchDir dir{"failover"};
   int partitions;
@@ -60,13 +61,12 @@ struct Rig {
     }
   }
 
-  std::string host_config(const config::DatabaseConfig& db, const std::string& id,
-                          const std::string& host_lines = "") {
+  std::string host_config(const config::DatabaseConfig& db, const std::string& id, const std::string& host_lines = "") {
     std::string cfg = base_config(kafka, db, id, "g", host_lines);
     cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\nreconcile_interval = \"1s\"\nreconcile_after = \"2s\"\n");
     for (const auto& r : kRoutes) {
-      RouteSpec spec{r, r, shipped_plugin(r), "key = { from = \"json\", json = \"order_id\" }", {},
-                     "call_timeout = \"5s\"\n"};
+      RouteSpec spec{
+          r, r, shipped_plugin(r), "key = { from = \"json\", json = \"order_id\" }", {}, "call_timeout = \"5s\"\n"};
       if (r != "ledger") spec.options = {{"endpoint", "\"" + services.url() + "\""}, {"timeout", "\"1s\""}};
       cfg += route_config(spec);
     }
@@ -82,8 +82,12 @@ struct Rig {
     std::vector<std::pair<std::string, int>> topics;
     for (const auto& r : kRoutes) topics.push_back({r, partitions});
     wait_committed(kafka, "g", topics, host, 240s);
-    wait_until([&] { return scalar(conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-               "every claim settled");
+    wait_until(
+        [&] {
+          return scalar(conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                  status_in(claim::Status::Pending, claim::Status::Unknown)) == 0;
+        },
+        120s, "every claim settled");
   }
 
   // Both halves, counted once the hosts stopped: every order applied once at

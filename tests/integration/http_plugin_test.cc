@@ -115,8 +115,9 @@ BOOST_AUTO_TEST_CASE(the_status_table_decides_and_retry_after_is_reported) {
   // Its Retry-After: 1 asks the host for a pause (the detail convention of plugin_abi.h).
   BOOST_TEST(unavailable.detail.rfind("retry-after=1000ms: ", 0) == 0, unavailable.detail);
   auto missing = order("O-3", "t-m", "{}");
-  PluginInstance wrong_path(http.desc(), host,
-                            {{"endpoint", services.url()}, {"path", "/no/such/{{biz_key}}"}, {"outcomes", "404=retryable"}});
+  PluginInstance wrong_path(
+      http.desc(), host,
+      {{"endpoint", services.url()}, {"path", "/no/such/{{biz_key}}"}, {"outcomes", "404=retryable"}});
   BOOST_TEST((call(wrong_path, missing).outcome == IDEMSINK_OUTCOME_RETRYABLE));  // overridden
   // Classes override the defaults inside them; an exact status beats its class.
   PluginInstance strict(http.desc(), host,
@@ -200,8 +201,9 @@ BOOST_AUTO_TEST_CASE(answers_that_may_hide_an_effect_stay_uncertain) {
   const auto idempotent = load("http");
   auto rec = order("U-1", "tok-u", "{}");
   // A 503 without Retry-After: a gateway may have forwarded the request.
-  PluginInstance sms(at_most_once.desc(), host,
-                     {{"endpoint", services.url()}, {"path", "/scripted/503"}, {"body", R"({"ref": "{{idem_token}}"})"}});
+  PluginInstance sms(
+      at_most_once.desc(), host,
+      {{"endpoint", services.url()}, {"path", "/scripted/503"}, {"body", R"({"ref": "{{idem_token}}"})"}});
   BOOST_TEST((call(sms, rec).outcome == IDEMSINK_OUTCOME_UNCERTAIN));
   PluginInstance waybill(idempotent.desc(), host, {{"endpoint", services.url()}, {"path", "/scripted/503"}});
   BOOST_TEST((call(waybill, rec).outcome == IDEMSINK_OUTCOME_RETRYABLE));  // the same token may go again
@@ -281,7 +283,10 @@ namespace {
 std::vector<RouteSpec> http_routes(const FakeServices& services) {
   const std::string key = "key = { from = \"json\", json = \"order_id\" }";
   const std::string endpoint = "\"" + services.url() + "\"";
-  RouteSpec waybill{"waybill", "orders.waybill", shipped_plugin("http"), key,
+  RouteSpec waybill{"waybill",
+                    "orders.waybill",
+                    shipped_plugin("http"),
+                    key,
                     {{"endpoint", endpoint},
                      {"timeout", "\"300ms\""},
                      {"path", "'/waybills'"},
@@ -289,7 +294,10 @@ std::vector<RouteSpec> http_routes(const FakeServices& services) {
                      {"receipt", "'/waybill_no'"},
                      {"lookup_path", "'/waybills/by-key/{{idem_token}}'"}},
                     "call_timeout = \"5s\""};
-  RouteSpec payment{"payment", "orders.payment", shipped_plugin("http"), key,
+  RouteSpec payment{"payment",
+                    "orders.payment",
+                    shipped_plugin("http"),
+                    key,
                     {{"endpoint", endpoint},
                      {"timeout", "\"300ms\""},
                      {"path", "'/payments'"},
@@ -297,17 +305,22 @@ std::vector<RouteSpec> http_routes(const FakeServices& services) {
                      {"receipt", "'/payment/id'"},
                      {"lookup_path", "'/payments/by-key/{{idem_token}}'"}},
                     "call_timeout = \"5s\""};
-  RouteSpec sms{"sms", "orders.sms", shipped_plugin("http_at_most_once"), key,
-                {{"endpoint", endpoint},
-                 {"timeout", "\"300ms\""},
-                 {"path", "'/sms/send'"},
-                 {"token_header", "''"},
-                 {"body", R"('{"client_ref": "{{idem_token}}", "order_id": "{{biz_key}}", "to": "{{value.phone}}", "text": "shipped"}')"},
-                 {"receipt", "'/message_id'"},
-                 {"lookup_path", "'/sms/messages?client_ref={{idem_token}}'"},
-                 {"lookup_receipt", "'/messages/0'"},
-                 {"lookup_not_found", "'404 empty'"}},
-                "call_timeout = \"5s\""};
+  RouteSpec sms{
+      "sms",
+      "orders.sms",
+      shipped_plugin("http_at_most_once"),
+      key,
+      {{"endpoint", endpoint},
+       {"timeout", "\"300ms\""},
+       {"path", "'/sms/send'"},
+       {"token_header", "''"},
+       {"body",
+        R"('{"client_ref": "{{idem_token}}", "order_id": "{{biz_key}}", "to": "{{value.phone}}", "text": "shipped"}')"},
+       {"receipt", "'/message_id'"},
+       {"lookup_path", "'/sms/messages?client_ref={{idem_token}}'"},
+       {"lookup_receipt", "'/messages/0'"},
+       {"lookup_not_found", "'404 empty'"}},
+      "call_timeout = \"5s\""};
   return {waybill, payment, sms};
 }
 
@@ -349,7 +362,8 @@ BOOST_AUTO_TEST_CASE(three_configured_routes_through_kill_9_apply_each_effect_on
     wait_until(
         [&] {
           try {
-            return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status <> 1") >= target;
+            return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                     status_is_not(claim::Status::Pending)) >= target;
           } catch (const db::DbError&) {
             return false;  // the tables not made yet
           }
@@ -360,8 +374,12 @@ BOOST_AUTO_TEST_CASE(three_configured_routes_through_kill_9_apply_each_effect_on
     start(victim);
   }
   s.wait_committed(*hosts["host-a"], 180s);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-             "every claim settled");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                 status_in(claim::Status::Pending, claim::Status::Unknown)) == 0;
+      },
+      120s, "every claim settled");
   for (auto& [id, h] : hosts) BOOST_TEST(h->stop() == 0);
 
   const auto stats = services.stats();
@@ -378,12 +396,15 @@ BOOST_AUTO_TEST_CASE(three_configured_routes_through_kill_9_apply_each_effect_on
   BOOST_TEST(stats["waybill"]["applied"].get<size_t>() == orders.size());
   BOOST_TEST(stats["payment"]["applied"].get<size_t>() == orders.size());
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == static_cast<int64_t>(3 * orders.size()));
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status <> 2 AND namespace IN ('waybill', 'payment')") == 0);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is_not(claim::Status::Done) +
+                               " AND namespace IN ('waybill', 'payment')") == 0);
   const auto sent = services.applied("sms");
   for (const auto& r : conn->query("SELECT biz_key, status FROM idemsink_claim WHERE namespace = 'sms'"))
     BOOST_TEST((*r[1] == "2") == (sent.count(*r[0]) == 1), *r[0] << " status " << *r[1]);
   // The receipts are the services' own: a 409 answered from the look-up too.
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'payment' AND receipt NOT LIKE 'PAY%'") == 0);
+  BOOST_TEST(
+      scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'payment' AND receipt NOT LIKE 'PAY%'") ==
+      0);
   BOOST_TEST(stats["payment"]["requests"].get<size_t>() > orders.size());  // replays, answered 409
   // Texts whose answer never came went unknown and the look-up settled them:
   // nothing a person must see reached a DLQ.
@@ -423,13 +444,17 @@ BOOST_AUTO_TEST_CASE(check_config_names_the_file_and_line_of_a_bad_option) {
   write_file(file, s.config("checker", http_routes(services)));
   const auto [rc, out] = run_cli(s.dir, "check-good", {"check-config", "--config", file.string()});
   BOOST_TEST(rc == 0, out);
-  BOOST_TEST(out.find("route sms: orders.sms -> http_at_most_once 1.0.0 (remote_at_most_once)") != std::string::npos, out);
+  BOOST_TEST(out.find("route sms: orders.sms -> http_at_most_once 1.0.0 (remote_at_most_once)") != std::string::npos,
+             out);
 }
 
 namespace {
 
 RouteSpec limited_waybill(const FakeServices& services, const std::string& lines) {
-  RouteSpec r{"waybill", "orders.waybill", shipped_plugin("http"), "key = { from = \"json\", json = \"order_id\" }",
+  RouteSpec r{"waybill",
+              "orders.waybill",
+              shipped_plugin("http"),
+              "key = { from = \"json\", json = \"order_id\" }",
               {{"endpoint", "\"" + services.url() + "\""},
                {"path", "'/waybills'"},
                {"body", R"('{"order_id": "{{biz_key}}"}')"},
@@ -440,7 +465,8 @@ RouteSpec limited_waybill(const FakeServices& services, const std::string& lines
 
 std::vector<TestMessage> orders_of(int n) {
   std::vector<TestMessage> msgs;
-  for (int i = 0; i < n; ++i) msgs.push_back({"L" + std::to_string(i), R"({"order_id": "L)" + std::to_string(i) + "\"}"});
+  for (int i = 0; i < n; ++i)
+    msgs.push_back({"L" + std::to_string(i), R"({"order_id": "L)" + std::to_string(i) + "\"}"});
   return msgs;
 }
 
@@ -477,7 +503,7 @@ BOOST_AUTO_TEST_CASE(a_limit_shared_by_two_hosts_holds_within_10_percent_over_a_
   BOOST_TEST(admin_metric(s.admin_port(a), "idemsink_route_rate_limit_waits_total{route=\"waybill\"}") > 0);
   s.wait_committed(a, 120s);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 3300);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3300);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 3300);
   BOOST_TEST(a.stop() == 0);
   BOOST_TEST(b.stop() == 0);
   s.audit_clean(a);
@@ -491,8 +517,9 @@ BOOST_AUTO_TEST_CASE(retry_after_holds_the_route_without_spending_attempts) {
   FakeServices services(fake_services_binary());
   Scenario s("http_retry_after");
   s.topic("orders.waybill", 2).topic("orders.waybill.dlq", 1);
-  const auto route = limited_waybill(services, "concurrency = 1\n[route.retry]\nmax_attempts = 3\n"
-                                               "[route.circuit]\nenabled = false\n");
+  const auto route = limited_waybill(services,
+                                     "concurrency = 1\n[route.retry]\nmax_attempts = 3\n"
+                                     "[route.circuit]\nenabled = false\n");
   Scenario::HostOptions opt;
   opt.admin = true;
   auto& host = s.host("host-a", {route}, opt);
@@ -511,7 +538,7 @@ BOOST_AUTO_TEST_CASE(retry_after_holds_the_route_without_spending_attempts) {
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/waybill", R"({"error_5xx": 0})").first == 200);
   s.wait_committed(host, 60s);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 20);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 20);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20);
   BOOST_TEST(s.kafka.read_all("orders.waybill.dlq", 1).size() == 0u);
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);

@@ -43,8 +43,12 @@ Tally run_scenario(const std::string& name, const std::string& retry, const std:
   s.wait_committed(host, {"orders"}, 180s);
   auto conn = s.connect();
   // Every unknown settled by the reconcile hook.
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)") == 0; }, 120s,
-             "every claim done or failed");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                 status_in(claim::Status::Pending, claim::Status::Unknown)) == 0;
+      },
+      120s, "every claim done or failed");
   BOOST_TEST(host.stop() == 0);
 
   const auto stats = services.stats()["waybill"];
@@ -116,8 +120,9 @@ BOOST_AUTO_TEST_CASE(a_crash_loop_record_whose_call_went_out_is_reconciled_not_f
   auto& host = s.host("host-a", {route}, {.claim_lines = claim_lines});
   s.wait_committed(host);
   auto conn = s.connect();
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 1; }, 60s,
-             "the crash-loop record reconciled done");
+  wait_until(
+      [&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 1; },
+      60s, "the crash-loop record reconciled done");
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(host.log().find("crash_loop") != std::string::npos);
   const auto row = conn->query("SELECT receipt, last_error, takeovers FROM idemsink_claim")[0];

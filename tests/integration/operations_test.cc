@@ -339,10 +339,11 @@ BOOST_AUTO_TEST_CASE(a_host_killed_by_a_fatal_signal_leaves_its_stack_in_the_log
   auto db = MariaDbServer::shared().fresh_database("ops_crash");
   ScratchDir dir("ops_crash");
   const auto log_file = dir / "idemsink.log";
-  HostProcess h(dir, "h",
-                base_config(kafka, db, "host-a", "g", "log_file = \"" + log_file.string() + "\"\n") +
-                    route_config({"r", "orders", "scripted_idempotent.so", "",
-                                  {{"log", "\"" + (dir / "calls.log").string() + "\""}}}));
+  HostProcess h(
+      dir, "h",
+      base_config(kafka, db, "host-a", "g", "log_file = \"" + log_file.string() + "\"\n") +
+          route_config(
+              {"r", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}}));
   kafka.produce("orders", {{"K1", "{}"}, {"crash-1", "{}"}});
   const auto status = h.proc().wait(120s);
   BOOST_REQUIRE_MESSAGE(status.has_value(), "the host did not die: " << read_text(log_file));

@@ -74,7 +74,7 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   const std::set<std::string> applied = services.applied("waybill");
   BOOST_TEST(applied.size() == 4000u);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 4000);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
   BOOST_TEST(s.kafka.read_all("orders.dlq", 1).empty());
@@ -85,7 +85,8 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   BOOST_TEST(revocations == 0u);
   BOOST_TEST(count_lines(log, "circuit opened") >= 1u);
   BOOST_TEST_MESSAGE(name << ": " << outage.count() << "s outage: " << applied.size() << " of 4000 applied, "
-                          << scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (3, 4)")
+                          << scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                               status_in(claim::Status::Failed, claim::Status::Unknown))
                           << " dead-lettered, longest fetch pause " << longest_open_seconds(log) << "s, "
                           << assignments - 1 + revocations << " rebalances, " << stats["requests"].get<int>() - 4000
                           << " calls refused");
@@ -119,7 +120,7 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
   const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   BOOST_TEST(stats["timeouts_after_apply"].get<int>() > 0, "no call timed out: the scenario tested nothing");
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 3000);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 3000);
 }
 
 // An at-most-once gateway that times out every call: the records end
@@ -133,10 +134,10 @@ BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
   // The circuit opens on the 100th failed call, when every record has had
   // its one: none is left held (with the default 20, a busy machine opened
   // it with a third of them not called yet, fed to probes 10 s apart).
-  auto& host = s.host("host-a",
-                      {shipped_route("sms", "texts", services.url(), "300ms",
-                                     "[route.circuit]\nwindow = 100\nmin_calls = 100\n")},
-                      {.admin = true});
+  auto& host = s.host(
+      "host-a",
+      {shipped_route("sms", "texts", services.url(), "300ms", "[route.circuit]\nwindow = 100\nmin_calls = 100\n")},
+      {.admin = true});
   const int admin = s.admin_port(host);
   std::vector<TestMessage> first, later;
   for (int i = 0; i < 100; ++i)

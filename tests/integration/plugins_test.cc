@@ -52,8 +52,11 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   s.wait_committed(host, 180s);
   auto conn = s.connect();
   // The unknown SMS (timeouts after sending) get settled by the reconcile hook.
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 4") == 0; }, 60s,
-             "unknown SMS claims to be reconciled");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) == 0;
+      },
+      60s, "unknown SMS claims to be reconciled");
 
   auto stats = services.stats();
   BOOST_TEST_MESSAGE("fake services: " << stats["waybill"].dump().substr(0, 300));
@@ -63,10 +66,12 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
       BOOST_TEST(counters["double_applied"].get<int>() == 0);
       BOOST_TEST(counters["timeouts_after_apply"].get<int>() > 0);  // the faults really happened
       BOOST_TEST(counters["errors_5xx"].get<int>() > 0);
-      const int done = static_cast<int>(scalar(
-          *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 2"));
-      const int failed = static_cast<int>(scalar(
-          *conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc + "' AND status = 3"));
+      const int done =
+          static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc +
+                                             "' AND " + status_is(claim::Status::Done)));
+      const int failed =
+          static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc +
+                                             "' AND " + status_is(claim::Status::Failed)));
       BOOST_TEST(done + failed == static_cast<int>(orders.size()));
       BOOST_TEST(counters["orders"].get<int>() == done);          // one effect per done order, none for rejected ones
       BOOST_TEST(failed == counters["rejected_4xx"].get<int>());  // a rejection is final: one call per rejected order
@@ -80,12 +85,14 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
     const auto& counters = stats["sms"];
     BOOST_TEST(counters["double_applied"].get<int>() == 0);  // at most once, even with timeouts after sending
     BOOST_TEST(counters["timeouts_after_apply"].get<int>() > 0);
-    const int done =
-        static_cast<int>(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2"));
+    const int done = static_cast<int>(scalar(
+        *conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND " + status_is(claim::Status::Done)));
     BOOST_TEST(counters["orders"].get<int>() == done);  // every SMS counted done was really sent, once
     BOOST_TEST(scalar(*conn,
-                      "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND status = 2 AND "
-                      "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
+                      "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND " +
+                          status_is(claim::Status::Done) +
+                          " AND "
+                          "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
   }
   // Ledger: each order credited once; the shipped duplicate check agrees.
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == static_cast<int64_t>(orders.size()));
@@ -155,8 +162,10 @@ BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(services.stats()["inventory"]["applied"].get<int>() == 0);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3") == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
+                      status_is(claim::Status::Done)) == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND " +
+                      status_is(claim::Status::Failed)) == 10);
   BOOST_TEST(host.log().find("t0ken-from-env") == std::string::npos);
 }
 
@@ -187,7 +196,10 @@ BOOST_AUTO_TEST_CASE(https_endpoints_verify_the_service_certificate) {
   const auto stats = services.stats();
   BOOST_TEST(stats["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(stats["inventory"]["requests"].get<int>() == 0);  // nothing reached the impostor
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND status = 2") == 10);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND status = 3 AND "
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
+                      status_is(claim::Status::Done)) == 10);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND " +
+                      status_is(claim::Status::Failed) +
+                      " AND "
                       "last_error LIKE '%certificate verify failed%'") == 10);
 }

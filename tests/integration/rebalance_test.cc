@@ -33,7 +33,8 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
   auto conn = s.connect();
   auto done_count = [&] {
     try {
-      return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE status = 2")[0][0]);
+      return std::stoi(
+          *conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done))[0][0]);
     } catch (const db::DbError&) {
       return 0;  // the host has not created its tables yet
     }

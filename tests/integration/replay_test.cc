@@ -47,12 +47,14 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
 
   // The dead ones, with the tokens their first attempts carried.
   std::map<std::string, std::string> first_token;  // biz_key -> idem_token
-  for (const auto& r : conn->query("SELECT biz_key, idem_token FROM idemsink_claim WHERE status = 3"))
+  for (const auto& r :
+       conn->query("SELECT biz_key, idem_token FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)))
     first_token[*r[0]] = *r[1];
   const int dead = static_cast<int>(first_token.size());
   BOOST_TEST_MESSAGE(dead << " of " << kOrders << " orders dead-lettered by a permanent error");
   BOOST_TEST(dead >= 20);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == kOrders - dead);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) ==
+             kOrders - dead);
   const std::string cfg = host.config_path().string();
 
   // One replay while the remote still rejects: back to the DLQ, marked replayed.
@@ -83,7 +85,7 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
       run_cli(s.dir, "replay-dry", {"replay", "--config", cfg, "--route", "waybill", "--dry-run", "--since", "1h"});
   BOOST_TEST(rc_dry == 0, out_dry);
   BOOST_TEST(count_in(out_dry, "would replay: key ") == dead, out_dry);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == dead);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == dead);
 
   // Two replays at once, while the host runs.
   const std::vector<std::string> args{idemsink_binary(), "replay",  "--config", cfg,
@@ -94,8 +96,11 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   BOOST_TEST(b.wait(120s).value_or(-1) == 0, b.out() + b.err());
   // Between them, each dead record re-opened once.
   BOOST_TEST(replayed_count(a.out()) + replayed_count(b.out()) == dead, a.out() + b.out());
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == kOrders; }, 120s,
-             "every order done");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == kOrders;
+      },
+      120s, "every order done");
   s.wait_committed(host);
 
   // Each order applied once; each dead one under the token of its first attempt.
@@ -145,12 +150,15 @@ BOOST_AUTO_TEST_CASE(replayed_at_most_once_records_are_sent_once) {
   auto& host = s.host("host-a", {shipped_route("sms", "texts", services.url(), "2s")});
   s.wait_committed(host);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == 10);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 10);
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"reject_4xx": 0.0})").first == 200);
   auto [rc, out] = run_cli(s.dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "sms"});
   BOOST_TEST(rc == 0, out);
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 10; }, 60s,
-             "every text sent");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 10;
+      },
+      60s, "every text sent");
   BOOST_TEST(host.stop() == 0);
   const auto stats = services.stats()["sms"];
   BOOST_TEST(stats["applied"].get<int>() == 10);

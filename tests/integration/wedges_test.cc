@@ -35,8 +35,8 @@ std::map<std::string, int> calls_by_key(const std::filesystem::path& log) {
 std::string circuit_case_config(const TestKafka& kafka, const config::DatabaseConfig& db, int admin,
                                 const std::filesystem::path& calls, const std::string& policy) {
   return base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-         route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}},
-                       policy});
+         route_config(
+             {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}, policy});
 }
 
 std::string hex(const std::string& s) {
@@ -78,8 +78,8 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
   auto conn = MariaDbServer::shared().connect("wedge_ledger");
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == 297);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 3") == 3);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 297);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 3);
   std::vector<ConsumedMessage> letters;
   wait_until(
       [&] {
@@ -509,8 +509,11 @@ BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it, *boost
   std::this_thread::sleep_for(3s);  // the relay keeps meeting the missing topic meanwhile
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 0);
   kafka.command("topic_error orders.retry.1 NO_ERROR");
-  wait_until([&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE status = 2") == 20; }, 60s,
-             "all 20 retried orders done");
+  wait_until(
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20;
+      },
+      60s, "all 20 retried orders done");
   int ok = 0;
   for (const auto& cols : read_call_log(calls)) ok += cols.at(4) == "ok";
   BOOST_TEST(ok == 20);

@@ -64,6 +64,12 @@ int64_t admin_metric(int admin_port, const std::string& series) {
   return std::stoll(body.substr(at + series.size() + 2));
 }
 
+std::string status_is(claim::Status s, std::string_view alias) { return claim::sql_status_is(s, alias); }
+std::string status_is_not(claim::Status s) { return "NOT " + claim::sql_status_is(s); }
+std::string status_in(claim::Status a, claim::Status b) {
+  return "(" + claim::sql_status_is(a) + " OR " + claim::sql_status_is(b) + ")";
+}
+
 int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
 
 std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& name, std::vector<std::string> args,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "core/claim/claim_store.h"
 #include "core/config/config.h"
 #include "core/db/connection.h"
 #include "tests/support/test_kafka.h"
@@ -65,6 +66,13 @@ int http_status(int port, const std::string& target);
 /// The value of one series in a host's /metrics (e.g.
 /// `idemsink_route_circuit_open{route="waybill"}`), or -1 when absent.
 int64_t admin_metric(int admin_port, const std::string& series);
+
+/// A claim's status in a test's SQL, rendered from claim::Status as the core
+/// renders it (claim::sql_status_is), so that no query spells a number:
+/// "... WHERE " + status_is(claim::Status::Done).
+std::string status_is(claim::Status s, std::string_view alias = "");
+std::string status_is_not(claim::Status s);
+std::string status_in(claim::Status a, claim::Status b);
 
 /// The first column of the first row of `sql`, as a number.
 int64_t scalar(db::Connection& c, const std::string& sql);

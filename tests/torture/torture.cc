@@ -612,13 +612,15 @@ void check_progress(World& w, Verdict& v, std::chrono::seconds bound) {
       }
       for (const auto* cfg : {&w.db_, &w.db2_}) {
         db::Connection c(*cfg);
-        const int64_t pending = scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE status IN (1, 4)");
+        const int64_t pending = scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE " +
+                                              status_in(claim::Status::Pending, claim::Status::Unknown));
         if (pending > 0) behind += " " + std::to_string(pending) + " claim(s) pending or unknown in " + cfg->database;
         // A letter is progress too: the relay retries a leaderless DLQ
         // partition with a backoff of up to 30 s after the fault has ended.
-        const int64_t unpublished = scalar(c,
-            "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE dlq_topic <> '' AND published_at IS NULL");
-        if (unpublished > 0) behind += " " + std::to_string(unpublished) + " outbox row(s) unpublished in " + cfg->database;
+        const int64_t unpublished =
+            scalar(c, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE dlq_topic <> '' AND published_at IS NULL");
+        if (unpublished > 0)
+          behind += " " + std::to_string(unpublished) + " outbox row(s) unpublished in " + cfg->database;
       }
     } catch (const std::exception& e) {
       behind = std::string(" (") + e.what() + ")";
