@@ -352,10 +352,9 @@ int KafkaCluster::active_controller() const {
 std::string KafkaCluster::nodes_report() const {
   std::string report;
   for (const auto& n : nodes_) {
-    report += "node " + std::to_string(n.id) + " (client port " + std::to_string(n.client_port) +
-              ", controller port " + std::to_string(n.controller_port) + ", " +
-              (n.proc && n.proc->running() ? "running" : "not running") + "), its log:\n" + log_tail(n.id, 1500) +
-              read_file(n.dir / "server.err") + "\n";
+    report += "node " + std::to_string(n.id) + " (client port " + std::to_string(n.client_port) + ", controller port " +
+              std::to_string(n.controller_port) + ", " + (n.proc && n.proc->running() ? "running" : "not running") +
+              "), its log:\n" + log_tail(n.id, 1500) + read_file(n.dir / "server.err") + "\n";
   }
   return report;
 }

@@ -42,8 +42,7 @@ MariaDbServer::MariaDbServer(std::vector<std::string> extra_args, bool grant_tab
     // server creates later, see start()).
     namespace fs = std::filesystem;
     fs::permissions(dir_.path(), fs::perms::all);
-    for (const auto& e : fs::recursive_directory_iterator(dir_ / "data"))
-      fs::permissions(e.path(), fs::perms::all);
+    for (const auto& e : fs::recursive_directory_iterator(dir_ / "data")) fs::permissions(e.path(), fs::perms::all);
     fs::permissions(dir_ / "data", fs::perms::all);
   }
   port_ = free_port();
@@ -93,7 +92,8 @@ std::string MariaDbServer::recover_galera_position() const {
   static const std::regex position(R"(WSREP: Recovered position: ([0-9a-f-]+:-?[0-9]+))");
   const std::string text = read_file(log);
   std::smatch last;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), position); it != std::sregex_iterator(); ++it) last = *it;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), position); it != std::sregex_iterator(); ++it)
+    last = *it;
   if (last.empty()) throw std::runtime_error("mariadbd --wsrep-recover printed no position: " + text);
   return last[1].str();
 }
@@ -162,8 +162,7 @@ std::vector<std::string> MariaDbServer::replication_args(int server_id) {
           "--log-slave-updates", "--relay-log=relay-bin"};
 }
 
-std::vector<std::string> MariaDbServer::galera_args(size_t index, const std::vector<int>& gcomm_ports,
-                                                   bool bootstrap) {
+std::vector<std::string> MariaDbServer::galera_args(size_t index, const std::vector<int>& gcomm_ports, bool bootstrap) {
   std::string members;
   for (int p : gcomm_ports) members += (members.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
   const std::string me = "127.0.0.1:" + std::to_string(gcomm_ports.at(index));
@@ -220,8 +219,9 @@ void MariaDbServer::promote(bool apply_received) {
     c.execute("STOP SLAVE IO_THREAD");
     wait_until(
         [&] {
-          return c.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE "
-                         "'%read all relay log%'")
+          return c.query(
+                      "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE "
+                      "'%read all relay log%'")
                      .at(0)
                      .at(0)
                      .value_or("0") != "0";

@@ -37,10 +37,11 @@ struct Pipe : std::enable_shared_from_this<Pipe> {
     auto self = shared_from_this();
     from.async_read_some(asio::buffer(buf), [self, &from, &to, &buf](boost::system::error_code ec, size_t n) {
       if (ec) return self->close();
-      asio::async_write(to, asio::buffer(buf.data(), n), [self, &from, &to, &buf](boost::system::error_code ec, size_t) {
-        if (ec) return self->close();
-        self->pump(from, to, buf);
-      });
+      asio::async_write(to, asio::buffer(buf.data(), n),
+                        [self, &from, &to, &buf](boost::system::error_code ec, size_t) {
+                          if (ec) return self->close();
+                          self->pump(from, to, buf);
+                        });
     });
   }
 };

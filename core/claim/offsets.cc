@@ -22,7 +22,8 @@ std::map<std::pair<std::string, int32_t>, int64_t> OffsetStore::read(
   if (tps.empty()) return out;
   std::string where;
   for (const auto& [topic, partition] : tps)
-    where += (where.empty() ? "" : " OR ") + ("(topic = " + c.quote(topic) + " AND part = " + std::to_string(partition) + ")");
+    where += (where.empty() ? "" : " OR ") +
+             ("(topic = " + c.quote(topic) + " AND part = " + std::to_string(partition) + ")");
   for (auto& r : c.query("SELECT topic, part, next_offset FROM idemsink_offsets WHERE group_id = " + c.quote(group_) +
                          " AND (" + where + ")"))
     out[{*r[0], std::stoi(*r[1])}] = std::stoll(*r[2]);

@@ -129,7 +129,7 @@ struct CircuitConfig {
 struct RateLimitConfig {
   int64_t rate{};
   Millis per{};
-  int64_t burst{};  // 0: one period's worth
+  int64_t burst{};    // 0: one period's worth
   std::string scope;  // "group" or "host"
   Millis max_hold{};  // the longest Retry-After honoured
 };

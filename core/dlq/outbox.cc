@@ -14,9 +14,8 @@ using db::Connection;
 // A held letter (an unknown outcome's, kept back while reconciliation may
 // still settle it) goes out once its hold is over, and only while its claim
 // is still unknown: the claim module says what "unknown" is.
-const std::string kHeldLetterDue =
-    "(held_until IS NULL OR (held_until < NOW(3) AND " + claim::sql_claim_is_unknown("idemsink_dlq_outbox.idem_token") +
-    "))";
+const std::string kHeldLetterDue = "(held_until IS NULL OR (held_until < NOW(3) AND " +
+                                   claim::sql_claim_is_unknown("idemsink_dlq_outbox.idem_token") + "))";
 
 void put_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -265,9 +264,9 @@ void Outbox::mark_unpublishable(Connection& c, uint64_t id, std::string_view err
 }
 
 uint64_t Outbox::pending(Connection& c) const {
-  auto rows = c.query(
-      "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL AND " +
-      kHeldLetterDue);
+  auto rows =
+      c.query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL AND unpublishable_at IS NULL AND " +
+              kHeldLetterDue);
   return rows.empty() ? 0 : std::stoull(*rows[0][0]);
 }
 

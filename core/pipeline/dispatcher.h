@@ -62,7 +62,7 @@ class Dispatcher {
   struct Lane {
     int in_flight = 0;
     std::deque<uint64_t> ready;
-    uint64_t probe_chosen_in = 0;  // the circuit's probe round the probe was last picked in
+    uint64_t probe_chosen_in = 0;                     // the circuit's probe round the probe was last picked in
     std::unique_ptr<boost::asio::steady_timer> wake;  // when the route's budget allows the next call
     bool wake_armed = false;
   };

@@ -74,8 +74,8 @@ class FetchGate {
   bool backpressure_ = false;
   std::set<kafka::TopicPartition> assigned_;
   std::map<kafka::TopicPartition, unsigned> held_;  // partition -> Hold bits
-  std::map<std::string, unsigned> paused_topics_;  // topic -> TopicPause bits
-  std::set<kafka::TopicPartition> paused_;         // what the consumer was told
+  std::map<std::string, unsigned> paused_topics_;   // topic -> TopicPause bits
+  std::set<kafka::TopicPartition> paused_;          // what the consumer was told
 };
 
 }  // namespace idemsink::pipeline

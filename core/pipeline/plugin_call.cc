@@ -8,8 +8,8 @@ namespace idemsink::pipeline {
 
 namespace asio = boost::asio;
 
-uint64_t call_with_deadline(asio::io_context& io, std::chrono::milliseconds deadline, std::string what,
-                            LateAnswer late, std::function<void(idemsink_outcome, std::string)> on_answer) {
+uint64_t call_with_deadline(asio::io_context& io, std::chrono::milliseconds deadline, std::string what, LateAnswer late,
+                            std::function<void(idemsink_outcome, std::string)> on_answer) {
   auto timer = std::make_shared<asio::steady_timer>(io, deadline);
   auto deliver = [&io, timer, on_answer = std::move(on_answer)](idemsink_outcome outcome, std::string detail) {
     asio::post(io, [timer, on_answer, outcome, detail = std::move(detail)] {

@@ -38,10 +38,11 @@ bool RouteHealth::wait_over(Record& r) {
   if (max_wait.count() == 0) return false;
   const auto now = std::chrono::steady_clock::now();
   if (!r.circuit_wait.over(r.route->health.open_periods, max_wait, now)) return false;
-  spdlog::warn("route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
-               "counts toward retry.max_attempts",
-               r.route->cfg.name, printable(r.biz_key),
-               std::chrono::duration_cast<std::chrono::seconds>(r.circuit_wait.held_for(now)).count(), r.calls);
+  spdlog::warn(
+      "route {}: key {} has waited {}s for the open circuit (route.circuit.max_wait); its failed call {} "
+      "counts toward retry.max_attempts",
+      r.route->cfg.name, printable(r.biz_key),
+      std::chrono::duration_cast<std::chrono::seconds>(r.circuit_wait.held_for(now)).count(), r.calls);
   return true;
 }
 

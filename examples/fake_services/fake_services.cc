@@ -205,7 +205,8 @@ class World {
     Service& s = services_["payment"];
     if (s.by_key.count(key)) {
       ++s.requests;
-      return {http::status::conflict, {{"error", "a payment with this Idempotency-Key was already made"}},
+      return {http::status::conflict,
+              {{"error", "a payment with this Idempotency-Key was already made"}},
               latency(s.faults)};
     }
     Reply r = effect("payment", req.body(), key, "id", "PAY");

@@ -64,8 +64,8 @@ constexpr idemsink_option_decl kOptions[] = {
 enum class Escape { Url, Json, Form, None };
 
 /// The names a template may start from; below value, json and headers any path.
-const std::set<std::string> kRoots = {"value",  "json",         "value_json", "key",     "biz_key", "idem_token",
-                                      "topic",  "partition",    "offset",     "timestamp_ms", "attempt", "headers"};
+const std::set<std::string> kRoots = {"value", "json",      "value_json", "key",          "biz_key", "idem_token",
+                                      "topic", "partition", "offset",     "timestamp_ms", "attempt", "headers"};
 /// What a reconcile look-up cannot use: the reconciler knows the record's
 /// key, value and token, not the headers or the call that is asked about.
 const std::set<std::string> kNotInLookups = {"headers", "attempt"};
@@ -182,7 +182,8 @@ class Template {
       out += piece;
     });
     if (escape_ == Escape::Url && odd_segments(out) > odd_segments(skeleton_))
-      throw std::invalid_argument("the URL " + out.substr(0, 200) + " has an empty or dot segment the template has not");
+      throw std::invalid_argument("the URL " + out.substr(0, 200) +
+                                  " has an empty or dot segment the template has not");
     return out;
   }
   /// Whether {{idem_token}} is sent whatever the record (a top-level variable).
@@ -215,8 +216,8 @@ class Template {
       // In JSON, text inserted as is must be JSON itself: the value's own
       // JSON, or a field of it as JSON (json.*: strings quoted).
       if (t.raw && escape_ == Escape::Json && (t.depth > 0 || (t.name != "value_json" && root != "json")))
-        throw std::invalid_argument(option + ": {{{" + t.name + "}}} inserts text as is into JSON: use " +
-                                    "{{{json." + (root == "value" ? t.name.substr(std::min(t.name.size(), size_t{6})) : t.name) +
+        throw std::invalid_argument(option + ": {{{" + t.name + "}}} inserts text as is into JSON: use " + "{{{json." +
+                                    (root == "value" ? t.name.substr(std::min(t.name.size(), size_t{6})) : t.name) +
                                     "}}} (a field as JSON) or {{{value_json}}}");
       if (t.sigil == 0 && t.depth == 0 && t.name == "idem_token") sends_token_ = true;
     }
@@ -541,11 +542,12 @@ class Http {
     HttpClient::Headers headers{{"Content-Type", content_type_}};
     if (!token_header_.empty()) headers.emplace_back(token_header_, std::string(rec.idem_token()));
     http_.request(method_, target, std::move(body), std::move(headers),
-                  guarded(host_, rec, sdk::SharedCompletion(std::move(done)),
-                          [this, lookup = std::move(lookup)](const sdk::SharedCompletion& done, const HttpResult& r) {
-                            answer(done, r, lookup);
-                          },
-                          on_unreadable));
+                  guarded(
+                      host_, rec, sdk::SharedCompletion(std::move(done)),
+                      [this, lookup = std::move(lookup)](const sdk::SharedCompletion& done, const HttpResult& r) {
+                        answer(done, r, lookup);
+                      },
+                      on_unreadable));
   }
 
   // Did the call with this token happen? Without a look-up nobody can say
@@ -620,8 +622,7 @@ class Http {
           if (r.failure == HttpResult::Failure::None) {
             if (not_found_.count(r.status))
               return done.permanent("the service has no call with this token: " + explain(r));
-            if (not_found_empty_ && ok_status(r) &&
-                lookup_receipt_.find(r).kind == ReceiptRule::Found::Kind::Absent)
+            if (not_found_empty_ && ok_status(r) && lookup_receipt_.find(r).kind == ReceiptRule::Found::Kind::Absent)
               return done.permanent("the service's answer holds no call with this token: " + explain(r));
           }
           if (auto found = found_in(r)) return done.ok(*found);
