@@ -13,6 +13,9 @@
 //   drop_fetch          the N-th record polled, and every later one of its
 //                       partition, vanish until that partition is sought
 //                       (a consumer that silently stops delivering)
+//   seek_fails          the N-th seek of a partition fails without seeking
+//                       (librdkafka answers "Erroneous state" to a seek right
+//                       after an assignment, at times)
 //   admin_throws        the N-th admin request throws while being answered
 //   engine_stall        the N-th engine heartbeat blocks the engine thread for
 //                       15 s (a handler that never returns): /livez must fail

@@ -330,7 +330,11 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
   // offset under read_committed: an open transaction is no stall), then
   // read again from where the partition stands.
   for (auto& [tp, s] : streams_) {
-    if (paused_.count(tp) || !s.next || now - s.last_progress < cfg_.stall_timeout) continue;
+    if (paused_.count(tp) || now - s.last_progress < cfg_.stall_timeout) continue;
+    if (!s.next) {
+      if (s.from_beginning) check_stall_from_beginning(tp, s, now);
+      continue;
+    }
     s.last_progress = now;
     int64_t low = 0, high = 0;
     if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
@@ -345,6 +349,26 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
     s.rereading_from.reset();
     seek_stream(tp, s, *s.next);
   }
+}
+
+void Consumer::check_stall_from_beginning(const TopicPartition& tp, Stream& s,
+                                          std::chrono::steady_clock::time_point now) {
+  // No record since the seek to the beginning: the partition's records, from
+  // its log start to its end, are all owed. (A partition holding nothing but
+  // transaction markers looks the same: it is sought again, and reported
+  // stalled, each stall_timeout; nothing is lost or read twice.)
+  s.last_progress = now;
+  int64_t low = 0, high = 0;
+  if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
+          RD_KAFKA_RESP_ERR_NO_ERROR ||
+      high <= low)
+    return;
+  spdlog::error(
+      "kafka: {}[{}] is stalled: read from its beginning, it holds {} record(s) (offsets {} to {}), none received "
+      "for {}ms although fetching is on; seeking its beginning again",
+      tp.topic, tp.partition, high - low, low, high, cfg_.stall_timeout.count());
+  listener_.on_stall(tp, low, high);
+  seek_stream(tp, s, RD_KAFKA_OFFSET_BEGINNING);
 }
 
 void Consumer::enqueue(Command c) {
@@ -391,6 +415,7 @@ void Consumer::apply_commands() {
         if (it == streams_.end()) break;  // revoked meanwhile
         // A logical offset (the beginning, the end): the first record sets where it stands.
         it->second = c.offset >= 0 ? Stream{c.offset} : Stream{};
+        it->second.from_beginning = c.offset == RD_KAFKA_OFFSET_BEGINNING;
         seek_stream(tp, it->second, c.offset);
         break;
       }
@@ -404,12 +429,17 @@ bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
   // read afterwards is the new one. See kSeekTimeoutFixed: older versions
   // read the timeout in microseconds.
   const int timeout = rd_kafka_version() < kSeekTimeoutFixed ? kSeekTimeoutMs * 1000 : kSeekTimeoutMs;
-  rd_kafka_error_t* e = rd_kafka_seek_partitions(rk_.get(), list.get(), timeout);
   std::string problem;
+  rd_kafka_error_t* e = nullptr;
+  if (fault::once("seek_fails")) {
+    problem = "Local: Erroneous state (fault seek_fails)";
+  } else {
+    e = rd_kafka_seek_partitions(rk_.get(), list.get(), timeout);
+  }
   if (e) {
     problem = rd_kafka_error_string(e);
     rd_kafka_error_destroy(e);
-  } else if (list->elems[0].err) {
+  } else if (problem.empty() && list->elems[0].err) {
     problem = rd_kafka_err2str(list->elems[0].err);
   }
   if (problem.empty()) return true;

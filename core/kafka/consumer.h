@@ -143,6 +143,9 @@ class Consumer {
     std::optional<int64_t> rereading_from;  // a re-read from here is under way
     int64_t gap_end = 0;                    // where the first read jumped to
     std::optional<int64_t> pending_seek;    // a seek that failed: retried; records refused meanwhile
+    // Sought to the beginning and no record yet: where it stands is unknown,
+    // and what the partition holds is owed (checked for a stall all the same).
+    bool from_beginning = false;
     std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
     bool dropping = false;  // test fault drop_fetch: records vanish until the next seek
   };
@@ -170,6 +173,7 @@ class Consumer {
   bool deletes_by_retention(const std::string& topic);
   /// Retries failed seeks, finds holes from the positions, detects stalls.
   void check_streams();
+  void check_stall_from_beginning(const TopicPartition& tp, Stream& s, std::chrono::steady_clock::time_point now);
   void check_stalls(std::chrono::steady_clock::time_point now);
   /// Hands the records polled so far to the listener.
   void flush();

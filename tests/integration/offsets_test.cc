@@ -185,6 +185,28 @@ BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
   BOOST_TEST(audit_rc == 0, audit_out);
 }
 
+// A partition the group never committed is read from its beginning: until
+// its first record arrives, where it stands is unknown. One that then
+// delivers nothing (seen in CI: its start seek failed, was retried, and no
+// record ever came) is a stall too, recovered by seeking its beginning again.
+BOOST_AUTO_TEST_CASE(a_partition_read_from_its_beginning_that_delivers_nothing_is_stalled) {
+  Scenario s("offsets_stall_at_start");
+  s.topic("orders", 1);
+  std::set<std::string> keys;
+  s.kafka.produce("orders", orders(200, 1, keys));
+  // The first record polled, and every later one of the partition, vanish.
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")},
+                      {.kafka_lines = "stall_timeout = \"2s\"\n", .env = {{"IDEMSINK_FAULT", "drop_fetch:1"}}});
+  s.wait_committed(host);
+  const std::string log = host.log();
+  BOOST_TEST(log.find("fault drop_fetch") != std::string::npos, log);
+  BOOST_TEST(log.find("is stalled") != std::string::npos, log);
+  auto per_key = s.calls_per_key();
+  BOOST_TEST(per_key.size() == keys.size());
+  for (const auto& k : keys) BOOST_TEST(per_key[k] == 1, k);
+  BOOST_TEST(host.stop() == 0);
+}
+
 // Right after an assignment, before any record of a partition arrives, its
 // lag is measured from the group's committed offset, never reported as 0.
 BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offset) {

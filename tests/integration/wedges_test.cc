@@ -596,3 +596,25 @@ BOOST_AUTO_TEST_CASE(a_rebalance_protocol_unreported_while_closing_is_a_clean_ex
   BOOST_TEST(per_key.size() == 40u);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
 }
+
+BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_skipped) {
+  // Seen in CI: "seek orders[0] to -2 failed: Local: Erroneous state" right
+  // after the assignment, then nothing committed for 120 s.
+  auto db = MariaDbServer::shared().fresh_database("wedge_seek_fails");
+  TestKafka kafka;
+  kafka.create_topic("orders", 2);
+  kafka.produce("orders", order_messages(0, 40));
+  ScratchDir dir("wedges");
+  const auto calls = dir / "calls.log";
+  HostProcess host(
+      dir, "host",
+      base_config(kafka, db, "host-a", "g") +
+          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
+      {{"IDEMSINK_FAULT", "seek_fails:1"}});
+  wait_committed(kafka, "g", {{"orders", 2}}, host, 60s);
+  BOOST_TEST(host.log().find("fault seek_fails") != std::string::npos, host.log());
+  BOOST_TEST(host.stop() == 0, host.log());
+  const auto per_key = calls_by_key(calls);
+  BOOST_TEST(per_key.size() == 40u);
+  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+}
