@@ -328,47 +328,30 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
   // A partition that should be fetching and is behind, yet receives
   // nothing: the fetch was lost. Asked of the broker (the last stable
   // offset under read_committed: an open transaction is no stall), then
-  // read again from where the partition stands.
+  // read again from where the partition stands. One sought to its beginning
+  // that has not had its first record owes everything from its log start.
+  // (A partition holding nothing but transaction markers looks the same: it
+  // is sought again, and reported stalled, each stall_timeout; nothing is
+  // lost or read twice.)
   for (auto& [tp, s] : streams_) {
     if (paused_.count(tp) || now - s.last_progress < cfg_.stall_timeout) continue;
-    if (!s.next) {
-      if (s.from_beginning) check_stall_from_beginning(tp, s, now);
-      continue;
-    }
+    if (!s.next && !s.from_beginning) continue;  // sought to the end: nothing is owed yet
     s.last_progress = now;
     int64_t low = 0, high = 0;
     if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
-            RD_KAFKA_RESP_ERR_NO_ERROR ||
-        high <= *s.next)
+        RD_KAFKA_RESP_ERR_NO_ERROR)
       continue;
+    const int64_t from = s.next ? *s.next : low;
+    if (high <= from) continue;
     spdlog::error(
         "kafka: {}[{}] is stalled: {} record(s) between offset {} and the end of the partition ({}), none "
         "received for {}ms although fetching is on; reading it again from {}",
-        tp.topic, tp.partition, high - *s.next, *s.next, high, cfg_.stall_timeout.count(), *s.next);
-    listener_.on_stall(tp, *s.next, high);
+        tp.topic, tp.partition, high - from, from, high, cfg_.stall_timeout.count(),
+        s.next ? std::to_string(from) : "its beginning");
+    listener_.on_stall(tp, from, high);
     s.rereading_from.reset();
-    seek_stream(tp, s, *s.next);
+    seek_stream(tp, s, s.next ? from : RD_KAFKA_OFFSET_BEGINNING);
   }
-}
-
-void Consumer::check_stall_from_beginning(const TopicPartition& tp, Stream& s,
-                                          std::chrono::steady_clock::time_point now) {
-  // No record since the seek to the beginning: the partition's records, from
-  // its log start to its end, are all owed. (A partition holding nothing but
-  // transaction markers looks the same: it is sought again, and reported
-  // stalled, each stall_timeout; nothing is lost or read twice.)
-  s.last_progress = now;
-  int64_t low = 0, high = 0;
-  if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
-          RD_KAFKA_RESP_ERR_NO_ERROR ||
-      high <= low)
-    return;
-  spdlog::error(
-      "kafka: {}[{}] is stalled: read from its beginning, it holds {} record(s) (offsets {} to {}), none received "
-      "for {}ms although fetching is on; seeking its beginning again",
-      tp.topic, tp.partition, high - low, low, high, cfg_.stall_timeout.count());
-  listener_.on_stall(tp, low, high);
-  seek_stream(tp, s, RD_KAFKA_OFFSET_BEGINNING);
 }
 
 void Consumer::enqueue(Command c) {

@@ -173,7 +173,6 @@ class Consumer {
   bool deletes_by_retention(const std::string& topic);
   /// Retries failed seeks, finds holes from the positions, detects stalls.
   void check_streams();
-  void check_stall_from_beginning(const TopicPartition& tp, Stream& s, std::chrono::steady_clock::time_point now);
   void check_stalls(std::chrono::steady_clock::time_point now);
   /// Hands the records polled so far to the listener.
   void flush();
