@@ -12,6 +12,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
+#include "tests/support/scenario.h"
 #include "tests/support/test_kafka.h"
 
 using namespace idemsink;
@@ -78,8 +79,8 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
   auto conn = MariaDbServer::shared().connect("wedge_ledger");
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == 297);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 3);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 297);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 3);
   std::vector<ConsumedMessage> letters;
   wait_until(
       [&] {
@@ -511,7 +512,7 @@ BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it, *boost
   kafka.command("topic_error orders.retry.1 NO_ERROR");
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 20;
       },
       60s, "all 20 retried orders done");
   int ok = 0;
@@ -600,21 +601,14 @@ BOOST_AUTO_TEST_CASE(a_rebalance_protocol_unreported_while_closing_is_a_clean_ex
 BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_skipped) {
   // Seen in CI: "seek orders[0] to -2 failed: Local: Erroneous state" right
   // after the assignment, then nothing committed for 120 s.
-  auto db = MariaDbServer::shared().fresh_database("wedge_seek_fails");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.produce("orders", order_messages(0, 40));
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
-      {{"IDEMSINK_FAULT", "seek_fails:1"}});
-  wait_committed(kafka, "g", {{"orders", 2}}, host, 60s);
+  Scenario s("wedge_seek_fails");
+  s.topic("orders", 2);
+  s.kafka.produce("orders", order_messages(0, 40));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")}, {.env = {{"IDEMSINK_FAULT", "seek_fails:1"}}});
+  s.wait_committed(host);
   BOOST_TEST(host.log().find("fault seek_fails") != std::string::npos, host.log());
   BOOST_TEST(host.stop() == 0, host.log());
-  const auto per_key = calls_by_key(calls);
+  const auto per_key = s.calls_per_key();
   BOOST_TEST(per_key.size() == 40u);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
 }
