@@ -200,10 +200,10 @@ BOOST_AUTO_TEST_CASE(at_most_once_never_calls_twice_across_a_crash) {
   for (const auto& cols : read_call_log(calls)) ++invocations[cols.at(1)];
   for (const auto& [k, n] : invocations) BOOST_TEST(n == 1, k << " sent " << n << " times");
   auto conn = MariaDbServer::shared().connect(dbname);
-  const auto unknown =
-      std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown))[0][0]);
+  const auto unknown = std::stoul(
+      *conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown))[0][0]);
   const auto done =
-      std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done))[0][0]);
+      std::stoul(*conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done))[0][0]);
   BOOST_TEST(unknown > 0u);  // in flight at the kill: maybe sent, so never sent again
   BOOST_TEST(done + unknown == keys.size());
   auto dlq = kafka.read_all("sms.dlq", 1);

@@ -38,7 +38,7 @@ std::string order_value(const std::string& id) {
 
 // Records that went unknown at some point: still unknown, or settled by reconciliation.
 int64_t went_unknown(db::Connection& c) {
-  return scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown) +
+  return scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown) +
                        " OR last_error LIKE 'reconciled:%' OR "
                        "last_error LIKE 're-driven after reconcile%'");
 }
@@ -88,7 +88,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_killed_five_times_send_each_text_at_most_once) {
     hosts[victim]->kill();
     // Calls that may have been out when the host died: marked, not finished.
     const int64_t marked =
-        scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Pending) +
+        scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Pending) +
                           " AND call_started IS NOT NULL "
                           "AND owner LIKE '" +
                           victim + "#%'");
@@ -166,7 +166,9 @@ BOOST_AUTO_TEST_CASE(a_revocation_during_a_takeover_never_sends_twice) {
   locker->commit();  // the takeover completes, on a partition host-b no longer has
 
   wait_until(
-      [&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 1; },
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 1;
+      },
       90s, "the record parked as unknown and reconciled done");
   BOOST_TEST(b.stop() == 0);
   BOOST_TEST(c.stop() == 0);
@@ -191,11 +193,11 @@ BOOST_AUTO_TEST_CASE(a_slow_gateway_is_not_asked_before_its_call_can_have_landed
                       {.claim_lines = "reconcile_interval = \"1s\"\n"});
   s.wait_committed(host);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) ==
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown)) ==
              20);  // the plugin timed out
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 20;
       },
       60s, "every text found sent by reconciliation");
   BOOST_TEST(host.stop() == 0);
@@ -286,7 +288,8 @@ BOOST_AUTO_TEST_CASE(an_unknown_the_gateway_refuses_every_time_is_settled_after_
   wait_until(
       [&] {
         try {
-          return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) == 1;
+          return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown)) ==
+                 1;
         } catch (const db::DbError&) {
           return false;  // the host has not made its schema yet
         }
@@ -295,7 +298,7 @@ BOOST_AUTO_TEST_CASE(an_unknown_the_gateway_refuses_every_time_is_settled_after_
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"latency_mean_ms": 0})").first == 200);
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 1;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 1;
       },
       60s, "the text settled failed");
   const std::string log = host.log();

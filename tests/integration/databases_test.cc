@@ -56,10 +56,10 @@ BOOST_AUTO_TEST_CASE(each_route_in_its_own_database_and_one_down_stalls_only_its
   auto in_logistics = MariaDbServer::shared().connect("logistics");
   auto in_finance = finance_server.connect("finance");
   BOOST_TEST(scalar(*in_logistics, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
-                                       status_is(claim::Status::Done)) == 300);
+                                       sql_status_is(claim::Status::Done)) == 300);
   BOOST_TEST(scalar(*in_logistics, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'ledger'") == 0);
   BOOST_TEST(scalar(*in_finance, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'ledger' AND " +
-                                     status_is(claim::Status::Done)) == 300);
+                                     sql_status_is(claim::Status::Done)) == 300);
   BOOST_TEST(scalar(*in_finance, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill'") == 0);
   BOOST_TEST(scalar(*in_finance, "SELECT COUNT(*) FROM ledger_entries") == 300);
   BOOST_TEST(scalar(*in_logistics,
@@ -83,7 +83,7 @@ BOOST_AUTO_TEST_CASE(each_route_in_its_own_database_and_one_down_stalls_only_its
   const auto payments = kafka.committed("g", "payments", 2);
   BOOST_TEST(payments.at(0) + payments.at(1) == 300);  // nothing of payments past what finance recorded
   BOOST_TEST(scalar(*in_logistics, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
-                                       status_is(claim::Status::Done)) == 600);
+                                       sql_status_is(claim::Status::Done)) == 600);
 
   // Back up: payments catch up, each credited once.
   finance_server.restart();

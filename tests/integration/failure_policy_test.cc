@@ -84,10 +84,10 @@ BOOST_AUTO_TEST_CASE(one_bad_record_of_200_neither_stalls_nor_replays_the_other_
   auto count_unpublished = [&] {
     return std::stoi(*conn->query("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NULL")[0][0]);
   };
-  BOOST_TEST(count("namespace = 'waybill' AND " + status_is(claim::Status::Done)) == 197);
-  BOOST_TEST(count("namespace = 'waybill' AND " + status_is(claim::Status::Failed)) == 1);
-  BOOST_TEST(count("namespace = 'sms' AND " + status_is(claim::Status::Done)) == 19);
-  BOOST_TEST(count("namespace = 'sms' AND " + status_is(claim::Status::Unknown)) == 1);
+  BOOST_TEST(count("namespace = 'waybill' AND " + sql_status_is(claim::Status::Done)) == 197);
+  BOOST_TEST(count("namespace = 'waybill' AND " + sql_status_is(claim::Status::Failed)) == 1);
+  BOOST_TEST(count("namespace = 'sms' AND " + sql_status_is(claim::Status::Done)) == 19);
+  BOOST_TEST(count("namespace = 'sms' AND " + sql_status_is(claim::Status::Unknown)) == 1);
   BOOST_TEST(*conn->query("SELECT calls FROM idemsink_claim WHERE biz_key = 'retry3-80'")[0][0] == "4");
 
   // DLQ: the rejection, the poison and the missing key, with their headers.

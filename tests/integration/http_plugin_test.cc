@@ -503,7 +503,7 @@ BOOST_AUTO_TEST_CASE(a_limit_shared_by_two_hosts_holds_within_10_percent_over_a_
   BOOST_TEST(admin_metric(s.admin_port(a), "idemsink_route_rate_limit_waits_total{route=\"waybill\"}") > 0);
   s.wait_committed(a, 120s);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 3300);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 3300);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 3300);
   BOOST_TEST(a.stop() == 0);
   BOOST_TEST(b.stop() == 0);
   s.audit_clean(a);
@@ -538,7 +538,7 @@ BOOST_AUTO_TEST_CASE(retry_after_holds_the_route_without_spending_attempts) {
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/waybill", R"({"error_5xx": 0})").first == 200);
   s.wait_committed(host, 60s);
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 20);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 20);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 20);
   BOOST_TEST(s.kafka.read_all("orders.waybill.dlq", 1).size() == 0u);
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);

@@ -52,7 +52,7 @@ BOOST_AUTO_TEST_CASE(receipts_and_error_texts_are_made_to_fit_their_columns) {
   auto& host = s.host("host-a", {s.scripted("waybill", "orders")});
   s.wait_committed(host);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 45);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 45);
   // A 5,000-byte receipt is stored cut, and says so.
   for (const auto& r : conn->query("SELECT receipt FROM idemsink_claim WHERE biz_key LIKE 'bigreceipt-%'")) {
     BOOST_TEST(r[0]->size() == 1024u);
@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(claim_partitions_running_out_are_created_on_the_spot) {
   s.kafka.produce("orders", keyed("after-", 20));
   s.wait_committed(host);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE biz_key LIKE 'after-%' AND " +
-                               status_is(claim::Status::Done)) == 20);
+                               sql_status_is(claim::Status::Done)) == 20);
   BOOST_TEST(host.log().find("creating the partitions now") != std::string::npos);
   BOOST_TEST(host.log().find("claim partitions: added " + partition_of_month(0)) != std::string::npos);
   BOOST_TEST(host.stop() == 0);
@@ -217,8 +217,8 @@ BOOST_AUTO_TEST_CASE(a_claim_job_rerun_after_a_lost_connection_recognises_its_ow
   s.wait_committed(host);
   BOOST_TEST(host.log().find("fault lost_connection_after_claim_write") != std::string::npos);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 300);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) == 0);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 300);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown)) == 0);
   BOOST_TEST(scalar(*conn, "SELECT SUM(takeovers) FROM idemsink_claim") == 0);
   const auto sent = s.calls_per_key();
   BOOST_TEST(sent.size() == 300u);
@@ -238,14 +238,14 @@ BOOST_AUTO_TEST_CASE(a_row_the_database_refuses_is_isolated_and_dead_lettered) {
   wait_until([&] { return !conn->query("SHOW TABLES LIKE 'idemsink_claim'").empty(); }, 60s, "the schema");
   conn->execute(
       "CREATE TRIGGER refuse_poison BEFORE UPDATE ON idemsink_claim FOR EACH ROW BEGIN IF NEW.biz_key = 'poison' AND " +
-      status_is(claim::Status::Done, "NEW.") +
+      sql_status_is(claim::Status::Done, "NEW.") +
       " THEN SIGNAL SQLSTATE '22001' SET MYSQL_ERRNO = 1406, MESSAGE_TEXT = 'Data too long for column "
       "receipt'; END IF; END");
   auto msgs = keyed("o-", 30);
   msgs.insert(msgs.begin() + 15, TestMessage{"poison", "{}"});
   s.kafka.produce("orders", msgs);
   s.wait_committed(host);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 30);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 30);
   // The effect happened but could not be recorded done: unknown, for reconciliation.
   BOOST_TEST(*conn->query("SELECT status FROM idemsink_claim WHERE biz_key = 'poison'")[0][0] == "4");
   auto dlq = s.wait_records("orders.dlq", 1);

@@ -121,7 +121,9 @@ BOOST_AUTO_TEST_CASE(a_crash_loop_record_whose_call_went_out_is_reconciled_not_f
   s.wait_committed(host);
   auto conn = s.connect();
   wait_until(
-      [&] { return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 1; },
+      [&] {
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 1;
+      },
       60s, "the crash-loop record reconciled done");
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(host.log().find("crash_loop") != std::string::npos);

@@ -67,7 +67,7 @@ BOOST_AUTO_TEST_CASE(backpressure_pauses_skip_nothing) {
       BOOST_TEST(missing == 0u, missing << " of " << keys.size() << " keys never called");
       BOOST_TEST(twice == 0u, twice << " keys called more than once");
       BOOST_TEST(std::stoul(*s.connect()->query("SELECT COUNT(*) FROM idemsink_claim WHERE " +
-                                                status_is(claim::Status::Done))[0][0]) == keys.size());
+                                                sql_status_is(claim::Status::Done))[0][0]) == keys.size());
 
       const std::string log = host.log();
       size_t pauses = 0;

@@ -74,7 +74,7 @@ void outage_scenario(const std::string& name, std::chrono::seconds outage) {
   const std::set<std::string> applied = services.applied("waybill");
   BOOST_TEST(applied.size() == 4000u);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 4000);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim") == 4000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
   BOOST_TEST(s.kafka.read_all("orders.dlq", 1).empty());
@@ -120,7 +120,7 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
   const auto stats = services.stats()["waybill"];
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   BOOST_TEST(stats["timeouts_after_apply"].get<int>() > 0, "no call timed out: the scenario tested nothing");
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 3000);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 3000);
 }
 
 // An at-most-once gateway that times out every call: the records end

@@ -54,7 +54,7 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
   // The unknown SMS (timeouts after sending) get settled by the reconcile hook.
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Unknown)) == 0;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Unknown)) == 0;
       },
       60s, "unknown SMS claims to be reconciled");
 
@@ -68,10 +68,10 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
       BOOST_TEST(counters["errors_5xx"].get<int>() > 0);
       const int done =
           static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc +
-                                             "' AND " + status_is(claim::Status::Done)));
+                                             "' AND " + sql_status_is(claim::Status::Done)));
       const int failed =
           static_cast<int>(scalar(*conn, std::string("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = '") + svc +
-                                             "' AND " + status_is(claim::Status::Failed)));
+                                             "' AND " + sql_status_is(claim::Status::Failed)));
       BOOST_TEST(done + failed == static_cast<int>(orders.size()));
       BOOST_TEST(counters["orders"].get<int>() == done);          // one effect per done order, none for rejected ones
       BOOST_TEST(failed == counters["rejected_4xx"].get<int>());  // a rejection is final: one call per rejected order
@@ -85,12 +85,12 @@ BOOST_AUTO_TEST_CASE(shipped_plugins_apply_each_effect_once_under_faults) {
     const auto& counters = stats["sms"];
     BOOST_TEST(counters["double_applied"].get<int>() == 0);  // at most once, even with timeouts after sending
     BOOST_TEST(counters["timeouts_after_apply"].get<int>() > 0);
-    const int done = static_cast<int>(scalar(
-        *conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND " + status_is(claim::Status::Done)));
+    const int done = static_cast<int>(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND " +
+                                                        sql_status_is(claim::Status::Done)));
     BOOST_TEST(counters["orders"].get<int>() == done);  // every SMS counted done was really sent, once
     BOOST_TEST(scalar(*conn,
                       "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'sms' AND " +
-                          status_is(claim::Status::Done) +
+                          sql_status_is(claim::Status::Done) +
                           " AND "
                           "last_error LIKE 'reconciled%'") > 0);  // some were settled by the reconcile hook
   }
@@ -163,9 +163,9 @@ BOOST_AUTO_TEST_CASE(extra_headers_carry_an_api_token_from_the_environment) {
   BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(services.stats()["inventory"]["applied"].get<int>() == 0);
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
-                      status_is(claim::Status::Done)) == 10);
+                      sql_status_is(claim::Status::Done)) == 10);
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND " +
-                      status_is(claim::Status::Failed)) == 10);
+                      sql_status_is(claim::Status::Failed)) == 10);
   BOOST_TEST(host.log().find("t0ken-from-env") == std::string::npos);
 }
 
@@ -197,9 +197,9 @@ BOOST_AUTO_TEST_CASE(https_endpoints_verify_the_service_certificate) {
   BOOST_TEST(stats["waybill"]["applied"].get<int>() == 10);
   BOOST_TEST(stats["inventory"]["requests"].get<int>() == 0);  // nothing reached the impostor
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'waybill' AND " +
-                      status_is(claim::Status::Done)) == 10);
+                      sql_status_is(claim::Status::Done)) == 10);
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'inventory' AND " +
-                      status_is(claim::Status::Failed) +
+                      sql_status_is(claim::Status::Failed) +
                       " AND "
                       "last_error LIKE '%certificate verify failed%'") == 10);
 }

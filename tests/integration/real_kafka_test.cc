@@ -68,7 +68,7 @@ void broker_killed_mid_run(const std::string& name, const std::function<int(Test
   BOOST_TEST(stats["applied"].get<int>() == 6000);
   BOOST_TEST(stats["double_applied"].get<int>() == 0);
   auto conn = MariaDbServer::shared().connect(name);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 6000);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 6000);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
   BOOST_TEST(host.stop() == 0);
   audit_clean(dir, host);

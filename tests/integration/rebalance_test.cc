@@ -34,7 +34,7 @@ void two_hosts_share_and_hand_over(const std::string& strategy) {
   auto done_count = [&] {
     try {
       return std::stoi(
-          *conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done))[0][0]);
+          *conn->query("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done))[0][0]);
     } catch (const db::DbError&) {
       return 0;  // the host has not created its tables yet
     }

@@ -48,12 +48,12 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   // The dead ones, with the tokens their first attempts carried.
   std::map<std::string, std::string> first_token;  // biz_key -> idem_token
   for (const auto& r :
-       conn->query("SELECT biz_key, idem_token FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)))
+       conn->query("SELECT biz_key, idem_token FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)))
     first_token[*r[0]] = *r[1];
   const int dead = static_cast<int>(first_token.size());
   BOOST_TEST_MESSAGE(dead << " of " << kOrders << " orders dead-lettered by a permanent error");
   BOOST_TEST(dead >= 20);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) ==
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) ==
              kOrders - dead);
   const std::string cfg = host.config_path().string();
 
@@ -85,7 +85,8 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
       run_cli(s.dir, "replay-dry", {"replay", "--config", cfg, "--route", "waybill", "--dry-run", "--since", "1h"});
   BOOST_TEST(rc_dry == 0, out_dry);
   BOOST_TEST(count_in(out_dry, "would replay: key ") == dead, out_dry);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == dead);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) ==
+             dead);
 
   // Two replays at once, while the host runs.
   const std::vector<std::string> args{idemsink_binary(), "replay",  "--config", cfg,
@@ -98,7 +99,8 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
   BOOST_TEST(replayed_count(a.out()) + replayed_count(b.out()) == dead, a.out() + b.out());
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == kOrders;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) ==
+               kOrders;
       },
       120s, "every order done");
   s.wait_committed(host);
@@ -150,13 +152,13 @@ BOOST_AUTO_TEST_CASE(replayed_at_most_once_records_are_sent_once) {
   auto& host = s.host("host-a", {shipped_route("sms", "texts", services.url(), "2s")});
   s.wait_committed(host);
   auto conn = s.connect();
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Failed)) == 10);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 10);
   BOOST_TEST(http_request(services.port(), "POST", "/admin/faults/sms", R"({"reject_4xx": 0.0})").first == 200);
   auto [rc, out] = run_cli(s.dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "sms"});
   BOOST_TEST(rc == 0, out);
   wait_until(
       [&] {
-        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done)) == 10;
+        return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 10;
       },
       60s, "every text sent");
   BOOST_TEST(host.stop() == 0);

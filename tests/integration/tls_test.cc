@@ -100,5 +100,5 @@ BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(read_call_log(s.calls_log()).size() == 50u);
   db::Connection c(db);
-  BOOST_TEST(*c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + status_is(claim::Status::Done))[0][0] == "50");
+  BOOST_TEST(*c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done))[0][0] == "50");
 }

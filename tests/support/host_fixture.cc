@@ -64,7 +64,6 @@ int64_t admin_metric(int admin_port, const std::string& series) {
   return std::stoll(body.substr(at + series.size() + 2));
 }
 
-std::string status_is(claim::Status s, std::string_view alias) { return claim::sql_status_is(s, alias); }
 std::string status_is_not(claim::Status s) { return "NOT " + claim::sql_status_is(s); }
 std::string status_in(claim::Status a, claim::Status b) {
   return "(" + claim::sql_status_is(a) + " OR " + claim::sql_status_is(b) + ")";

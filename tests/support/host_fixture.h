@@ -68,9 +68,9 @@ int http_status(int port, const std::string& target);
 int64_t admin_metric(int admin_port, const std::string& series);
 
 /// A claim's status in a test's SQL, rendered from claim::Status as the core
-/// renders it (claim::sql_status_is), so that no query spells a number:
-/// "... WHERE " + status_is(claim::Status::Done).
-std::string status_is(claim::Status s, std::string_view alias = "");
+/// renders it, so that no query spells a number:
+/// "... WHERE " + sql_status_is(claim::Status::Done).
+using claim::sql_status_is;
 std::string status_is_not(claim::Status s);
 std::string status_in(claim::Status a, claim::Status b);
 
