@@ -95,7 +95,8 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   auto rc = proc_->wait(timeout);
   if (!rc) {
     proc_->kill_now();
-    throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) + "ms of SIGTERM");
+    throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) +
+                             "ms of SIGTERM; its log:\n" + log_tail(16000));
   }
   return *rc;
 }
