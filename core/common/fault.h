@@ -21,6 +21,9 @@
 //                       15 s (a handler that never returns): /livez must fail
 //   slow_start          `run` waits 2 s before loading its plugins (a signal
 //                       that arrives while the host starts)
+//   command_while_closing
+//                       the N-th revoke callback of a closing consumer sends
+//                       it a fetch command, as the engine does at any time
 //   rebalance_protocol_unreported
 //                       the N-th rebalance callback finds the group's protocol
 //                       unreported (librdkafka answers NULL at times while a

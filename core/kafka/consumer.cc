@@ -135,7 +135,7 @@ void Consumer::close(std::chrono::steady_clock::time_point deadline) {
   if (!poller_.joinable()) return;
   close_deadline_ = deadline;
   stop_.store(true);
-  rd_kafka_queue_yield(queue_);
+  wake();
   poller_.join();
 }
 
@@ -175,6 +175,10 @@ void Consumer::poll_loop() {
     (void)rk_.release();
     abandoned_.store(true);
     return;
+  }
+  {
+    std::lock_guard lk(commands_mu_);
+    closing_ = true;
   }
   // Leaving the group revokes everything through rebalance_cb on this thread.
   if (auto err = rd_kafka_consumer_close(rk_.get())) spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
@@ -354,12 +358,17 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
   }
 }
 
+void Consumer::wake() {
+  std::lock_guard lk(commands_mu_);
+  if (!closing_) rd_kafka_queue_yield(queue_);
+}
+
 void Consumer::enqueue(Command c) {
   {
     std::lock_guard lk(commands_mu_);
     commands_.push_back(std::move(c));
   }
-  rd_kafka_queue_yield(queue_);  // wake the poll thread
+  wake();
 }
 
 void Consumer::apply_commands() {
@@ -503,6 +512,12 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   }
   const bool lost = err != RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || rd_kafka_assignment_lost(rk);
   spdlog::info("kafka: {} {}", lost ? "lost" : "revoking", describe(tps));
+  // Test fault: a fetch command (the engine pausing a partition) reaches a
+  // consumer that is closing.
+  if (self->stop_.load() && fault::once("command_while_closing")) {
+    spdlog::warn("kafka: fault command_while_closing: pausing {} as the consumer closes", describe(tps));
+    self->pause(tps);
+  }
   auto offsets = self->listener_.on_revoking(tps, lost);
   for (const auto& tp : tps) {
     self->streams_.erase(tp);
@@ -561,7 +576,7 @@ uint64_t Consumer::seek(const TopicPartitionOffset& tpo) {
     commands_.push_back({Command::Kind::Seek, {tpo.tp}, tpo.offset});
     ticket = ++seeks_requested_;
   }
-  rd_kafka_queue_yield(queue_);
+  wake();
   return ticket;
 }
 

@@ -157,6 +157,9 @@ class Consumer {
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
                         void* opaque);
   void poll_loop();
+  /// Wakes the poll thread out of its wait for records; a no-op once the
+  /// close has begun (see closing_).
+  void wake();
   void enqueue(Command c);
   void apply_commands();
   /// Synchronous seek; false (logged) if it did not happen.
@@ -195,6 +198,13 @@ class Consumer {
   std::mutex commands_mu_;
   std::vector<Command> commands_;
   uint64_t seeks_requested_ = 0;  // under commands_mu_
+  // Set (under commands_mu_) just before rd_kafka_consumer_close(): from then
+  // on nobody yields the consumer queue. The close serves that queue while it
+  // waits for the group to terminate, and a yield ends its wait early; the
+  // group's final answer then goes to a queue nobody reads and the handle's
+  // destruction waits for it forever (librdkafka 2.0.2). Commands arriving
+  // meanwhile are moot: nothing is fetched any more.
+  bool closing_ = false;
 
   // Poll thread only.
   Batch batch_;

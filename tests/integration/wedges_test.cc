@@ -612,3 +612,27 @@ BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_sk
   BOOST_TEST(per_key.size() == 40u);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
 }
+
+// A fetch command (the engine pausing or resuming a partition) woke the poll
+// thread by yielding the consumer queue, also while rd_kafka_consumer_close()
+// served that queue: the close returned early ("Local: Timed out") and the
+// handle's destruction then waited forever for the group's final answer (CI:
+// "host did not exit within 60000ms of SIGTERM"). Here the revoke of the
+// close sends a command: the host drains, commits and exits 0.
+BOOST_AUTO_TEST_CASE(a_command_sent_to_a_closing_consumer_does_not_hang_the_exit) {
+  Scenario s("wedge_command_while_closing");
+  s.topic("orders", 2);
+  s.kafka.produce("orders", order_messages(0, 40));
+  auto& host =
+      s.host("host-a", {s.scripted("waybill", "orders")}, {.env = {{"IDEMSINK_FAULT", "command_while_closing:1"}}});
+  s.wait_committed(host);
+  // A slow LeaveGroup keeps the group terminating after an early return.
+  s.kafka.command("rtt 1 800");
+  BOOST_TEST(host.stop(30s) == 0, host.log());
+  BOOST_TEST(host.log().find("fault command_while_closing") != std::string::npos, host.log());
+  BOOST_TEST(host.log().find("kafka consumer close:") == std::string::npos, host.log());
+  BOOST_TEST(host.log().find("stopped") != std::string::npos);
+  const auto per_key = s.calls_per_key();
+  BOOST_TEST(per_key.size() == 40u);
+  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+}
