@@ -82,7 +82,7 @@ std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& na
 
 HostProcess::HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
                          std::map<std::string, std::string> env)
-    : config_(dir / (name + ".toml")) {
+    : config_(dir / (name + ".toml")), dir_(dir.path()), name_(name) {
   write_file(config_, config_toml);
   proc_ = std::make_unique<Process>(std::vector<std::string>{idemsink_binary(), "run", "--config", config_.string()},
                                     dir / (name + ".out"), dir / (name + ".log"), std::move(env));
@@ -94,11 +94,26 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   proc_->signal(SIGTERM);
   auto rc = proc_->wait(timeout);
   if (!rc) {
+    // Where every thread waits says why the exit hangs; the log alone
+    // rarely does (a hang logs nothing).
+    const std::string threads = thread_dump(proc_->pid(), dir_ / (name_ + ".threads"));
     proc_->kill_now();
     throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) +
-                             "ms of SIGTERM; its log:\n" + log_tail(16000));
+                             "ms of SIGTERM; its log:\n" + log_tail(16000) + "\nits threads:\n" + threads);
   }
   return *rc;
+}
+
+std::string thread_dump(pid_t pid, const std::filesystem::path& out) {
+  if (!std::filesystem::exists("/usr/bin/gdb")) return "(no /usr/bin/gdb to take a thread dump)";
+  Process gdb({"/usr/bin/gdb", "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, out,
+              out.string() + ".err");
+  if (!gdb.wait(std::chrono::seconds(60))) {
+    gdb.kill_now();
+    return "(gdb did not finish within 60s)";
+  }
+  std::string dump = gdb.out();
+  return dump.size() > 60000 ? dump.substr(0, 60000) + "\n..." : dump;
 }
 
 std::string HostProcess::log_tail(size_t bytes) const {

@@ -34,6 +34,10 @@ struct RouteSpec {
 };
 std::string route_config(const RouteSpec& r);
 
+/// Every thread's stack of a running process (gdb attached for a moment),
+/// also written to `out`; a note saying why when there is none.
+std::string thread_dump(pid_t pid, const std::filesystem::path& out);
+
 class HostProcess {
  public:
   HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
@@ -52,6 +56,8 @@ class HostProcess {
 
  private:
   std::filesystem::path config_;
+  std::filesystem::path dir_;
+  std::string name_;
   std::unique_ptr<Process> proc_;
 };
 
