@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -113,6 +114,25 @@ struct Slice {
   std::unique_ptr<Reconciler> reconciler;
   bool started = false;  // engine thread only
 };
+
+// Closes the running slices' consumers at once: each revokes and drains its
+// partitions and commits. A close still running past the deadline is named
+// in the log every 10 s, since a hang there logs nothing else.
+void close_consumers(const std::vector<Slice*>& running, std::chrono::steady_clock::time_point deadline) {
+  std::vector<std::future<void>> closed;
+  for (Slice* s : running)
+    closed.push_back(std::async(std::launch::async, [s, deadline] { s->consumer->close(deadline); }));
+  for (size_t i = 0; i < running.size(); ++i) {
+    const auto& db = running[i]->cfg.database;
+    for (auto late = std::chrono::seconds(5); closed[i].wait_until(deadline + late) == std::future_status::timeout;
+         late += std::chrono::seconds(10))
+      spdlog::warn(
+          "shutdown: the Kafka consumer of database {}@{}:{} has not closed {}s past the shutdown deadline "
+          "(host.shutdown_grace + 5s); still waiting for it to revoke, commit and leave the group",
+          db.database, db.host, db.port, late.count());
+    closed[i].get();
+  }
+}
 
 // A database error that waiting cannot cure: the configuration is wrong.
 bool configuration_error(const db::DbError& e) {
@@ -322,10 +342,7 @@ int run_host(const config::Config& cfg) {
       asio::post(io, [running] {
         for (Slice* s : running) s->reconciler->stop();
       });
-      // Each consumer revokes and drains its partitions and commits.
-      std::vector<std::thread> closing;
-      for (Slice* s : running) closing.emplace_back([s, deadline] { s->consumer->close(deadline); });
-      for (auto& t : closing) t.join();
+      close_consumers(running, deadline);
       for (Slice* s : running) s->engine->quiesce(deadline);
       if (admin) admin->stop();
       work.reset();

@@ -24,6 +24,9 @@
 //   command_while_closing
 //                       the N-th revoke callback of a closing consumer sends
 //                       it a fetch command, as the engine does at any time
+//   close_hangs         the N-th consumer close waits until 7 s past the
+//                       shutdown deadline before it starts (a close that
+//                       hangs in librdkafka)
 //   rebalance_protocol_unreported
 //                       the N-th rebalance callback finds the group's protocol
 //                       unreported (librdkafka answers NULL at times while a

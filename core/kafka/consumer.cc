@@ -180,6 +180,9 @@ void Consumer::poll_loop() {
     std::lock_guard lk(commands_mu_);
     closing_ = true;
   }
+  // Test fault: a close that hangs past the shutdown deadline (the host
+  // names it in the log while it waits).
+  if (fault::once("close_hangs")) std::this_thread::sleep_until(close_deadline_ + std::chrono::seconds(7));
   // Leaving the group revokes everything through rebalance_cb on this thread.
   if (auto err = rd_kafka_consumer_close(rk_.get())) spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
   flush();

@@ -636,3 +636,20 @@ BOOST_AUTO_TEST_CASE(a_command_sent_to_a_closing_consumer_does_not_hang_the_exit
   BOOST_TEST(per_key.size() == 40u);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
 }
+
+// A consumer close that hangs logs nothing of its own: the host names the
+// consumer it still waits for once the shutdown deadline has passed, so an
+// exit that hangs says where.
+BOOST_AUTO_TEST_CASE(a_consumer_close_past_the_deadline_is_named_in_the_log) {
+  Scenario s("wedge_close_hangs");
+  s.topic("orders", 2);
+  s.kafka.produce("orders", order_messages(0, 20));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")}, {.env = {{"IDEMSINK_FAULT", "close_hangs:1"}}});
+  s.wait_committed(host);
+  BOOST_TEST(host.stop(60s) == 0, host.log());
+  BOOST_TEST(host.log().find("has not closed 5s past the shutdown deadline") != std::string::npos, host.log());
+  BOOST_TEST(host.log().find("stopped") != std::string::npos);
+  const auto per_key = s.calls_per_key();
+  BOOST_TEST(per_key.size() == 20u);
+  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+}
