@@ -82,7 +82,7 @@ std::pair<int, std::string> run_cli(const ScratchDir& dir, const std::string& na
 
 HostProcess::HostProcess(const ScratchDir& dir, const std::string& name, const std::string& config_toml,
                          std::map<std::string, std::string> env)
-    : config_(dir / (name + ".toml")), dir_(dir.path()), name_(name) {
+    : config_(dir / (name + ".toml")) {
   write_file(config_, config_toml);
   proc_ = std::make_unique<Process>(std::vector<std::string>{idemsink_binary(), "run", "--config", config_.string()},
                                     dir / (name + ".out"), dir / (name + ".log"), std::move(env));
@@ -95,8 +95,9 @@ int HostProcess::stop(std::chrono::milliseconds timeout) {
   auto rc = proc_->wait(timeout);
   if (!rc) {
     // Where every thread waits says why the exit hangs; the log alone
-    // rarely does (a hang logs nothing).
-    const std::string threads = thread_dump(proc_->pid(), dir_ / (name_ + ".threads"));
+    // rarely does (a hang logs nothing). Written beside the log.
+    auto threads_file = proc_->err_path();
+    const std::string threads = thread_dump(proc_->pid(), threads_file.replace_extension(".threads"));
     proc_->kill_now();
     throw std::runtime_error("host did not exit within " + std::to_string(timeout.count()) +
                              "ms of SIGTERM; its log:\n" + log_tail(16000) + "\nits threads:\n" + threads);

@@ -56,8 +56,6 @@ class HostProcess {
 
  private:
   std::filesystem::path config_;
-  std::filesystem::path dir_;
-  std::string name_;
   std::unique_ptr<Process> proc_;
 };
 
