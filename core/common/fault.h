@@ -27,6 +27,13 @@
 //   close_hangs         the N-th consumer close waits until 7 s past the
 //                       shutdown deadline before it starts (a close that
 //                       hangs in librdkafka)
+//   fetch_command_overtakes_start
+//                       after the N-th assignment, seeks fail until librdkafka
+//                       starts a partition's fetcher (seen in its debug log:
+//                       the consumer's `debug` must include "topic"); that
+//                       start then waits while the engine's resume of the
+//                       partition is applied (the fetch gate resumes every
+//                       newly assigned partition)
 //   rebalance_protocol_unreported
 //                       the N-th rebalance callback finds the group's protocol
 //                       unreported (librdkafka answers NULL at times while a

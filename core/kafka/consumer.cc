@@ -9,7 +9,7 @@
 namespace idemsink::kafka {
 namespace {
 
-void log_cb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
+void log_line(int level, const char* fac, const char* buf) {
   // syslog levels: 0..3 error, 4 warning, 5..6 info, 7 debug
   if (level <= 3)
     spdlog::error("librdkafka {}: {}", fac, buf);
@@ -30,7 +30,10 @@ std::vector<TopicPartitionOffset> offsets_of(const rd_kafka_topic_partition_list
 
 }  // namespace
 
-void route_librdkafka_logs(rd_kafka_conf_t* conf) { rd_kafka_conf_set_log_cb(conf, &log_cb); }
+void route_librdkafka_logs(rd_kafka_conf_t* conf) {
+  rd_kafka_conf_set_log_cb(
+      conf, [](const rd_kafka_t*, int level, const char* fac, const char* buf) { log_line(level, fac, buf); });
+}
 
 config::KafkaConfig slice_consumer_config(const config::KafkaConfig& cfg, size_t slice) {
   config::KafkaConfig out = cfg;
@@ -99,7 +102,7 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   props["isolation.level"] = "read_committed";
   if (props["statistics.interval.ms"] == "0") health_.statistics_disabled();
   rd_kafka_conf_t* conf = make_conf(props);
-  route_librdkafka_logs(conf);
+  rd_kafka_conf_set_log_cb(conf, &log_cb);
   rd_kafka_conf_set_error_cb(conf, &error_cb);
   rd_kafka_conf_set_stats_cb(conf, &stats_cb);
   rd_kafka_conf_set_rebalance_cb(conf, &rebalance_cb);
@@ -202,6 +205,7 @@ bool Consumer::admit(rd_kafka_message_t* m) {
   auto it = streams_.find(tp);
   if (it == streams_.end()) return true;  // not (or no longer) assigned: the listener drops it
   Stream& s = it->second;
+  note_fetcher_started(tp, s);
   // Until a seek we asked for has happened, the stream is not the one we want.
   if (s.pending_seek || s.dropping) return false;
   if (fault::once("drop_fetch")) {
@@ -286,6 +290,7 @@ void Consumer::seek_stream(const TopicPartition& tp, Stream& s, int64_t offset) 
   s.last_progress = std::chrono::steady_clock::now();
   if (seek_now(tp, offset)) {
     s.pending_seek.reset();
+    note_fetcher_started(tp, s);
   } else {
     s.pending_seek = offset;  // retried by check_streams(); records are refused meanwhile
   }
@@ -382,40 +387,74 @@ void Consumer::apply_commands() {
   }
   for (auto& c : cmds) {
     switch (c.kind) {
-      case Command::Kind::Pause:
-        rd_kafka_pause_partitions(rk_.get(), to_list(c.tps).get());
-        for (const auto& tp : c.tps) paused_.insert(tp);
-        break;
-      case Command::Kind::Resume: {
-        auto list = to_list(c.tps);
-        rd_kafka_resume_partitions(rk_.get(), list.get());
-        // A resumed partition waits for the fetcher's next wake-up (up to a
-        // second in librdkafka 2.0); a seek to where it stands wakes it now.
-        rd_kafka_position(rk_.get(), list.get());
-        for (int i = 0; i < list->cnt; ++i) {
-          const TopicPartition tp{list->elems[i].topic, list->elems[i].partition};
-          paused_.erase(tp);
-          auto it = streams_.find(tp);
-          if (it == streams_.end()) continue;
-          it->second.last_progress = std::chrono::steady_clock::now();
-          const Stream& s = it->second;
-          if (list->elems[i].offset >= 0 && s.next && !s.rereading_from && !s.pending_seek) seek_now(tp, *s.next);
-        }
-        break;
-      }
+      case Command::Kind::Pause: set_fetching(c.tps, false); break;
+      case Command::Kind::Resume: set_fetching(c.tps, true); break;
       case Command::Kind::Seek: {
         ++seeks_applied_;
         const TopicPartition& tp = c.tps.front();
         auto it = streams_.find(tp);
         if (it == streams_.end()) break;  // revoked meanwhile
         // A logical offset (the beginning, the end): the first record sets where it stands.
-        it->second = c.offset >= 0 ? Stream{c.offset} : Stream{};
-        it->second.from_beginning = c.offset == RD_KAFKA_OFFSET_BEGINNING;
+        Stream sought = c.offset >= 0 ? Stream{c.offset} : Stream{};
+        sought.from_beginning = c.offset == RD_KAFKA_OFFSET_BEGINNING;
+        sought.fetcher_started = it->second.fetcher_started;
+        sought.deferred_fetching = it->second.deferred_fetching;
+        it->second = sought;
         seek_stream(tp, it->second, c.offset);
         break;
       }
     }
   }
+}
+
+void Consumer::set_fetching(const std::vector<TopicPartition>& tps, bool fetching) {
+  // A pause or resume jumps ahead of the partition's queued operations in
+  // librdkafka and outdates them: one that overtakes the start of a newly
+  // assigned partition's fetcher cancels that start, and the partition is
+  // never read (docs/librdkafka.md). Until a partition shows its fetcher
+  // started (a seek succeeded, or a record came), what it should do is kept
+  // here and told to librdkafka then (note_fetcher_started).
+  std::vector<TopicPartition> now;
+  for (const auto& tp : tps) {
+    if (fetching)
+      paused_.erase(tp);
+    else
+      paused_.insert(tp);
+    auto it = streams_.find(tp);
+    if (it != streams_.end() && !it->second.fetcher_started)
+      it->second.deferred_fetching = fetching;
+    else
+      now.push_back(tp);
+  }
+  if (now.empty()) return;
+  auto list = to_list(now);
+  in_fetch_call_.store(true);
+  // Both wait until librdkafka's main thread has carried them out.
+  if (fetching)
+    rd_kafka_resume_partitions(rk_.get(), list.get());
+  else
+    rd_kafka_pause_partitions(rk_.get(), list.get());
+  in_fetch_call_.store(false);
+  if (!fetching) return;
+  // A resumed partition waits for the fetcher's next wake-up (up to a
+  // second in librdkafka 2.0); a seek to where it stands wakes it now.
+  rd_kafka_position(rk_.get(), list.get());
+  for (int i = 0; i < list->cnt; ++i) {
+    auto it = streams_.find({list->elems[i].topic, list->elems[i].partition});
+    if (it == streams_.end()) continue;
+    it->second.last_progress = std::chrono::steady_clock::now();
+    const Stream& s = it->second;
+    if (list->elems[i].offset >= 0 && s.next && !s.rereading_from && !s.pending_seek) seek_now(it->first, *s.next);
+  }
+}
+
+void Consumer::note_fetcher_started(const TopicPartition& tp, Stream& s) {
+  if (s.fetcher_started) return;
+  s.fetcher_started = true;
+  if (!s.deferred_fetching) return;
+  const bool fetching = *s.deferred_fetching;
+  s.deferred_fetching.reset();
+  set_fetching({tp}, fetching);
 }
 
 bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
@@ -428,6 +467,10 @@ bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
   rd_kafka_error_t* e = nullptr;
   if (fault::once("seek_fails")) {
     problem = "Local: Erroneous state (fault seek_fails)";
+  } else if (holding_fetch_start_.load()) {
+    // Test fault fetch_command_overtakes_start: librdkafka's main thread
+    // will be held, and a seek waits for it.
+    problem = "Local: Timed out (fault fetch_command_overtakes_start)";
   } else {
     e = rd_kafka_seek_partitions(rk_.get(), list.get(), timeout);
   }
@@ -441,6 +484,43 @@ bool Consumer::seek_now(const TopicPartition& tp, int64_t offset) {
   spdlog::warn("kafka: seek {}[{}] to {} failed: {}; its records are held back until a seek succeeds", tp.topic,
                tp.partition, offset, problem);
   return false;
+}
+
+void Consumer::log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf) {
+  log_line(level, fac, buf);
+  // Test fault (needs "topic" among the consumer's librdkafka debug
+  // contexts): a resume from the engine reaches librdkafka between its start
+  // of a partition's fetcher and the start being carried out.
+  if (level == 7 && std::strcmp(fac, "CONSUMER") == 0)
+    if (const char* start = std::strstr(buf, "Start consuming ")) {
+      auto* self = static_cast<Consumer*>(rd_kafka_opaque(rk));
+      // Not while the poll thread waits in a pause or resume of its own: it
+      // waits for this thread, and would stay behind the start.
+      if (self->holding_fetch_start_.load() && !self->in_fetch_call_.load())
+        self->resume_during_start(start + std::strlen("Start consuming "));
+    }
+}
+
+void Consumer::resume_during_start(std::string_view line) {
+  // "orders [3] at offset INVALID (v4)". On librdkafka's main thread, which
+  // waits here for 1 s: librdkafka's pause and resume wait for this thread,
+  // so a resume that reached librdkafka meanwhile waits queued ahead of the
+  // start.
+  const auto open = line.find(" [");
+  const auto close = line.find(']', open);
+  if (open == std::string_view::npos || close == std::string_view::npos) return;
+  const TopicPartition tp{std::string(line.substr(0, open)),
+                          std::stoi(std::string(line.substr(open + 2, close - open - 2)))};
+  spdlog::warn("kafka: fault fetch_command_overtakes_start: resuming {}[{}] while its fetcher starts", tp.topic,
+               tp.partition);
+  {
+    // First in line: the poll thread may be about to apply other commands.
+    std::lock_guard lk(commands_mu_);
+    commands_.insert(commands_.begin(), Command{Command::Kind::Resume, {tp}});
+  }
+  wake();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  holding_fetch_start_.store(false);
 }
 
 void Consumer::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque) {
@@ -473,6 +553,7 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   self->flush();  // records polled before the rebalance reach the listener before it
   if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
     spdlog::info("kafka: assigned {}{}", describe(tps), cooperative ? " (incremental)" : "");
+    if (fault::once("fetch_command_overtakes_start")) self->holding_fetch_start_.store(true);
     // The group's committed offsets: where each partition's records must
     // start, and its lag until the first record arrives.
     std::vector<TopicPartitionOffset> committed = self->read_committed(tps);

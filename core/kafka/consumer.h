@@ -31,6 +31,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -148,10 +149,15 @@ class Consumer {
     bool from_beginning = false;
     std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
     bool dropping = false;  // test fault drop_fetch: records vanish until the next seek
+    // librdkafka has started this partition's fetcher (see set_fetching);
+    // until then, the pause or resume asked for meanwhile.
+    bool fetcher_started = false;
+    std::optional<bool> deferred_fetching;
   };
 
   static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                            void* opaque);
+  static void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
   static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
   static int stats_cb(rd_kafka_t* rk, char* json, size_t len, void* opaque);
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
@@ -162,6 +168,12 @@ class Consumer {
   void wake();
   void enqueue(Command c);
   void apply_commands();
+  /// Pauses (false) or resumes (true) partitions, or keeps what a partition
+  /// should do until its fetcher has started.
+  void set_fetching(const std::vector<TopicPartition>& tps, bool fetching);
+  void note_fetcher_started(const TopicPartition& tp, Stream& s);
+  /// Test fault fetch_command_overtakes_start (see log_cb).
+  void resume_during_start(std::string_view line);
   /// Synchronous seek; false (logged) if it did not happen.
   bool seek_now(const TopicPartition& tp, int64_t offset);
   void seek_stream(const TopicPartition& tp, Stream& s, int64_t offset);
@@ -198,6 +210,10 @@ class Consumer {
   std::mutex commands_mu_;
   std::vector<Command> commands_;
   uint64_t seeks_requested_ = 0;  // under commands_mu_
+  // Test fault fetch_command_overtakes_start: armed, and whether the poll
+  // thread is in a librdkafka pause or resume.
+  std::atomic<bool> holding_fetch_start_{false};
+  std::atomic<bool> in_fetch_call_{false};
   // Set (under commands_mu_) just before rd_kafka_consumer_close(): from then
   // on nobody yields the consumer queue. The close serves that queue while it
   // waits for the group to terminate, and a yield ends its wait early; the
@@ -211,7 +227,7 @@ class Consumer {
   uint64_t seeks_applied_ = 0;
   std::map<TopicPartition, Stream> streams_;
   std::map<std::string, bool> cleanup_deletes_;  // topic -> cleanup.policy has "delete"
-  std::set<TopicPartition> paused_;              // as told to librdkafka
+  std::set<TopicPartition> paused_;              // as asked (see set_fetching)
   std::chrono::steady_clock::time_point next_stream_check_{};
 };
 

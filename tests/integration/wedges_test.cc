@@ -653,3 +653,22 @@ BOOST_AUTO_TEST_CASE(a_consumer_close_past_the_deadline_is_named_in_the_log) {
   BOOST_TEST(per_key.size() == 20u);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
 }
+
+// A pause or resume that overtakes the start of a newly assigned
+// partition's fetcher in librdkafka cancels the start: that partition is
+// never read, its seeks fail ("Erroneous state") and its commit never moves.
+// The consumer keeps fetch commands back until a partition's fetcher has
+// started.
+BOOST_AUTO_TEST_CASE(fetch_commands_right_after_an_assignment_leave_no_partition_unread) {
+  Scenario s("wedge_fetch_start_overtaken");
+  s.topic("orders", 4);
+  s.kafka.produce("orders", order_messages(0, 80));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")},
+                      {.consumer_lines = "\"debug\" = \"topic\"\n\"log_level\" = \"7\"\n",
+                       .env = {{"IDEMSINK_FAULT", "fetch_command_overtakes_start:1"}}});
+  s.wait_committed(host);
+  const auto per_key = s.calls_per_key();
+  BOOST_TEST(per_key.size() == 80u);
+  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  BOOST_TEST(host.stop() == 0, host.log());
+}

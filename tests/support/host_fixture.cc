@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -14,12 +15,20 @@ namespace idemsink::test {
 std::string base_config(const TestKafka& kafka, const config::DatabaseConfig& db, const std::string& host_id,
                         const std::string& group, const std::string& extra_host_lines,
                         const std::string& extra_consumer_lines, const std::string& extra_kafka_lines) {
+  // Set to librdkafka debug contexts ("cgrp,topic,fetch") to follow the
+  // group and fetcher state of every host a test starts.
+  const char* rdkafka_debug = std::getenv("IDEMSINK_TEST_RDKAFKA_DEBUG");
   std::ostringstream os;
-  os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \"info\"\n"
+  os << "[host]\nid = \"" << host_id << "\"\nshutdown_grace = \"10s\"\nlog_level = \""
+     << (rdkafka_debug ? "debug" : "info") << "\"\n"
      << extra_host_lines << "\n[kafka]\nbootstrap_servers = \"" << kafka.bootstrap() << "\"\ngroup_id = \"" << group
      << "\"\nmax_poll_records = 200\ncommit_interval = \"200ms\"\n"
-     << extra_kafka_lines << "[kafka.properties]\n\"log_level\" = \"4\"\n"
-     << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+     << extra_kafka_lines << "[kafka.properties]\n";
+  if (rdkafka_debug)
+    os << "\"log_level\" = \"7\"\n\"debug\" = \"" << rdkafka_debug << "\"\n";
+  else
+    os << "\"log_level\" = \"4\"\n";
+  os << "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
      << "\"topic.metadata.refresh.interval.ms\" = \"2000\"\n"
      << extra_consumer_lines << "\n[database]\nhost = \"" << db.host << "\"\nport = " << db.port << "\nuser = \""
      << db.user << "\"\ndatabase = \"" << db.database << "\"\npool_size = 4\nconnect_timeout = \"2s\"\n"
