@@ -408,12 +408,14 @@ void Consumer::apply_commands() {
 }
 
 void Consumer::set_fetching(const std::vector<TopicPartition>& tps, bool fetching) {
-  // A pause or resume jumps ahead of the partition's queued operations in
-  // librdkafka and outdates them: one that overtakes the start of a newly
-  // assigned partition's fetcher cancels that start, and the partition is
-  // never read (docs/librdkafka.md). Until a partition shows its fetcher
-  // started (a seek succeeded, or a record came), what it should do is kept
-  // here and told to librdkafka then (note_fetcher_started).
+  // librdkafka starts a newly assigned partition's fetcher by taking a new
+  // version of the partition, then queueing the start. A pause or resume
+  // queued in between raises the version again whether or not it changes
+  // anything, and the start, now outdated, is dropped: the partition is
+  // never read (docs/librdkafka.md). A seek cannot do this (refused before
+  // the start, it leaves the version alone). So until a partition shows its
+  // fetcher started (a seek succeeded, or a record came), what it should do
+  // is kept here and told to librdkafka then (note_fetcher_started).
   std::vector<TopicPartition> now;
   for (const auto& tp : tps) {
     if (fetching)
@@ -502,10 +504,9 @@ void Consumer::log_cb(const rd_kafka_t* rk, int level, const char* fac, const ch
 }
 
 void Consumer::resume_during_start(std::string_view line) {
-  // "orders [3] at offset INVALID (v4)". On librdkafka's main thread, which
-  // waits here for 1 s: librdkafka's pause and resume wait for this thread,
-  // so a resume that reached librdkafka meanwhile waits queued ahead of the
-  // start.
+  // "orders [3] at offset INVALID (v4)". On librdkafka's main thread, after
+  // the start took its version and before it is queued; it waits here 1 s,
+  // and a resume the poll thread sends meanwhile is queued ahead of it.
   const auto open = line.find(" [");
   const auto close = line.find(']', open);
   if (open == std::string_view::npos || close == std::string_view::npos) return;
@@ -587,7 +588,9 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
     }
     if (self->stop_.load()) {
       // Assigned while shutting down (see must_wait_first_assignment_):
-      // take nothing new; the close right after revokes them again.
+      // take nothing new; the close right after revokes them again. (Not
+      // through set_fetching: this pause may cancel a fetcher start, which
+      // is what is wanted here, and stopping an unstarted fetcher is fine.)
       rd_kafka_pause_partitions(rk, parts);
       for (const auto& tp : tps) self->paused_.insert(tp);
     }
