@@ -254,9 +254,7 @@ class ClaimStore {
   bool resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as, std::string_view note) const;
 
  private:
-  struct Existing;
-  class Job;  // one claim() in its steps
-  std::vector<Existing> fetch(db::Connection& c, std::span<const ClaimRequest> reqs) const;
+  class Job;  // one claim() in its steps (claim_job.cc)
   std::string lease_expr() const;
   std::vector<bool> finish(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
 

@@ -123,7 +123,7 @@ void Outbox::migrate(Connection& c) {
   // The first version's unique key (source position only) dropped a second
   // row for the same record: a forward and its later dead letter.
   if (!c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_source'").empty()) {
-    c.execute("UPDATE idemsink_dlq_outbox SET purpose = 2 WHERE reason = 'retry'");
+    c.execute("UPDATE idemsink_dlq_outbox SET " + sql_purpose_is(Purpose::Forward) + " WHERE reason = 'retry'");
     c.execute(
         "ALTER TABLE idemsink_dlq_outbox DROP INDEX uk_source, "
         "ADD UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset), "
@@ -131,17 +131,9 @@ void Outbox::migrate(Connection& c) {
   }
 }
 
-namespace {
-const char* purpose_code(Purpose p) {
-  switch (p) {
-    case Purpose::DeadLetter: return "1";
-    case Purpose::Forward: return "2";
-    case Purpose::Replay: return "3";
-    case Purpose::Lost: return "4";
-  }
-  return "1";
+std::string sql_purpose_is(Purpose p, std::string_view alias) {
+  return std::string(alias) + "purpose = " + std::to_string(static_cast<int>(p));
 }
-}  // namespace
 
 void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   const std::string head =
@@ -153,8 +145,8 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   std::string sql;
   for (const auto& d : letters) {
     std::string row =
-        "(" + Connection::hex(d.route) + ", " + purpose_code(d.purpose) + ", " + c.quote(d.topic) + ", " +
-        opt_hex(d.biz_key) + ", " + c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " +
+        "(" + Connection::hex(d.route) + ", " + std::to_string(static_cast<int>(d.purpose)) + ", " + c.quote(d.topic) +
+        ", " + opt_hex(d.biz_key) + ", " + c.quote(d.reason) + ", " + c.quote(sanitize_utf8(d.error, 1024)) + ", " +
         c.quote(d.src_topic) + ", " + std::to_string(d.src_partition) + ", " + std::to_string(d.src_offset) + ", " +
         opt_hex(d.key) + ", " + opt_hex(d.value) + ", " + Connection::hex(encode_headers(d.headers)) + ", " +
         std::to_string(d.timestamp_ms) + ", " + (d.idem_token.empty() ? "NULL" : c.quote(d.idem_token)) + ", " +
@@ -175,9 +167,10 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
 }
 
 void Outbox::insert_replay(Connection& c, const Letter& replay) const {
-  c.execute("DELETE FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(replay.route) +
-            " AND purpose = 3 AND src_topic = " + c.quote(replay.src_topic) + " AND src_partition = " +
-            std::to_string(replay.src_partition) + " AND src_offset = " + std::to_string(replay.src_offset));
+  c.execute("DELETE FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(replay.route) + " AND " +
+            sql_purpose_is(Purpose::Replay) + " AND src_topic = " + c.quote(replay.src_topic) +
+            " AND src_partition = " + std::to_string(replay.src_partition) +
+            " AND src_offset = " + std::to_string(replay.src_offset));
   insert(c, std::span<const Letter>(&replay, 1));
 }
 
@@ -235,10 +228,9 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
     d.first_failure_ms = std::stoll(*r[15]);
     d.last_failure_ms = std::stoll(*r[16]);
     d.host = *r[17];
-    d.purpose = *r[18] == "4"   ? Purpose::Lost
-                : *r[18] == "3" ? Purpose::Replay
-                : *r[18] == "2" ? Purpose::Forward
-                                : Purpose::DeadLetter;
+    // A value this version does not know (a row of a later one) is a dead letter.
+    const int purpose = std::stoi(*r[18]);
+    d.purpose = purpose >= 2 && purpose <= 4 ? static_cast<Purpose>(purpose) : Purpose::DeadLetter;
     out.push_back(std::move(d));
   }
   return out;

@@ -45,12 +45,15 @@ struct StoredHeader {
   std::optional<std::string> value;
 };
 
-enum class Purpose {
-  DeadLetter,  ///< to the route's DLQ topic
-  Forward,     ///< to the route's next retry topic
-  Replay,      ///< back to the route's source topic: an operator replays a dead record
-  Lost,        ///< not a record: offsets Kafka deleted by retention before they were read (never published)
+/// What an outbox row is for; the values are the table's `purpose` column.
+enum class Purpose : int {
+  DeadLetter = 1,  ///< to the route's DLQ topic
+  Forward = 2,     ///< to the route's next retry topic
+  Replay = 3,      ///< back to the route's source topic: an operator replays a dead record
+  Lost = 4,        ///< not a record: offsets Kafka deleted by retention before they were read (never published)
 };
+/// SQL: "<alias>purpose = N", N from the enum (never a literal in a statement).
+std::string sql_purpose_is(Purpose p, std::string_view alias = "");
 
 /// One outbox row.
 struct Letter {

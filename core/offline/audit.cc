@@ -128,8 +128,9 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     }
     // Ranges the host found deleted before it read them (outbox purpose 4).
     for (auto& r : db.query("SELECT src_offset, msg_headers, host, created_at FROM idemsink_dlq_outbox WHERE route = " +
-                            Connection::hex(route.name) + " AND purpose = 4 AND src_topic = " + db.quote(topic) +
-                            " AND src_partition = " + std::to_string(p) + " ORDER BY src_offset")) {
+                            Connection::hex(route.name) + " AND " + dlq::sql_purpose_is(dlq::Purpose::Lost) +
+                            " AND src_topic = " + db.quote(topic) + " AND src_partition = " + std::to_string(p) +
+                            " ORDER BY src_offset")) {
       int64_t to = std::stoll(*r[0]) + 1;
       for (const auto& h : dlq::decode_headers(r[1].value_or("")))
         if (h.name == dlq::headers::kLostTo && h.value) to = std::stoll(*h.value);

@@ -6,6 +6,7 @@
 #include <map>
 #include <regex>
 
+#include "core/dlq/outbox.h"
 #include "devkit/services.h"
 #include "tests/support/scenario.h"
 
@@ -114,7 +115,8 @@ BOOST_AUTO_TEST_CASE(replayed_dead_records_are_applied_once_with_their_first_tok
     BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE idem_token = '" + token + "'") == 1);
   }
   // One replay row per replayed record, two for the one replayed twice.
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE purpose = 3") == dead + 1);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE " +
+                               dlq::sql_purpose_is(dlq::Purpose::Replay)) == dead + 1);
   BOOST_TEST(s.kafka.read_all("orders.dlq", 1).size() == static_cast<size_t>(dead + 1));  // no new dead letters
   // A second replay finds nothing; the audit is clean.
   auto [rc_none, out_none] = run_cli(s.dir, "replay-none", {"replay", "--config", cfg, "--route", "waybill"});

@@ -37,6 +37,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/dlq/outbox.h"
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/process.h"
@@ -742,8 +743,9 @@ void check_classes(World& w, const Plan& plan, Verdict& v) {
 void check_letters(World& w, Verdict& v) {
   for (const auto* cfg : {&w.db_, &w.db2_}) {
     db::Connection c(*cfg);
-    const int64_t unpublished = scalar(
-        c, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE purpose = 1 AND dlq_topic <> '' AND published_at IS NULL");
+    const int64_t unpublished =
+        scalar(c, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE " + dlq::sql_purpose_is(dlq::Purpose::DeadLetter) +
+                      " AND dlq_topic <> '' AND published_at IS NULL");
     if (unpublished > 0)
       v.fail("letters", std::to_string(unpublished) + " dead letter(s) never published in " + cfg->database);
   }

@@ -11,6 +11,7 @@
 #include "core/claim/claim_store.h"
 #include "core/common/util.h"
 #include "core/db/connection.h"
+#include "core/dlq/outbox.h"
 
 using namespace idemsink;
 
@@ -156,4 +157,22 @@ BOOST_AUTO_TEST_CASE(name_based_uuids_are_rfc_4122_version_5) {
 BOOST_AUTO_TEST_CASE(galera_answers_are_classified) {
   BOOST_TEST((idemsink::db::classify(1213) == idemsink::db::ErrorClass::Transient));
   BOOST_TEST((idemsink::db::classify(1047) == idemsink::db::ErrorClass::ConnectionLost));
+}
+
+// The numbers stored in idemsink_claim.status and idemsink_dlq_outbox.purpose
+// are a data format: rows written by an older host are read by a newer one,
+// and docs/design.md gives them to operators. The enums are their
+// only source in code, so an enum value changed by mistake would move code and
+// tests together; this pins them to the documented numbers.
+BOOST_AUTO_TEST_CASE(stored_status_and_purpose_numbers_never_change) {
+  BOOST_TEST(static_cast<int>(claim::Status::Pending) == 1);
+  BOOST_TEST(static_cast<int>(claim::Status::Done) == 2);
+  BOOST_TEST(static_cast<int>(claim::Status::Failed) == 3);
+  BOOST_TEST(static_cast<int>(claim::Status::Unknown) == 4);
+  BOOST_TEST(claim::sql_status_is(claim::Status::Unknown, "c.") == "c.status = 4");
+  BOOST_TEST(static_cast<int>(dlq::Purpose::DeadLetter) == 1);
+  BOOST_TEST(static_cast<int>(dlq::Purpose::Forward) == 2);
+  BOOST_TEST(static_cast<int>(dlq::Purpose::Replay) == 3);
+  BOOST_TEST(static_cast<int>(dlq::Purpose::Lost) == 4);
+  BOOST_TEST(dlq::sql_purpose_is(dlq::Purpose::Lost) == "purpose = 4");
 }
