@@ -1,6 +1,6 @@
 // Host configuration: the typed result of reading and validating a TOML file.
 //
-// Every setting is declared once in config.cc (name, field, default, bounds,
+// Every setting is declared once in settings.cc (name, field, default, bounds,
 // doc). Loading rejects unknown keys and bad values with an error naming the
 // file, line and key; conf/CONFIGURATION.md is generated from the same table.
 // The structs below carry no defaults of their own: a default-constructed one

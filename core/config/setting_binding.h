@@ -1,0 +1,130 @@
+// How a row of the settings table (settings.cc) binds to the field its
+// value lands in: the section struct of each field, the setting type that
+// follows from the field's C++ type, and the row builders `field<&S::m>()`
+// and `declare()`. Included by settings.cc only.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/config/settings.h"
+
+namespace idemsink::config::binding {
+
+// The struct holding each section's bound fields, and where to find it.
+template <class S>
+struct Section;
+template <>
+struct Section<HostConfig> {
+  static constexpr std::string_view path = "host";
+  static HostConfig& of(const Target& t) { return t.config->host; }
+};
+template <>
+struct Section<KafkaConfig> {
+  static constexpr std::string_view path = "kafka";
+  static KafkaConfig& of(const Target& t) { return t.config->kafka; }
+};
+template <>
+struct Section<DatabaseConfig> {
+  static constexpr std::string_view path = "database";
+  static DatabaseConfig& of(const Target& t) { return t.config->database; }
+};
+template <>
+struct Section<ClaimConfig> {
+  static constexpr std::string_view path = "claim";
+  static ClaimConfig& of(const Target& t) { return t.config->claim; }
+};
+template <>
+struct Section<RouteConfig> {
+  static constexpr std::string_view path = "route";
+  static RouteConfig& of(const Target& t) { return *t.route; }
+};
+template <>
+struct Section<RetryConfig> {
+  static constexpr std::string_view path = "route.retry";
+  static RetryConfig& of(const Target& t) { return t.route->retry; }
+};
+template <>
+struct Section<CircuitConfig> {
+  static constexpr std::string_view path = "route.circuit";
+  static CircuitConfig& of(const Target& t) { return t.route->circuit; }
+};
+template <>
+struct Section<RateLimitConfig> {
+  static constexpr std::string_view path = "route.rate_limit";
+  static RateLimitConfig& of(const Target& t) { return t.route->rate_limit; }
+};
+template <>
+struct Section<DlqConfig> {
+  static constexpr std::string_view path = "route.dlq";
+  static DlqConfig& of(const Target& t) { return t.route->dlq; }
+};
+
+template <class P>
+struct MemberOf;
+template <class S, class F>
+struct MemberOf<F S::*> {
+  using Struct = S;
+  using Field = F;
+};
+
+// The setting type a field holds.
+template <class F>
+constexpr Type type_of() {
+  if constexpr (std::is_same_v<F, std::string> || std::is_same_v<F, std::filesystem::path>) {
+    return Type::String;
+  } else if constexpr (std::is_same_v<F, int> || std::is_same_v<F, int64_t>) {
+    return Type::Int;
+  } else if constexpr (std::is_same_v<F, bool>) {
+    return Type::Bool;
+  } else if constexpr (std::is_same_v<F, Millis>) {
+    return Type::Duration;
+  } else if constexpr (std::is_same_v<F, std::vector<Millis>>) {
+    return Type::DurationList;
+  } else {
+    static_assert(std::is_same_v<F, std::map<std::string, std::string>>, "no setting type holds this field");
+    return Type::StringMap;
+  }
+}
+
+template <auto Member>
+void store(const Target& t, Value&& v) {
+  using F = typename MemberOf<decltype(Member)>::Field;
+  auto& dst = Section<typename MemberOf<decltype(Member)>::Struct>::of(t).*Member;
+  if constexpr (std::is_same_v<F, int>) {
+    dst = static_cast<int>(std::get<int64_t>(v));  // within the declared bounds
+  } else if constexpr (std::is_same_v<F, std::filesystem::path>) {
+    dst = std::get<std::string>(std::move(v));
+  } else {
+    dst = std::get<F>(std::move(v));
+  }
+}
+
+// One row of the table, by name: what is left out is empty, false or 0.
+struct Row {
+  std::string_view path;
+  std::string_view default_value = "";
+  bool required = false;
+  int64_t min = 0, max = 0;  // bounds of an integer (a duration: in milliseconds)
+  std::string_view doc;
+};
+
+// A setting stored into `Member`; its type follows from the field's.
+template <auto Member>
+constexpr Setting field(Row r) {
+  using M = MemberOf<decltype(Member)>;
+  return Setting{r.path,         type_of<typename M::Field>(),     r.default_value, r.required, r.min, r.max, r.doc,
+                 &store<Member>, Section<typename M::Struct>::path};
+}
+
+// A section, or a setting the loading code reads itself.
+constexpr Setting declare(Type type, Row r) {
+  return Setting{r.path, type, r.default_value, r.required, r.min, r.max, r.doc, nullptr, {}};
+}
+
+}  // namespace idemsink::config::binding
