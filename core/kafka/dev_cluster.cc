@@ -173,87 +173,115 @@ int16_t produce_control(const std::string& broker, const std::string& topic, int
   return static_cast<int16_t>((static_cast<unsigned char>(resp[at]) << 8) | static_cast<unsigned char>(resp[at + 1]));
 }
 
+// The control port's commands: each reads its arguments from the rest of the
+// line and answers "ok" or "error <what>".
+std::string answer(rd_kafka_resp_err_t err) { return err ? std::string("error ") + rd_kafka_err2name(err) : "ok"; }
+
+std::string create_topic(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string name;
+  int parts = 0;
+  if (!(in >> name >> parts) || parts < 1) return "error usage: create_topic NAME PARTITIONS";
+  return answer(rd_kafka_mock_topic_create(mc, name.c_str(), parts, 1));
+}
+
+std::string broker_down(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  int id = 0;
+  if (!(in >> id)) return "error usage: broker_down ID";
+  return answer(rd_kafka_mock_broker_set_down(mc, id));
+}
+
+std::string broker_up(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  int id = 0;
+  if (!(in >> id)) return "error usage: broker_up ID";
+  return answer(rd_kafka_mock_broker_set_up(mc, id));
+}
+
+std::string partition_leader(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string name;
+  int partition = 0, broker = 0;
+  if (!(in >> name >> partition >> broker)) return "error usage: partition_leader TOPIC PARTITION BROKER (-1: none)";
+  return answer(rd_kafka_mock_partition_set_leader(mc, name.c_str(), partition, broker));
+}
+
+std::string rtt(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  int id = 0, ms = 0;
+  if (!(in >> id >> ms)) return "error usage: rtt ID MS";
+  return answer(rd_kafka_mock_broker_set_rtt(mc, id, ms));
+}
+
+std::string push_errors(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string key_s, e;
+  int16_t key = 0;
+  if (!(in >> key_s) || !parse_api_key(key_s, key)) return "error usage: push_errors APIKEY ERR [ERR...]";
+  std::vector<rd_kafka_resp_err_t> errs;
+  while (in >> e) {
+    rd_kafka_resp_err_t err;
+    if (!parse_error(e, err)) return "error unknown error name " + e;
+    errs.push_back(err);
+  }
+  if (errs.empty()) return "error usage: push_errors APIKEY ERR [ERR...]";
+  rd_kafka_mock_push_request_errors_array(mc, key, errs.size(), errs.data());
+  return "ok";
+}
+
+std::string clear_errors(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string key_s;
+  int16_t key = 0;
+  if (!(in >> key_s) || !parse_api_key(key_s, key)) return "error usage: clear_errors APIKEY";
+  rd_kafka_mock_clear_request_errors(mc, key);
+  return "ok";
+}
+
+std::string topic_error(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string name, e;
+  rd_kafka_resp_err_t err;
+  if (!(in >> name >> e) || !parse_error(e, err)) return "error usage: topic_error NAME ERR";
+  rd_kafka_mock_topic_set_error(mc, name.c_str(), err);
+  return "ok";
+}
+
+std::string control_records(rd_kafka_mock_cluster_t* mc, std::istream& in) {
+  std::string name;
+  int partition = 0, count = 0;
+  if (!(in >> name >> partition >> count) || count < 1) return "error usage: control_records TOPIC PARTITION COUNT";
+  // Only the partition's leader takes it: try each broker.
+  std::istringstream brokers(rd_kafka_mock_cluster_bootstraps(mc));
+  std::string broker, last = "no broker";
+  while (std::getline(brokers, broker, ',')) {
+    try {
+      const int16_t code = produce_control(broker, name, partition, count);
+      if (code == 0) return "ok";
+      last = rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(code));
+    } catch (const std::exception& e) {
+      last = e.what();
+    }
+  }
+  return "error " + last;
+}
+
+using Command = std::string (*)(rd_kafka_mock_cluster_t*, std::istream&);
+const std::map<std::string, Command, std::less<>> kCommands = {{"create_topic", create_topic},
+                                                               {"broker_down", broker_down},
+                                                               {"broker_up", broker_up},
+                                                               {"partition_leader", partition_leader},
+                                                               {"rtt", rtt},
+                                                               {"push_errors", push_errors},
+                                                               {"clear_errors", clear_errors},
+                                                               {"topic_error", topic_error},
+                                                               {"control_records", control_records}};
+
 std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& shutdown) {
   std::istringstream in(line);
   std::string cmd;
   in >> cmd;
-  auto check = [](rd_kafka_resp_err_t err) {
-    return err ? std::string("error ") + rd_kafka_err2name(err) : std::string("ok");
-  };
   if (cmd == "ping") return "ok";
   if (cmd == "shutdown") {
     shutdown = true;
     return "ok";
   }
-  if (cmd == "create_topic") {
-    std::string name;
-    int parts = 0;
-    if (!(in >> name >> parts) || parts < 1) return "error usage: create_topic NAME PARTITIONS";
-    return check(rd_kafka_mock_topic_create(mc, name.c_str(), parts, 1));
-  }
-  if (cmd == "broker_down" || cmd == "broker_up") {
-    int id = 0;
-    if (!(in >> id)) return "error usage: " + cmd + " ID";
-    return check(cmd == "broker_down" ? rd_kafka_mock_broker_set_down(mc, id) : rd_kafka_mock_broker_set_up(mc, id));
-  }
-  if (cmd == "partition_leader") {
-    std::string name;
-    int partition = 0, broker = 0;
-    if (!(in >> name >> partition >> broker)) return "error usage: partition_leader TOPIC PARTITION BROKER (-1: none)";
-    return check(rd_kafka_mock_partition_set_leader(mc, name.c_str(), partition, broker));
-  }
-  if (cmd == "rtt") {
-    int id = 0, ms = 0;
-    if (!(in >> id >> ms)) return "error usage: rtt ID MS";
-    return check(rd_kafka_mock_broker_set_rtt(mc, id, ms));
-  }
-  if (cmd == "push_errors") {
-    std::string key_s, e;
-    int16_t key = 0;
-    if (!(in >> key_s) || !parse_api_key(key_s, key)) return "error usage: push_errors APIKEY ERR [ERR...]";
-    std::vector<rd_kafka_resp_err_t> errs;
-    while (in >> e) {
-      rd_kafka_resp_err_t err;
-      if (!parse_error(e, err)) return "error unknown error name " + e;
-      errs.push_back(err);
-    }
-    if (errs.empty()) return "error usage: push_errors APIKEY ERR [ERR...]";
-    rd_kafka_mock_push_request_errors_array(mc, key, errs.size(), errs.data());
-    return "ok";
-  }
-  if (cmd == "clear_errors") {
-    std::string key_s;
-    int16_t key = 0;
-    if (!(in >> key_s) || !parse_api_key(key_s, key)) return "error usage: clear_errors APIKEY";
-    rd_kafka_mock_clear_request_errors(mc, key);
-    return "ok";
-  }
-  if (cmd == "topic_error") {
-    std::string name, e;
-    rd_kafka_resp_err_t err;
-    if (!(in >> name >> e) || !parse_error(e, err)) return "error usage: topic_error NAME ERR";
-    rd_kafka_mock_topic_set_error(mc, name.c_str(), err);
-    return "ok";
-  }
-  if (cmd == "control_records") {
-    std::string name;
-    int partition = 0, count = 0;
-    if (!(in >> name >> partition >> count) || count < 1) return "error usage: control_records TOPIC PARTITION COUNT";
-    // Only the partition's leader takes it: try each broker.
-    std::istringstream brokers(rd_kafka_mock_cluster_bootstraps(mc));
-    std::string broker, last = "no broker";
-    while (std::getline(brokers, broker, ',')) {
-      try {
-        const int16_t code = produce_control(broker, name, partition, count);
-        if (code == 0) return "ok";
-        last = rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(code));
-      } catch (const std::exception& e) {
-        last = e.what();
-      }
-    }
-    return "error " + last;
-  }
-  return "error unknown command " + cmd;
+  const auto it = kCommands.find(cmd);
+  if (it == kCommands.end()) return "error unknown command " + cmd;
+  return it->second(mc, in);
 }
 
 }  // namespace
