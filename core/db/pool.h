@@ -16,12 +16,15 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,9 +80,22 @@ class Pool {
     Job job;
     GiveUp give_up;
   };
+  // What one job's failures are counted in while it retries.
+  struct Trouble {
+    bool unreachable = false;  // counted in unhealthy_workers_
+    bool failing = false;      // counted in failing_jobs_
+    std::chrono::steady_clock::time_point failing_since{};
+  };
+  enum class AfterFailure { RunAgain, BackOff, GaveUp };
   void count_failure(const std::string& job, ErrorClass cls, const std::string& error);
   void note_server(uint64_t id);
   void worker(int index);
+  std::optional<Item> next_item();
+  void run_job(int index, Item& item, std::unique_ptr<Connection>& conn, std::mt19937& rng);
+  std::optional<DbError> run_once(Item& item, std::unique_ptr<Connection>& conn, int attempt);
+  AfterFailure on_failure(int index, Item& item, const DbError& error, int attempt, Trouble& trouble,
+                          std::unique_ptr<Connection>& conn);
+  bool back_off(int attempt, std::mt19937& rng);
 
   config::DatabaseConfig cfg_;
   mutable std::mutex mu_;
