@@ -244,56 +244,79 @@ void mask_stop_signals(int how) {
 
 void block_stop_signals() { mask_stop_signals(SIG_BLOCK); }
 
-int run_host(const config::Config& cfg) {
-  if (fault::once("slow_start")) std::this_thread::sleep_for(std::chrono::seconds(2));
-  auto libs = load_route_plugins(cfg);
-  std::map<std::string, std::shared_ptr<plugin::Library>> lib_of;  // by route name
-  for (size_t i = 0; i < cfg.routes.size(); ++i) lib_of[cfg.routes[i].name] = libs[i];
-  const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg);
+namespace {
 
-  // Claims are owned per run; a later run of the same host id takes over its
-  // predecessor's claims at once (the predecessor is dead: ids are unique).
-  const std::string owner = cfg.host.id + "#" + random_uuid().substr(0, 8);
-  spdlog::info("idemsink host {} starting: {} route(s), group {}, owner {}", cfg.host.id, cfg.routes.size(),
-               cfg.kafka.group_id, owner);
-  spdlog::info("{}", kafka::library_workarounds(cfg.kafka));
-  const auto build = build_info();
-  spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
-               build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));
+// One run of the host, from its first log line to its exit code: a slice per
+// database wired to the shared engine thread, each started once its database
+// answers, all drained on a signal or a configuration error. Members are
+// declared in the order they must be built: the slices' timers and the
+// signal sets go before the io_context they run on.
+class HostRun {
+ public:
+  explicit HostRun(const config::Config& cfg) : cfg_(cfg) {}
 
-  Metrics metrics;
-  metrics.set_build_info(build);
-  asio::io_context io;
-  // Caught from here on (queued until waited for below): a SIGTERM that
-  // arrives while the host starts drains it instead of killing it, and a
-  // SIGHUP never kills it.
-  asio::signal_set signals(io, SIGINT, SIGTERM);
-  asio::signal_set hangups(io, SIGHUP);
-  // Blocked since main(): one that came meanwhile is delivered now, to this thread.
-  mask_stop_signals(SIG_UNBLOCK);
-  auto work = asio::make_work_guard(io);
-  // /livez: the engine thread runs (every slice's engine shares it).
-  pipeline::Periodic heartbeat(io);
-  heartbeat.start(std::chrono::seconds(1), [&metrics] {
-    if (fault::once("engine_stall")) std::this_thread::sleep_for(std::chrono::seconds(15));
-    metrics.heartbeat();
-  });
-  std::vector<Slice> slices;  // after io: their timers go before it does
-  slices.reserve(slice_cfgs.size());
-  for (const auto& sc : slice_cfgs) {
-    Slice s{sc};
-    for (const auto& rc : sc.routes) s.libs.push_back(lib_of[rc.name]);
-    slices.push_back(std::move(s));
+  int run() {
+    if (fault::once("slow_start")) std::this_thread::sleep_for(std::chrono::seconds(2));
+    const auto libs = load_route_plugins(cfg_);
+    for (size_t i = 0; i < cfg_.routes.size(); ++i) lib_of_[cfg_.routes[i].name] = libs[i];
+    const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg_);
+    log_start();
+    // Blocked since main(): one that came meanwhile is delivered now, to
+    // this thread, and caught from here on (queued until waited for below):
+    // a SIGTERM while the host starts drains it instead of killing it, and a
+    // SIGHUP never kills it.
+    mask_stop_signals(SIG_UNBLOCK);
+    // /livez: the engine thread runs (every slice's engine shares it).
+    heartbeat_.start(std::chrono::seconds(1), [this] {
+      if (fault::once("engine_stall")) std::this_thread::sleep_for(std::chrono::seconds(15));
+      metrics_.heartbeat();
+    });
+    slices_.reserve(slice_cfgs.size());
+    for (size_t index = 0; index < slice_cfgs.size(); ++index)
+      wire_slice(slices_.emplace_back(Slice{slice_cfgs[index]}), index);
+    if (slices_.size() > 1)
+      spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
+                   slices_.size(), cfg_.kafka.group_id);
+    if (!cfg_.host.admin_listen.empty())
+      admin_ = std::make_unique<admin::AdminServer>(cfg_.host.admin_listen, cfg_.host.admin_token, metrics_, engines_,
+                                                    cfg_.host.id);
+    for (auto& s : slices_)
+      starters_.push_back(std::make_unique<SliceStarter>(
+          io_, s, s.engine->slice(), [this](Slice& ready) { start_slice(ready); },
+          [this](const std::string& why) {
+            spdlog::error("{}: a configuration error; stopping", why);
+            exit_code_ = 2;
+            begin_shutdown("configuration error");
+          }));
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (!ec) begin_shutdown("signal " + std::to_string(sig));
+    });
+    wait_for_hangup();
+    io_.run();
+    return finish();
   }
-  std::vector<Engine*> engines;
-  for (size_t index = 0; index < slices.size(); ++index) {
-    Slice& s = slices[index];
+
+ private:
+  void log_start() {
+    spdlog::info("idemsink host {} starting: {} route(s), group {}, owner {}", cfg_.host.id, cfg_.routes.size(),
+                 cfg_.kafka.group_id, owner_);
+    spdlog::info("{}", kafka::library_workarounds(cfg_.kafka));
+    const auto build = build_info();
+    spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
+                 build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));
+    metrics_.set_build_info(build);
+  }
+
+  // The slice's routes, pool, engine, consumer (member `index` of the group)
+  // and reconciler; nothing runs until start_slice().
+  void wire_slice(Slice& s, size_t index) {
     std::vector<std::unique_ptr<Route>> routes;
     std::vector<std::string> topics;
     for (const auto& rc : s.cfg.routes) {
-      const auto& lib = lib_of[rc.name];
+      const auto& lib = lib_of_[rc.name];
+      s.libs.push_back(lib);
       routes.push_back(std::make_unique<Route>(
-          Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics.route(rc.name)}));
+          Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics_.route(rc.name)}));
       spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic, lib->name(),
                    lib->descriptor().version, plugin::kind_name(lib->kind()),
                    rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
@@ -302,102 +325,109 @@ int run_host(const config::Config& cfg) {
         topics.push_back(rc.retry.topic_name(rc.topic, tier));
     }
     s.pool = std::make_unique<db::Pool>(s.cfg.database, s.cfg.database.pool_size);
-    s.engine = std::make_unique<Engine>(io, *s.pool, s.cfg, std::move(routes), metrics, owner);
+    s.engine = std::make_unique<Engine>(io_, *s.pool, s.cfg, std::move(routes), metrics_, owner_);
     Engine& engine = *s.engine;
-    engine.relay().set_producer_factory([&cfg, &engine] {
+    engine.relay().set_producer_factory([&kafka = cfg_.kafka, &engine] {
       return std::make_unique<kafka::Producer>(
-          cfg.kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
+          kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
     });
     s.consumer = std::make_unique<kafka::Consumer>(kafka::slice_consumer_config(s.cfg.kafka, index), topics, engine);
     engine.slice().kafka = &s.consumer->health();
-    s.reconciler = std::make_unique<Reconciler>(io, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner);
-    engines.push_back(&engine);
+    s.reconciler = std::make_unique<Reconciler>(io_, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner_);
+    engines_.push_back(&engine);
   }
-  if (slices.size() > 1)
-    spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
-                 slices.size(), cfg.kafka.group_id);
 
-  std::unique_ptr<admin::AdminServer> admin;
-  if (!cfg.host.admin_listen.empty())
-    admin = std::make_unique<admin::AdminServer>(cfg.host.admin_listen, cfg.host.admin_token, metrics, engines,
-                                                 cfg.host.id);
+  // On the engine thread, once the slice's database answered.
+  void start_slice(Slice& s) {
+    if (stopping_) return;
+    s.engine->start(s.consumer.get());
+    s.consumer->start();
+    s.reconciler->start(cfg_.claim.reconcile_interval);
+    s.started = true;
+  }
 
-  int exit_code = 0;
-  bool stopping = false;  // engine thread only: no slice starts once shutdown began
-  std::thread shutdown;
-  std::vector<std::unique_ptr<SliceStarter>> starters;
-  std::function<void(const std::string&)> begin_shutdown = [&](const std::string& why) {
-    if (stopping) return;
-    stopping = true;
-    spdlog::info("{}: draining (grace {}ms)", why, cfg.host.shutdown_grace.count());
+  void begin_shutdown(const std::string& why) {
+    if (stopping_) return;
+    stopping_ = true;
+    spdlog::info("{}: draining (grace {}ms)", why, cfg_.host.shutdown_grace.count());
     std::vector<Slice*> running;
-    for (auto& s : slices)
+    for (auto& s : slices_)
       if (s.started) running.push_back(&s);
     // Slices still waiting for their database stop waiting; they are joined
     // once the running ones have drained.
-    for (auto& starter : starters) starter->request_stop();
+    for (auto& starter : starters_) starter->request_stop();
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
-    shutdown = std::thread([&, running] {
-      const auto deadline = std::chrono::steady_clock::now() + cfg.host.shutdown_grace + std::chrono::seconds(5);
-      asio::post(io, [running] {
+    shutdown_ = std::thread([this, running] {
+      const auto deadline = std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5);
+      asio::post(io_, [running] {
         for (Slice* s : running) s->reconciler->stop();
       });
       close_consumers(running, deadline);
       for (Slice* s : running) s->engine->quiesce(deadline);
-      if (admin) admin->stop();
-      work.reset();
-      io.stop();
+      if (admin_) admin_->stop();
+      work_.reset();
+      io_.stop();
     });
-  };
-  auto start_slice = [&](Slice& s) {
-    if (stopping) return;
-    s.engine->start(s.consumer.get());
-    s.consumer->start();
-    s.reconciler->start(cfg.claim.reconcile_interval);
-    s.started = true;
-  };
-  for (auto& s : slices)
-    starters.push_back(
-        std::make_unique<SliceStarter>(io, s, s.engine->slice(), start_slice, [&](const std::string& why) {
-          spdlog::error("{}: a configuration error; stopping", why);
-          exit_code = 2;
-          begin_shutdown("configuration error");
-        }));
-
-  signals.async_wait([&](boost::system::error_code ec, int sig) {
-    if (!ec) begin_shutdown("signal " + std::to_string(sig));
-  });
-  // SIGHUP reopens the log file (logrotate); it never stops the host.
-  std::function<void(boost::system::error_code, int)> on_hangup = [&](boost::system::error_code ec, int) {
-    if (ec) return;
-    if (cfg.host.log_file.empty()) {
-      spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
-    } else if (const std::string why = reopen_log_file(); why.empty()) {
-      spdlog::info("SIGHUP: log file {} reopened; still running", cfg.host.log_file);
-    } else {
-      spdlog::error("SIGHUP: log file {} could not be reopened ({}); logging on to the old one", cfg.host.log_file,
-                    why);
-    }
-    hangups.async_wait(on_hangup);
-  };
-  hangups.async_wait(on_hangup);
-  io.run();
-  if (shutdown.joinable()) shutdown.join();
-  starters.clear();
-  for (auto& s : slices) s.pool->stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
-  // Calls still out after the grace are abandoned (their claims fence any
-  // late completion): their records go before the consumers they came from.
-  for (auto& s : slices) s.engine->drop_records();
-  spdlog::info("idemsink host {} stopped", cfg.host.id);
-  bool abandoned = false;
-  for (const auto& s : slices) abandoned = abandoned || s.consumer->abandoned();
-  if (abandoned) {
-    // librdkafka's threads still run (docs/librdkafka.md): no destructor may
-    // race them. Everything durable is written; the logs are flushed.
-    spdlog::default_logger()->flush();
-    std::_Exit(exit_code);
   }
-  return exit_code;
-}
+
+  // SIGHUP reopens the log file (logrotate); it never stops the host.
+  void wait_for_hangup() {
+    hangups_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      if (cfg_.host.log_file.empty()) {
+        spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
+      } else if (const std::string why = reopen_log_file(); why.empty()) {
+        spdlog::info("SIGHUP: log file {} reopened; still running", cfg_.host.log_file);
+      } else {
+        spdlog::error("SIGHUP: log file {} could not be reopened ({}); logging on to the old one", cfg_.host.log_file,
+                      why);
+      }
+      wait_for_hangup();
+    });
+  }
+
+  // After the engine thread stopped: the exit code.
+  int finish() {
+    if (shutdown_.joinable()) shutdown_.join();
+    starters_.clear();
+    for (auto& s : slices_) s.pool->stop(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    // Calls still out after the grace are abandoned (their claims fence any
+    // late completion): their records go before the consumers they came from.
+    for (auto& s : slices_) s.engine->drop_records();
+    spdlog::info("idemsink host {} stopped", cfg_.host.id);
+    bool abandoned = false;
+    for (const auto& s : slices_) abandoned = abandoned || s.consumer->abandoned();
+    if (abandoned) {
+      // librdkafka's threads still run (docs/librdkafka.md): no destructor may
+      // race them. Everything durable is written; the logs are flushed.
+      spdlog::default_logger()->flush();
+      std::_Exit(exit_code_);
+    }
+    return exit_code_;
+  }
+
+  const config::Config& cfg_;
+  std::map<std::string, std::shared_ptr<plugin::Library>> lib_of_;  // by route name
+  // Claims are owned per run; a later run of the same host id takes over its
+  // predecessor's claims at once (the predecessor is dead: ids are unique).
+  const std::string owner_ = cfg_.host.id + "#" + random_uuid().substr(0, 8);
+  Metrics metrics_;
+  asio::io_context io_;
+  asio::signal_set signals_{io_, SIGINT, SIGTERM};
+  asio::signal_set hangups_{io_, SIGHUP};
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  pipeline::Periodic heartbeat_{io_};
+  std::vector<Slice> slices_;
+  std::vector<Engine*> engines_;
+  std::unique_ptr<admin::AdminServer> admin_;
+  int exit_code_ = 0;
+  bool stopping_ = false;  // engine thread only: no slice starts once shutdown began
+  std::thread shutdown_;
+  std::vector<std::unique_ptr<SliceStarter>> starters_;
+};
+
+}  // namespace
+
+int run_host(const config::Config& cfg) { return HostRun(cfg).run(); }
 
 }  // namespace idemsink::app
