@@ -109,8 +109,7 @@ BOOST_AUTO_TEST_CASE(aborted_transactions_are_never_processed, *utf::preconditio
     kafka.produce_transaction("orders", msgs, tx % 3 != 2);
   }
   wait_committed(kafka, "g", {{"orders", 2}}, host, 120s);
-  std::map<std::string, int> per_key;
-  for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
+  auto per_key = calls_per_hex_key(calls);
   auto hex = [](const std::string& s) {
     static const char* d = "0123456789abcdef";
     std::string out;
@@ -160,8 +159,7 @@ BOOST_AUTO_TEST_CASE(a_topic_compacted_while_it_is_read, *utf::precondition(real
                                      {{"log", "\"" + calls.string() + "\""}, {"delay", "\"2ms\""}}}));
   kafka.produce("accounts", batch(3000, 6000));  // and it compacts on while the host reads
   wait_committed(kafka, "g", {{"accounts", 1}}, host, 180s);
-  std::map<std::string, int> per_key;
-  for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
+  const auto per_key = calls_per_hex_key(calls);
   for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
   BOOST_TEST_MESSAGE("compacted: " << per_key.size() << " of 6000 orders survived to be claimed");
   BOOST_TEST(per_key.size() < 6000u);
@@ -246,10 +244,7 @@ BOOST_AUTO_TEST_CASE(records_deleted_before_they_were_read_are_loud_and_on_recor
       admin_metric(admin, "idemsink_records_lost_to_retention_total{topic=\"orders\",partition=\"0\"}");
   BOOST_TEST(counted >= low);
   BOOST_TEST(counted <= lost_from_log_start);
-  std::map<std::string, int> per_key;
-  for (const auto& cols : read_call_log(calls)) ++per_key[cols.at(1)];
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
-  BOOST_TEST(static_cast<int64_t>(per_key.size()) == 2100 - counted);
+  expect_each_key_called_once(calls_per_hex_key(calls), static_cast<size_t>(2100 - counted));
   BOOST_TEST(host.stop() == 0);
   auto [rc, out] = audit(dir, host);
   BOOST_TEST(rc == 1, out);

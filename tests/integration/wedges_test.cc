@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/dlq/outbox.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "tests/support/host_fixture.h"
@@ -23,13 +24,6 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string admin_line(int port) { return "admin_listen = \"127.0.0.1:" + std::to_string(port) + "\"\n"; }
-
-// Calls per biz_key in the scripted plugin's call log.
-std::map<std::string, int> calls_by_key(const std::filesystem::path& log) {
-  std::map<std::string, int> out;
-  for (const auto& cols : read_call_log(log)) ++out[cols.at(1)];
-  return out;
-}
 
 // The scripted waybill route of the circuit cases (an admin port for the
 // circuit's metrics), with the case's [route.retry] and [route.circuit] lines.
@@ -126,7 +120,7 @@ BOOST_AUTO_TEST_CASE(records_that_fail_on_their_own_do_not_stop_the_route) {
   wait_until([&] { return std::filesystem::exists(calls) && read_call_log(calls).size() >= 20; }, 30s, "20 calls");
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 90s);
-  const auto per_key = calls_by_key(calls);
+  const auto per_key = calls_per_hex_key(calls);
   for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
   for (int i = 0; i < 8; ++i) BOOST_TEST(per_key.at(hex("retry1000-" + std::to_string(i))) == 5, "retry1000-" << i);
   std::vector<ConsumedMessage> letters;
@@ -169,7 +163,7 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
   for (int i = 0; i < 200; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 120s);
-  const auto per_key = calls_by_key(calls);
+  const auto per_key = calls_per_hex_key(calls);
   for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
   wait_until([&] { return kafka.read_all("orders.dlq", 1).size() >= 25; }, 30s, "25 dead letters");
   BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 25u);
@@ -215,7 +209,7 @@ BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circui
   for (int i = 0; i < 50; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 60s);
-  const auto per_key = calls_by_key(calls);
+  const auto per_key = calls_per_hex_key(calls);
   for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
   BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 5u);
   audit_clean(dir, host);
@@ -257,7 +251,7 @@ BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed,
   wait_until([&] { return second.log().find("committed offsets of") != std::string::npos || !second.running(); }, 60s,
              "the host's read of the committed offsets");
   wait_committed(kafka, "g", {{"orders", 1}}, second, 120s);
-  const auto per_key = calls_by_key(calls);
+  const auto per_key = calls_per_hex_key(calls);
   BOOST_TEST(per_key.size() == 150u);
   for (int i = 0; i < 150; ++i) {
     const auto it = per_key.find(hex("K" + std::to_string(i)));
@@ -306,9 +300,7 @@ BOOST_AUTO_TEST_CASE(a_host_started_before_its_database_waits_for_it) {
   BOOST_TEST(host.running());
   server.restart();
   wait_committed(kafka, "g", {{"orders", 2}}, host, 120s);
-  const auto per_key = calls_by_key(calls);
-  BOOST_TEST(per_key.size() == 300u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(calls_per_hex_key(calls), 300);
   wait_until([&] { return http_status(admin, "/readyz") == 200; }, 30s, "ready");
   BOOST_TEST(host.stop() == 0);
 }
@@ -457,7 +449,8 @@ BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_le
       },
       60s, "all 50 retried orders applied");
   auto conn = MariaDbServer::shared().connect("wedge_relay_partition");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE purpose = 1 AND published_at IS NULL") > 0);
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE " +
+                               dlq::sql_purpose_is(dlq::Purpose::DeadLetter) + " AND published_at IS NULL") > 0);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 0);
   // The leader is back: the rest of the letters follow, each once.
   kafka.command("partition_leader orders.dlq 0 1");
@@ -593,9 +586,7 @@ BOOST_AUTO_TEST_CASE(a_rebalance_protocol_unreported_while_closing_is_a_clean_ex
   BOOST_TEST(host.stop() == 0, host.log());
   BOOST_TEST(host.log().find("kafka: revoking") != std::string::npos);
   BOOST_TEST(host.log().find("stopped") != std::string::npos);
-  const auto per_key = calls_by_key(calls);
-  BOOST_TEST(per_key.size() == 40u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(calls_per_hex_key(calls), 40);
 }
 
 BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_skipped) {
@@ -608,9 +599,7 @@ BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_sk
   s.wait_committed(host);
   BOOST_TEST(host.log().find("fault seek_fails") != std::string::npos, host.log());
   BOOST_TEST(host.stop() == 0, host.log());
-  const auto per_key = s.calls_per_key();
-  BOOST_TEST(per_key.size() == 40u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(s.calls_per_key(), 40);
 }
 
 // A fetch command (the engine pausing or resuming a partition) woke the poll
@@ -632,9 +621,7 @@ BOOST_AUTO_TEST_CASE(a_command_sent_to_a_closing_consumer_does_not_hang_the_exit
   BOOST_TEST(host.log().find("fault command_while_closing") != std::string::npos, host.log());
   BOOST_TEST(host.log().find("kafka consumer close:") == std::string::npos, host.log());
   BOOST_TEST(host.log().find("stopped") != std::string::npos);
-  const auto per_key = s.calls_per_key();
-  BOOST_TEST(per_key.size() == 40u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(s.calls_per_key(), 40);
 }
 
 // A consumer close that hangs logs nothing of its own: the host names the
@@ -649,9 +636,7 @@ BOOST_AUTO_TEST_CASE(a_consumer_close_past_the_deadline_is_named_in_the_log) {
   BOOST_TEST(host.stop(60s) == 0, host.log());
   BOOST_TEST(host.log().find("has not closed 5s past the shutdown deadline") != std::string::npos, host.log());
   BOOST_TEST(host.log().find("stopped") != std::string::npos);
-  const auto per_key = s.calls_per_key();
-  BOOST_TEST(per_key.size() == 20u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(s.calls_per_key(), 20);
 }
 
 // A pause or resume that overtakes the start of a newly assigned
@@ -667,8 +652,6 @@ BOOST_AUTO_TEST_CASE(fetch_commands_right_after_an_assignment_leave_no_partition
                       {.consumer_lines = "\"debug\" = \"topic\"\n\"log_level\" = \"7\"\n",
                        .env = {{"IDEMSINK_FAULT", "fetch_command_overtakes_start:1"}}});
   s.wait_committed(host);
-  const auto per_key = s.calls_per_key();
-  BOOST_TEST(per_key.size() == 80u);
-  for (const auto& [key, n] : per_key) BOOST_TEST(n == 1, key);
+  expect_each_key_called_once(s.calls_per_key(), 80);
   BOOST_TEST(host.stop() == 0, host.log());
 }

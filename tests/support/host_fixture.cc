@@ -194,4 +194,15 @@ std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path&
   return out;
 }
 
+std::map<std::string, int> calls_per_hex_key(const std::filesystem::path& file) {
+  std::map<std::string, int> out;
+  for (const auto& cols : read_call_log(file)) ++out[cols.at(1)];
+  return out;
+}
+
+void expect_each_key_called_once(const std::map<std::string, int>& calls_per_key, size_t expected_keys) {
+  BOOST_TEST(calls_per_key.size() == expected_keys);
+  for (const auto& [key, n] : calls_per_key) BOOST_TEST(n == 1, key << " called " << n << " times");
+}
+
 }  // namespace idemsink::test

@@ -96,5 +96,11 @@ void audit_clean(const ScratchDir& dir, HostProcess& host);
 
 /// The scripted plugin's call log, one vector of columns per call.
 std::vector<std::vector<std::string>> read_call_log(const std::filesystem::path& file);
+/// Calls per biz_key in a scripted plugin's call log, keys hex as logged.
+std::map<std::string, int> calls_per_hex_key(const std::filesystem::path& file);
+/// The no-effect-twice half of the contract, and the every-record half for a
+/// run in which every key was to be called: `expected_keys` keys called, each
+/// exactly once (a failure names the key and its count).
+void expect_each_key_called_once(const std::map<std::string, int>& calls_per_key, size_t expected_keys);
 
 }  // namespace idemsink::test

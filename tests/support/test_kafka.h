@@ -6,7 +6,7 @@
 // IDEMSINK_TEST_KAFKA_NODES says otherwise). Both are reached over TCP with
 // the real protocol; the producer and readers here are ordinary librdkafka
 // clients. A test that injects faults only the mock has (`command`) states it
-// with `require_mock()`: on the real backend it is skipped, not failed.
+// with `mock_only` (a precondition): on the real backend it is skipped, not failed.
 #pragma once
 
 #include <librdkafka/rdkafka.h>
@@ -65,7 +65,7 @@ class TestKafka {
   devkit::KafkaCluster* real() { return real_.get(); }
 
   /// Sends one control command to the mock cluster; throws if the answer is
-  /// not "ok", or on the real backend (guard with require_mock()).
+  /// not "ok", or on the real backend (guard the test case with mock_only).
   void command(const std::string& line);
   /// Creates a topic (on the real cluster: replicated, min.insync.replicas
   /// set, `configs` added) and waits until every partition has a leader.
