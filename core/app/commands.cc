@@ -5,8 +5,10 @@
 #include <map>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/order_hold.h"
 #include "core/common/log.h"
 #include "core/dlq/outbox.h"
+#include "core/dlq/outcome_event.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
@@ -142,16 +144,23 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
   if (as != "done" && as != "failed") throw std::invalid_argument("--as must be done or failed");
   db::Connection c(cfg.database);
   const claim::ClaimStore store(cfg.host.id, cfg.host.id + "#cli", cfg.claim.lease);
+  const dlq::Outbox outbox(cfg.host.id + "#cli", cfg.claim.lease);
+  // The decision, its event and the stamp of a held DLQ entry commit together.
+  c.begin();
   const bool n = store.resolve_by_operator(c, token, as == "done" ? claim::Status::Done : claim::Status::Failed, note);
   if (!n) {
+    c.rollback_quietly();
     std::cerr << "no unknown or stuck claim has token " << token
               << " (it may be done, failed, or still held by a live host)\n";
     return 1;
   }
   // Settled by a person: a DLQ entry held back for reconciliation is not sent.
   const std::vector<std::string> tokens{token};
+  const size_t events = dlq::write_settlement_events(c, cfg, store, outbox, tokens);
   dlq::Outbox::settle_held(c, tokens);
-  std::cout << "claim " << token << " resolved as " << as << "\n";
+  c.commit();
+  std::cout << "claim " << token << " resolved as " << as << (events ? "; its outcome event is on its way" : "")
+            << "\n";
   return 0;
 }
 
@@ -184,6 +193,43 @@ int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note)
     return 1;
   }
   std::cout << "outbox row " << id << " discarded\n";
+  return 0;
+}
+
+int order_holds_list(const config::Config& cfg, const std::string& route) {
+  if (!route.empty() && cfg.route_by_name(route) == nullptr) throw std::invalid_argument("no route named " + route);
+  for (const auto& slice : config::split_by_database(cfg)) {
+    std::vector<std::string> hold_on_dead;
+    bool ordered = false;
+    for (const auto& rc : slice.routes) {
+      ordered = ordered || ((route.empty() || rc.name == route) && rc.order_by.enabled());
+      if (rc.order_by.hold_on_dead()) hold_on_dead.push_back(rc.name);
+    }
+    if (!ordered) continue;
+    db::Connection c(slice.database);
+    const auto holds = claim::OrderHolds::list(c, route, hold_on_dead, 100000);
+    std::cout << holds.size() << " live order hold(s)" << (route.empty() ? "" : " of route " + route) << "\n";
+    for (const auto& h : holds)
+      std::cout << "  route=" << h.ns << " order_key=" << printable(h.order_key) << " held_by=" << printable(h.biz_key)
+                << " (" << claim::to_string(h.status) << ") origin=" << h.origin << " since=" << h.since << "\n";
+  }
+  return 0;
+}
+
+int order_holds_release(const config::Config& cfg, const std::string& route, const std::string& order_key,
+                        const std::string& note) {
+  const config::RouteConfig* rc = cfg.route_by_name(route);
+  if (rc == nullptr) throw std::invalid_argument("no route named " + route);
+  db::Connection c(cfg.database_of(*rc));
+  const uint64_t n = claim::OrderHolds::release(c, route, order_key);
+  if (n == 0) {
+    std::cerr << "route " << route << " has no hold on order key " << printable(order_key) << "\n";
+    return 1;
+  }
+  spdlog::warn("order holds: route {} order key {} released by an operator ({} hold(s)): {}", route,
+               printable(order_key), n, note);
+  std::cout << "route " << route << " order key " << printable(order_key) << ": " << n
+            << " hold(s) released; its waiting records go on within claim.wait_recheck\n";
   return 0;
 }
 

@@ -34,6 +34,12 @@ int dlq_retry(const config::Config& cfg, uint64_t id);
 /// Drops an unpublishable row from the publishing queue, with a note.
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
 
+/// Live order holds ([route.order_by]) of a route (all routes when empty), oldest first; exit 0.
+int order_holds_list(const config::Config& cfg, const std::string& route);
+/// An operator lets an entity of a route go on: its holds are deleted.
+int order_holds_release(const config::Config& cfg, const std::string& route, const std::string& order_key,
+                        const std::string& note);
+
 /// Every route's operator pause, from the database; exit 0.
 int route_list(const config::Config& cfg);
 /// Pauses or resumes a route on every host of the group (they follow within

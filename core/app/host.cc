@@ -15,6 +15,7 @@
 #include "core/admin/admin_server.h"
 #include "core/app/build_info.h"
 #include "core/claim/offsets.h"
+#include "core/claim/order_hold.h"
 #include "core/claim/schema.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -60,6 +61,7 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
                                  claim::key_directory_table(),
                                  claim::meta_table(),
                                  claim::OffsetStore::schema(),
+                                 claim::OrderHolds::schema(),
                                  dlq::Outbox::schema(),
                                  pipeline::RouteControl::schema()};
   std::map<std::string, bool> seen;
@@ -317,6 +319,8 @@ class HostRun {
       s.libs.push_back(lib);
       routes.push_back(std::make_unique<Route>(
           Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics_.route(rc.name)}));
+      if (rc.order_by.enabled())
+        routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
       spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic, lib->name(),
                    lib->descriptor().version, plugin::kind_name(lib->kind()),
                    rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());

@@ -36,8 +36,11 @@ commands:
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
   audit --config FILE          prove every committed offset is accounted for
-  dlq --config FILE [--list | --retry ID | --discard ID] [--database LABEL]
-                               DLQ outbox rows Kafka refused for good: list, publish again, drop
+  outbox --config FILE [--list | --retry ID | --discard ID] [--database LABEL]
+                               outbox rows (dead letters, outcome events) Kafka refused for good:
+                               list, publish again, drop (also as `dlq`)
+  order-holds [release KEY] --config FILE [--route R] [--note TEXT]
+                               entities held by an unfinished earlier record ([route.order_by]): list, release
   route pause|resume NAME --config FILE | route list --config FILE
                                pause or resume one route on every host of the group (kept across restarts)
   replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]
@@ -221,6 +224,24 @@ int dlq_command(const po::variables_map& vm) {
   return app::dlq_discard(*slice, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
 }
 
+void declare_order_holds(po::options_description& o, po::positional_options_description& p) {
+  config_option(o);
+  o.add_options()("action", po::value<std::string>()->default_value("list"), "list | release")(
+      "order-key", po::value<std::string>(), "with release: the entity to let go on")(
+      "route", po::value<std::string>(), "the route (required with release)")(
+      "note", po::value<std::string>()->default_value("no note"), "why, logged with release");
+  p.add("action", 1).add("order-key", 1);
+}
+int order_holds_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  const std::string action = vm["action"].as<std::string>();
+  const std::string route = vm.count("route") ? vm["route"].as<std::string>() : "";
+  if (action == "list") return app::order_holds_list(cfg, route);
+  if (action != "release") throw po::error("unknown action '" + action + "': list or release");
+  if (route.empty() || !vm.count("order-key")) throw po::error("release needs an order key and --route");
+  return app::order_holds_release(cfg, route, vm["order-key"].as<std::string>(), vm["note"].as<std::string>());
+}
+
 void declare_dev_kafka(po::options_description& o, po::positional_options_description&) {
   o.add_options()("brokers", po::value<int>()->default_value(1), "number of brokers")(
       "topic", po::value<std::vector<std::string>>()->composing(), "NAME:PARTITIONS, repeatable")(
@@ -250,8 +271,14 @@ const Command kCommands[] = {
     {"plugin-info", "plugin-info FILE.so", declare_plugin_info, plugin_info_command},
     {"route", "route pause|resume NAME --config FILE [--by WHO]\n       idemsink route list --config FILE",
      declare_route, route_command},
-    {"dlq", "dlq --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database LABEL]", declare_dlq,
-     dlq_command},
+    {"outbox", "outbox --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database LABEL]",
+     declare_dlq, dlq_command},
+    {"dlq", "dlq (the earlier name of outbox) --config FILE [--list | --retry ID | --discard ID [--note TEXT]]",
+     declare_dlq, dlq_command},
+    {"order-holds",
+     "order-holds [list] --config FILE [--route R]\n       idemsink order-holds release KEY --route R --config FILE "
+     "[--note TEXT]",
+     declare_order_holds, order_holds_command},
     {"dev-kafka", "dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]", declare_dev_kafka,
      dev_kafka_command},
     {"config-reference", "config-reference", declare_nothing, config_reference_command},

@@ -9,6 +9,7 @@
 
 #include "core/claim/claim_sql.h"
 #include "core/claim/claim_store.h"
+#include "core/claim/order_hold.h"
 #include "core/common/fault.h"
 
 namespace idemsink::claim {
@@ -38,6 +39,7 @@ class ClaimStore::Job {
   std::vector<ClaimResult> run() {
     if (reqs_.empty()) return std::move(results_);
     read_existing();
+    hold_back_ordered();
     insert_new_keys();
     read_lost_races();
     classify_existing();
@@ -62,6 +64,27 @@ class ClaimStore::Job {
     fault::sync_point("claim_store.after_read");
   }
 
+  // 1b. A record of an ordered route whose entity has an earlier record
+  //     unfinished (order_hold.h) is left alone: nothing is written for it,
+  //     and it asks again later. Records already done or dead need no turn.
+  void hold_back_ordered() {
+    std::vector<size_t> asking;
+    std::vector<OrderAsk> asks;
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      const ClaimRequest& r = reqs_[i];
+      if (!r.order_key) continue;
+      auto it = existing_.find(index(i));
+      if (it != existing_.end() && it->second.status != Status::Pending) continue;
+      asking.push_back(i);
+      asks.push_back(OrderAsk{r.key.ns, *r.order_key, r.key.biz_key, r.hold_on_dead});
+    }
+    if (asks.empty()) return;
+    const std::vector<bool> blocked = OrderHolds::blocked(c_, asks);
+    for (size_t n = 0; n < asking.size(); ++n)
+      if (blocked[n]) results_[asking[n]].verdict = Verdict::Held;
+  }
+  bool held(size_t i) const { return results_[i].verdict == Verdict::Held; }
+
   // 2. Insert rows for keys never seen. The key directory (one row per key,
   //    whatever the month) is the arbiter: its INSERT IGNORE ... RETURNING
   //    says which keys this job won, even against a host inserting the same
@@ -72,7 +95,7 @@ class ClaimStore::Job {
   void insert_new_keys() {
     std::vector<size_t> to_insert;
     for (size_t i = 0; i < reqs_.size(); ++i)
-      if (!existing_.count(index(i))) to_insert.push_back(i);
+      if (!existing_.count(index(i)) && !held(i)) to_insert.push_back(i);
     if (to_insert.empty()) return;
     std::sort(to_insert.begin(), to_insert.end(), [&](size_t a, size_t b) {
       return std::tie(reqs_[a].key.ns, reqs_[a].key.biz_key) < std::tie(reqs_[b].key.ns, reqs_[b].key.biz_key);
@@ -192,7 +215,7 @@ class ClaimStore::Job {
   // 3. Classify existing rows; collect pending rows we may take over.
   void classify_existing() {
     for (size_t i = 0; i < reqs_.size(); ++i) {
-      if (results_[i].verdict == Verdict::Owned || results_[i].verdict == Verdict::NoPartition) continue;
+      if (results_[i].verdict == Verdict::Owned || results_[i].verdict == Verdict::NoPartition || held(i)) continue;
       auto it = existing_.find(index(i));
       if (it == existing_.end()) continue;  // a stale directory row was cleared: Busy, claimed again shortly
       const ClaimRow& e = it->second;

@@ -142,6 +142,21 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
                    sql_status_is(Status::Unknown) + " OR (" + pending_unowned() + "))") > 0;
 }
 
+std::vector<ClaimStore::Settled> ClaimStore::read_settled(Connection& c, std::span<const std::string> tokens) const {
+  std::vector<Settled> out;
+  if (tokens.empty()) return out;
+  std::string in;
+  for (const auto& t : tokens) in += (in.empty() ? "" : ", ") + c.quote(t);
+  for (auto& row : c.query("SELECT namespace, biz_key, bucket, status, idem_token, IFNULL(receipt, ''), "
+                           "IFNULL(last_error, ''), src_topic, src_partition, src_offset, calls FROM idemsink_claim "
+                           "WHERE idem_token IN (" +
+                           in + ")"))
+    out.push_back(Settled{RowKey{*row[0], *row[1], *row[2]}, static_cast<Status>(std::stoi(*row[3])), *row[4], *row[5],
+                          *row[6], *row[7], std::stoi(*row[8]), std::stoll(*row[9]),
+                          static_cast<uint32_t>(std::stoul(*row[10]))});
+  return out;
+}
+
 bool ClaimStore::reopen_failed(Connection& c, const RowKey& row, std::string_view idem_token,
                                std::string_view note) const {
   return c.execute("UPDATE idemsink_claim SET " + sql_status_is(Status::Pending) +

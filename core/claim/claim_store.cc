@@ -40,6 +40,7 @@ const char* to_string(Verdict v) {
     case Verdict::Conflict: return "conflict";
     case Verdict::Busy: return "busy";
     case Verdict::NoPartition: return "no_partition";
+    case Verdict::Held: return "held";
   }
   return "?";
 }

@@ -76,6 +76,10 @@ struct ClaimRequest {
   std::string src_topic;
   int32_t src_partition = 0;
   int64_t src_offset = 0;
+  /// [route.order_by]: the record's entity. It is not claimed while an
+  /// earlier record of the entity is unfinished (order_hold.h).
+  std::optional<std::string> order_key;
+  bool hold_on_dead = false;  // the route's on_dead = "hold"
 };
 
 enum class Verdict {
@@ -85,6 +89,7 @@ enum class Verdict {
   Conflict,     ///< same key already claimed with a different payload
   Busy,         ///< pending under another live owner: wait and check again
   NoPartition,  ///< the record's month has no partition (the table ran out): nothing was written
+  Held,         ///< an earlier record of its entity is unfinished (order_hold.h): nothing was written; wait
 };
 const char* to_string(Verdict v);
 
@@ -252,6 +257,22 @@ class ClaimStore {
   /// An operator's decision (done or failed) for the unknown or stuck row
   /// with this token. False if no such row.
   bool resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as, std::string_view note) const;
+
+  /// A claim as its outcome event tells it (dlq/outcome_event.h).
+  struct Settled {
+    RowKey row;
+    Status status = Status::Pending;
+    std::string idem_token;
+    std::string receipt;
+    std::string last_error;
+    std::string src_topic;
+    int32_t src_partition = 0;
+    int64_t src_offset = 0;
+    uint32_t calls = 0;
+  };
+  /// The claims with these tokens, read in the caller's transaction right
+  /// after a settlement wrote them.
+  std::vector<Settled> read_settled(db::Connection& c, std::span<const std::string> idem_tokens) const;
 
  private:
   class Job;  // one claim() in its steps (claim_job.cc)

@@ -1,6 +1,7 @@
 #include "core/claim/schema.h"
 
 #include "core/claim/offsets.h"
+#include "core/claim/order_hold.h"
 #include "core/common/util.h"
 
 #include <ctime>
@@ -150,6 +151,7 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
   c.execute(kKeyDirectory);
   c.execute(meta_table());
   c.execute(OffsetStore::schema());
+  c.execute(OrderHolds::schema());
   // Columns added since the first release; instant on InnoDB.
   run_ddl(c,
           "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "

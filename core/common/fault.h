@@ -6,6 +6,8 @@
 //   after_handler_ok    handler reported OK, claim not yet marked done (B→C)
 //   after_mark_done     claim marked done, offset not yet committed
 //   in_local_tx         local_tx business write done, transaction not committed
+//   before_outbox_stamp the broker acknowledged outbox rows (dead letters,
+//                       events), their published stamps not yet written
 // and points that inject a fault instead of killing (checked with once()):
 //   lost_connection_after_claim_write
 //                       the N-th claim write (insert or takeover) commits but

@@ -19,6 +19,29 @@
 
 namespace idemsink::config {
 namespace {
+
+// Where a key comes from ([route.key] or [route.order_by]): only the field
+// `from` names is kept.
+KeySource key_source(const Reader& section, const std::string& path, const std::string& from, std::string& header,
+                     std::string& json_path) {
+  if (from == "key") {
+    header.clear();
+    json_path.clear();
+    return KeySource::MessageKey;
+  }
+  if (from == "header") {
+    json_path.clear();
+    if (header.empty()) fail(section.table_pos(), path + ".header", "required when from = \"header\"");
+    return KeySource::Header;
+  }
+  if (from == "json") {
+    header.clear();
+    if (json_path.empty()) fail(section.table_pos(), path + ".json", "required when from = \"json\"");
+    return KeySource::JsonField;
+  }
+  fail(section.pos_of_key("from"), path + ".from", "must be \"key\", \"header\" or \"json\", not \"" + from + "\"");
+}
+
 RouteConfig read_route(const toml::table& t, const std::string& file, const std::filesystem::path& base_dir) {
   const Reader r(&t, "route", file, pos_of(file, t));
   RouteConfig rc;
@@ -33,23 +56,16 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   rc.plugin_pos = r.pos_of_key("plugin");
   rc.max_record_bytes_pos = r.pos_of_key("max_record_bytes");
 
-  // Only the field `from` names is kept.
   const Reader key = r.sub("key");
-  const std::string from = key.str("from");
-  if (from == "key") {
-    rc.key_source = KeySource::MessageKey;
-    rc.key_header.clear();
-    rc.key_json_path.clear();
-  } else if (from == "header") {
-    rc.key_source = KeySource::Header;
-    rc.key_json_path.clear();
-    if (rc.key_header.empty()) fail(key.table_pos(), "route.key.header", "required when from = \"header\"");
-  } else if (from == "json") {
-    rc.key_source = KeySource::JsonField;
-    rc.key_header.clear();
-    if (rc.key_json_path.empty()) fail(key.table_pos(), "route.key.json", "required when from = \"json\"");
-  } else {
-    fail(key.pos_of_key("from"), "route.key.from", "must be \"key\", \"header\" or \"json\", not \"" + from + "\"");
+  rc.key_source = key_source(key, "route.key", key.str("from"), rc.key_header, rc.key_json_path);
+  if (r.node("order_by") != nullptr) {
+    const Reader order_by = r.sub("order_by");
+    OrderByConfig& ob = rc.order_by;
+    if (ob.from.empty()) fail(order_by.table_pos(), "route.order_by.from", "required in [route.order_by]");
+    ob.source = key_source(order_by, "route.order_by", ob.from, ob.header, ob.json_path);
+    if (ob.on_dead != "go_on" && ob.on_dead != "hold")
+      fail(order_by.pos_of_key("on_dead"), "route.order_by.on_dead",
+           "must be \"go_on\" or \"hold\", not \"" + ob.on_dead + "\"");
   }
 
   const Reader retry = r.sub("retry");
@@ -221,6 +237,11 @@ void check_publishing(const Config& c) {
       if (topics.count(rc.retry.topic_name(rc.topic, tier)))
         fail(rc.pos, "route.retry.topics",
              "retry topic \"" + rc.retry.topic_name(rc.topic, tier) + "\" is the source topic of a route");
+    // Events read back as records would make events of their own.
+    if (rc.output.enabled() && topics.count(rc.output.topic))
+      fail(rc.pos, "route.output.topic", "output topic \"" + rc.output.topic + "\" is the source topic of a route");
+    if (rc.output.enabled() && rc.output.topic == rc.dlq.topic)
+      fail(rc.pos, "route.output.topic", "output topic \"" + rc.output.topic + "\" is the route's DLQ topic");
   }
 }
 

@@ -139,6 +139,32 @@ struct DlqConfig {
   std::string topic;  // loading defaults it to "<topic>.dlq"
 };
 
+/// [route.output]: an event published for each record's outcome, written to
+/// the outbox in the transaction that records the outcome (done always; failed
+/// and unknown when asked), so it is published exactly once in effect.
+struct OutputConfig {
+  std::string topic;  // empty: no events
+  bool include_failed{};
+  bool include_unknown{};
+  bool enabled() const { return !topic.empty(); }
+};
+
+/// [route.order_by]: an ordering key (the entity) besides the biz_key.
+/// Records of one entity are called one at a time in offset order, and wait
+/// for an earlier one that is still unfinished (see pipeline/key_queue.h and
+/// claim/order_hold.h).
+struct OrderByConfig {
+  std::string from;  // "key", "header" or "json"; empty: no ordering beyond the biz_key
+  KeySource source{};
+  std::string header;
+  std::string json_path;
+  std::string on_dead;  // "go_on" or "hold"
+  bool enabled() const { return !from.empty(); }
+  /// An earlier record of the entity that ended failed or unknown keeps
+  /// holding the later ones until a person settles it.
+  bool hold_on_dead() const { return on_dead == "hold"; }
+};
+
 /// A handler option as written in [route.options]; typed against the
 /// plugin's declarations when the plugin is loaded.
 struct OptionValue {
@@ -164,6 +190,8 @@ struct RouteConfig {
   CircuitConfig circuit;
   RateLimitConfig rate_limit;
   DlqConfig dlq;
+  OutputConfig output;
+  OrderByConfig order_by;
   /// [route.database]: this route's own database (every key inherited from
   /// [database] unless set); empty: the route uses [database].
   std::optional<DatabaseConfig> database;

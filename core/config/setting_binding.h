@@ -65,6 +65,17 @@ struct Section<DlqConfig> {
   static DlqConfig& of(const Target& t) { return t.route->dlq; }
 };
 
+template <>
+struct Section<OutputConfig> {
+  static constexpr std::string_view path = "route.output";
+  static OutputConfig& of(const Target& t) { return t.route->output; }
+};
+template <>
+struct Section<OrderByConfig> {
+  static constexpr std::string_view path = "route.order_by";
+  static OrderByConfig& of(const Target& t) { return t.route->order_by; }
+};
+
 template <class P>
 struct MemberOf;
 template <class S, class F>

@@ -384,6 +384,41 @@ constexpr Setting kSettings[] = {
          .default_value = "true",
          .doc = "Publish dead records to the DLQ topic (they are always recorded in the database)."}),
     field<&DlqConfig::topic>({.path = "route.dlq.topic", .doc = "DLQ topic (default: \"<topic>.dlq\")."}),
+    declare(Type::Section,
+            {.path = "route.output",
+             .doc = "An event for each record's outcome (docs/outputs.md): written to the outbox in the transaction "
+                    "that records the outcome and published by the relay, so it is published exactly once in effect "
+                    "(a rare repeat carries the same idemsink.event_id)."}),
+    field<&OutputConfig::topic>({.path = "route.output.topic",
+                                 .doc = "Topic the events go to; unset: no events. Keyed by the biz_key; the "
+                                        "value is a JSON envelope (route, biz_key, idem_token, outcome, receipt, "
+                                        "source position)."}),
+    field<&OutputConfig::include_failed>(
+        {.path = "route.output.include_failed",
+         .default_value = "false",
+         .doc = "Also an event when a record ends failed (dead-lettered, its effect never applied)."}),
+    field<&OutputConfig::include_unknown>(
+        {.path = "route.output.include_unknown",
+         .default_value = "false",
+         .doc = "Also an event when a record ends unknown (its effect may have happened; a later settlement as done "
+                "publishes a done event)."}),
+    declare(Type::Section,
+            {.path = "route.order_by",
+             .doc = "An ordering key besides the biz_key (docs/outputs.md): records of one entity are called one at "
+                    "a time in offset order, and wait, durably, for an earlier one still backing off, held by the "
+                    "circuit or in a retry topic."}),
+    field<&OrderByConfig::from>(
+        {.path = "route.order_by.from",
+         .doc = "\"key\" (the Kafka key), \"header\" or \"json\", as for [route.key]; required in [route.order_by]."}),
+    field<&OrderByConfig::header>({.path = "route.order_by.header", .doc = "Header name, with from = \"header\"."}),
+    field<&OrderByConfig::json_path>(
+        {.path = "route.order_by.json", .doc = "Dotted field path in a JSON value, with from = \"json\"."}),
+    field<&OrderByConfig::on_dead>(
+        {.path = "route.order_by.on_dead",
+         .default_value = "go_on",
+         .doc = "When an earlier record of an entity ends failed or unknown: \"go_on\" (the later ones run) or "
+                "\"hold\" (they wait until a person replays or settles it, or releases the entity: "
+                "`idemsink order-holds`)."}),
     declare(Type::Options,
             {.path = "route.options",
              .doc = "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."}),

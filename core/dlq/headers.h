@@ -45,6 +45,13 @@ inline constexpr const char* kOutboxId = "idemsink.outbox_id";
 // Retry-topic forwards only.
 inline constexpr const char* kRetryDueMs = "idemsink.retry.due_ms";
 inline constexpr const char* kRetryTier = "idemsink.retry.tier";
+// Outcome events ([route.output], outcome_event.h).
+/// The same for every publication of one claim's outcome: drop repeats by it.
+inline constexpr const char* kEventId = "idemsink.event_id";
+/// done, failed or unknown.
+inline constexpr const char* kOutcome = "idemsink.outcome";
+/// W3C trace context, copied from the source record to its event.
+inline constexpr const char* kTraceparent = "traceparent";
 /// How many times `idemsink replay` sent this record back to its source topic.
 inline constexpr const char* kReplayed = "idemsink.replayed";
 

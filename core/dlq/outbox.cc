@@ -78,7 +78,7 @@ const char* Outbox::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_dlq_outbox (
   id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   route           VARBINARY(64)   NOT NULL,
-    purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic, 3 replay to the source topic, 4 offsets lost to retention',
+    purpose         TINYINT         NOT NULL DEFAULT 1 COMMENT '1 dead letter, 2 forward to a retry topic, 3 replay to the source topic, 4 offsets lost to retention, 5-7 outcome event of a record done, failed, unknown',
   dlq_topic       VARCHAR(249)    NOT NULL COMMENT 'where it is published (a retry topic for a forward)',
   biz_key         VARBINARY(255)  NULL,
   reason          VARCHAR(64)     NOT NULL COMMENT 'machine-readable failure class',
@@ -135,6 +135,11 @@ std::string sql_purpose_is(Purpose p, std::string_view alias) {
   return std::string(alias) + "purpose = " + std::to_string(static_cast<int>(p));
 }
 
+std::string sql_is_event(std::string_view alias) {
+  return "(" + sql_purpose_is(Purpose::EventDone, alias) + " OR " + sql_purpose_is(Purpose::EventFailed, alias) +
+         " OR " + sql_purpose_is(Purpose::EventUnknown, alias) + ")";
+}
+
 void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   const std::string head =
       "INSERT IGNORE INTO idemsink_dlq_outbox (route, purpose, dlq_topic, biz_key, reason, error, src_topic, "
@@ -180,8 +185,12 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
   // A held row goes out once its hold is over, and only while its claim is
   // still unknown: one reconciliation settled is never a dead letter.
+  // Rows of an earlier run of this host id are free at once, as its claims
+  // are: that run is dead (host ids are unique among live hosts).
+  const std::string host_id = c.quote(owner_.substr(0, owner_.find('#')));
   std::string free = "published_at IS NULL AND unpublishable_at IS NULL AND (owner = " + owner +
-                     " OR owner IS NULL OR lease_until < NOW(3)) AND " + kHeldLetterDue;
+                     " OR owner IS NULL OR lease_until < NOW(3) OR SUBSTRING_INDEX(owner, '#', 1) = " + host_id +
+                     ") AND " + kHeldLetterDue;
   if (!exclude.empty()) free += " AND id NOT IN (" + id_list(exclude) + ")";
   if (!skip_topics.empty()) {
     std::string topics;

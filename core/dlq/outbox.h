@@ -47,13 +47,26 @@ struct StoredHeader {
 
 /// What an outbox row is for; the values are the table's `purpose` column.
 enum class Purpose : int {
-  DeadLetter = 1,  ///< to the route's DLQ topic
-  Forward = 2,     ///< to the route's next retry topic
-  Replay = 3,      ///< back to the route's source topic: an operator replays a dead record
-  Lost = 4,        ///< not a record: offsets Kafka deleted by retention before they were read (never published)
+  DeadLetter = 1,    ///< to the route's DLQ topic
+  Forward = 2,       ///< to the route's next retry topic
+  Replay = 3,        ///< back to the route's source topic: an operator replays a dead record
+  Lost = 4,          ///< not a record: offsets Kafka deleted by retention before they were read (never published)
+  EventDone = 5,     ///< an outcome event ([route.output]) of a record done
+  EventFailed = 6,   ///< ... of a record that ended failed
+  EventUnknown = 7,  ///< ... of a record that ended unknown
 };
+/// An outcome event (outcome_event.h), not a copy of a record.
+inline bool is_event(Purpose p) {
+  return p == Purpose::EventDone || p == Purpose::EventFailed || p == Purpose::EventUnknown;
+}
+/// The row's record has its outcome already (a dead letter, an event): a row
+/// Kafka cannot take is set aside for an operator. A forward or a replay
+/// carries a record still on its way, which waits instead.
+inline bool record_finished(Purpose p) { return p == Purpose::DeadLetter || is_event(p); }
 /// SQL: "<alias>purpose = N", N from the enum (never a literal in a statement).
 std::string sql_purpose_is(Purpose p, std::string_view alias = "");
+/// SQL: the row is an outcome event.
+std::string sql_is_event(std::string_view alias = "");
 
 /// One outbox row.
 struct Letter {

@@ -6,11 +6,12 @@
 namespace idemsink::dlq {
 namespace {
 
-constexpr std::array<std::pair<Reason, const char*>, 18> kNames{{
+constexpr std::array<std::pair<Reason, const char*>, 19> kNames{{
     {Reason::RecordTooLarge, "record_too_large"},
     {Reason::MissingKey, "missing_key"},
     {Reason::UndecodableValue, "undecodable_value"},
     {Reason::BizKeyTooLong, "biz_key_too_long"},
+    {Reason::OrderKeyTooLong, "order_key_too_long"},
     {Reason::MissingTimestamp, "missing_timestamp"},
     {Reason::BeyondReplayHorizon, "beyond_replay_horizon"},
     {Reason::TimestampInFuture, "timestamp_in_future"},

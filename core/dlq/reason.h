@@ -14,6 +14,7 @@ enum class Reason {
   MissingKey,           ///< no biz_key where the route says it is
   UndecodableValue,     ///< the value is not the JSON the key extraction needs
   BizKeyTooLong,        ///< biz_key above 255 bytes
+  OrderKeyTooLong,      ///< [route.order_by] key above 255 bytes
   MissingTimestamp,     ///< no timestamp: the claim's month cannot be chosen
   BeyondReplayHorizon,  ///< older than retention minus margin: its claim may be gone
   TimestampInFuture,    ///< more than claim.max_future_skew ahead

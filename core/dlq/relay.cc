@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/dlq/headers.h"
 
@@ -18,6 +19,9 @@ const char* purpose_name(Purpose p) {
     case Purpose::Forward: return "forward to a retry topic";
     case Purpose::Replay: return "replay";
     case Purpose::Lost: return "lost offsets";
+    case Purpose::EventDone:
+    case Purpose::EventFailed:
+    case Purpose::EventUnknown: return "outcome event";
   }
   return "?";
 }
@@ -122,6 +126,11 @@ kafka::OutRecord Relay::record_of(const Letter& d) const {
   rec.id = d.id;
   for (const auto& h : d.headers) rec.headers.push_back({h.name, h.value});
   auto add = [&](const char* name, const std::string& v) { rec.headers.push_back({name, v}); };
+  if (is_event(d.purpose)) {
+    // An event is not a copy of a record: its own headers, and the row's id.
+    add(headers::kOutboxId, std::to_string(d.id));
+    return rec;
+  }
   add(headers::kSourceTopic, d.src_topic);
   add(headers::kSourcePartition, std::to_string(d.src_partition));
   add(headers::kSourceOffset, std::to_string(d.src_offset));
@@ -174,16 +183,16 @@ void Relay::on_taken(Taken t) {
     auto refused = d.topic.empty() ? t.refusals.end() : t.refusals.find(d.topic);
     if (refused != t.refusals.end()) {
       const kafka::TopicRefusal& why = refused->second;
-      // A dead letter to a topic that stays unknown goes to an operator; a
-      // forward or a replay is a record still on its way: it waits.
-      if (!why.unknown_topic || (d.purpose == Purpose::DeadLetter && patience_over(d.topic))) {
+      // A dead letter or an event to a topic that stays unknown goes to an
+      // operator; a forward or a replay is a record still on its way: it waits.
+      if (!why.unknown_topic || (record_finished(d.purpose) && patience_over(d.topic))) {
         spdlog::error(
             "outbox row {} ({} of route {}) can never be published ({}); set aside as unpublishable: `idemsink "
-            "dlq --list` shows it, --retry or --discard settles it{}",
+            "outbox --list` shows it, --retry or --discard settles it{}",
             d.id, purpose_name(d.purpose), d.route, why.why,
-            d.purpose == Purpose::DeadLetter ? "" : "; its record is not finished: its claim stays pending until then");
+            record_finished(d.purpose) ? "" : "; its record is not finished: its claim stays pending until then");
         to_set_aside_[d.id] = why.why;
-      } else if (d.purpose != Purpose::DeadLetter) {
+      } else if (!record_finished(d.purpose)) {
         ++waiting[d.topic];
       }
       continue;
@@ -241,10 +250,10 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
     note_missing(f.topic, rd_kafka_err2str(err));
   } else if (refused_for_good(err)) {
     spdlog::error(
-        "outbox row {} ({} of route {}) can never be published ({}); set aside as unpublishable: `idemsink dlq "
+        "outbox row {} ({} of route {}) can never be published ({}); set aside as unpublishable: `idemsink outbox "
         "--list` shows it, --retry or --discard settles it{}",
         outbox_id, purpose_name(f.purpose), f.route, rd_kafka_err2str(err),
-        f.purpose == Purpose::DeadLetter ? "" : "; its record is not finished: its claim stays pending until then");
+        record_finished(f.purpose) ? "" : "; its record is not finished: its claim stays pending until then");
     to_set_aside_[outbox_id] = rd_kafka_err2str(err);
   } else {
     // Rare without a delivery deadline (a purge, a fatal producer): the row
@@ -271,6 +280,9 @@ void Relay::stamp() {
   for (const auto& [id, why] : set_aside) settling_.push_back(id);
   pool_.submit("dlq relay mark",
                [this, published = std::move(published), set_aside = std::move(set_aside)](db::Connection& c) {
+                 // Crash window: the broker has these rows, their stamps are
+                 // not written; after a restart the relay publishes them again.
+                 if (!published.empty()) fault::hit("before_outbox_stamp");
                  outbox_.mark_published(c, published);
                  for (const auto& [id, why] : set_aside) outbox_.mark_unpublishable(c, id, why);
                  asio::post(io_, [this, refused = set_aside.size()] {

@@ -52,6 +52,13 @@ class Histogram {
   M(retries, uint64_t, 0, counter, "idemsink_retries_total", "Handler calls retried.")                              \
   M(busy_waits, uint64_t, 0, counter, "idemsink_busy_waits_total",                                                  \
     "Claim checks that found the key held by another live host.")                                                   \
+  M(order_waits, uint64_t, 0, counter, "idemsink_order_waits_total",                                                \
+    "Claim checks that found an earlier record of the record's entity unfinished ([route.order_by]).")              \
+  M(order_holds, int64_t, 0, gauge, "idemsink_order_holds",                                                         \
+    "Live order holds: records of an ordered route left unfinished, holding back their entity's later "             \
+    "records ([route.order_by]; all hosts).")                                                                       \
+  M(events_written, uint64_t, 0, counter, "idemsink_output_events_total",                                           \
+    "Outcome events written to the outbox ([route.output]), published by the relay.")                               \
   M(fenced, uint64_t, 0, counter, "idemsink_fenced_total",                                                          \
     "Completions refused because the claim was taken over meanwhile.")                                              \
   M(db_rejected, uint64_t, 0, counter, "idemsink_db_rejected_total",                                                \

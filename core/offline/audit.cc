@@ -60,9 +60,10 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
   std::set<int64_t> in_outbox;
   std::string offsets;
   for (const auto& s : seen) offsets += (offsets.empty() ? "" : ",") + std::to_string(s.offset);
-  for (auto& r : c.query("SELECT src_offset FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(route) +
-                         " AND src_topic = " + c.quote(pa.topic) + " AND src_partition = " +
-                         std::to_string(pa.partition) + " AND src_offset IN (" + offsets + ")"))
+  for (auto& r :
+       c.query("SELECT src_offset FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(route) +
+               " AND src_topic = " + c.quote(pa.topic) + " AND src_partition = " + std::to_string(pa.partition) +
+               " AND src_offset IN (" + offsets + ") AND NOT " + dlq::sql_is_event()))
     in_outbox.insert(std::stoll(*r[0]));
   std::set<std::string> keys, terminal;
   for (const auto& s : seen)

@@ -29,4 +29,14 @@ std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const
   return biz_key;
 }
 
+std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const rd_kafka_message_t* msg) {
+  auto key = extractor.extract(msg);
+  if (auto* problem = std::get_if<KeyProblem>(&key)) return Refusal{problem->reason, "order key: " + problem->detail};
+  std::string order_key = std::move(std::get<std::string>(key));
+  if (order_key.size() > 255)
+    return Refusal{dlq::Reason::OrderKeyTooLong,
+                   "order key is " + std::to_string(order_key.size()) + " bytes, the limit is 255"};
+  return order_key;
+}
+
 }  // namespace idemsink::pipeline

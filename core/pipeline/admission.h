@@ -28,4 +28,8 @@ std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const
                                          KeyExtractor& extractor, const rd_kafka_message_t* msg, int64_t timestamp_ms,
                                          int64_t now_ms);
 
+/// The entity of `msg` on a route with [route.order_by], or why the route
+/// refuses it (no ordering key, or one above 255 bytes).
+std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const rd_kafka_message_t* msg);
+
 }  // namespace idemsink::pipeline

@@ -66,6 +66,8 @@ void Claimer::flush() {
       q.src_topic = r->part->tp.topic;
       q.src_partition = r->part->tp.partition;
       q.src_offset = r->offset;
+      q.order_key = r->order_key;
+      q.hold_on_dead = r->route->cfg.order_by.hold_on_dead();
       reqs.push_back(std::move(q));
     }
     if (live.empty()) {

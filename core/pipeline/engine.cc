@@ -47,7 +47,7 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       health_(io, gate_, [this] { dispatcher_.pump(); }),
       partitions_(io, cfg, metrics, slice_, gate_, pool, offsets_),
       local_tx_(
-          io, pool, store_, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
+          io, pool, store_, outbox_, cfg.host.id, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
           [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
       dispatcher_(
           io, pool, store_, cfg.host.max_in_flight, cfg.claim.lease, [this](uint64_t id) { return find(id); },
@@ -83,11 +83,17 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       relay_timer_(io),
       gauges_timer_(io),
       summary_timer_(io) {
+  std::set<std::string> release_topics;
   for (auto& r : routes_) {
     route_by_topic_[r->cfg.topic] = {r.get(), 0};
-    for (size_t tier = 1; tier <= r->cfg.retry.topics.size(); ++tier)
+    for (size_t tier = 1; tier <= r->cfg.retry.topics.size(); ++tier) {
       route_by_topic_[r->cfg.retry.topic_name(r->cfg.topic, tier)] = {r.get(), tier};
+      // An ordered route's records wait for its retry tiers' records: those
+      // must come in even when the waiting ones fill the buffer.
+      if (r->cfg.order_by.enabled()) release_topics.insert(r->cfg.retry.topic_name(r->cfg.topic, tier));
+    }
   }
+  gate_.exempt_from_backpressure(std::move(release_topics));
 }
 
 Engine::~Engine() = default;
@@ -348,9 +354,23 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
       continue;
     }
     r.biz_key = std::move(std::get<std::string>(admitted));
+    if (route->order_extractor) {
+      auto entity = admit_order_key(*route->order_extractor, r.msg.get());
+      if (auto* refusal = std::get_if<Refusal>(&entity)) {
+        refuse(r, refusal->reason, std::move(refusal->detail));
+        continue;
+      }
+      r.order_key = std::move(std::get<std::string>(entity));
+      // A first delivery lines up behind its entity's records in memory; one
+      // back from a retry topic or replayed keeps its place by its hold.
+      if (tier == 0 && !dlq::headers::integer(r.msg.get(), dlq::headers::kReplayed))
+        r.entity_id = route->cfg.name + '\0' + *r.order_key;
+    }
     r.payload_hash = payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
     r.key_id = route->cfg.name + '\0' + r.biz_key;
-    if (keys_.push(r.key_id, r.id)) {
+    const bool first_of_key = keys_.push(r.key_id, r.id);
+    const bool first_of_entity = r.entity_id.empty() || entities_.push(r.entity_id, r.id);
+    if (first_of_key && first_of_entity) {
       claimer_.claim(r);
     } else {
       r.move_to(Stage::Waiting);
@@ -364,14 +384,23 @@ void Engine::end_record(Record& r, bool durable) {
   if (r.timer) r.timer->cancel();
   const std::shared_ptr<Partition> part = r.part;
   const std::string key_id = r.key_id;
+  const std::string entity_id = r.entity_id;
   const uint64_t id = r.id;
   Route& route = *r.route;
   records_.erase(id);  // r is gone from here on
   health_.record_left(route);
   if (!key_id.empty())
-    if (auto next = keys_.remove(key_id, id))
-      if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
+    if (auto next = keys_.remove(key_id, id)) claim_if_first(*next);
+  if (!entity_id.empty())
+    if (auto next = entities_.remove(entity_id, id)) claim_if_first(*next);
   partitions_.record_ended(*part);
+}
+
+void Engine::claim_if_first(uint64_t id) {
+  Record* r = find(id);
+  if (r == nullptr || r->stage != Stage::Waiting || !keys_.first(r->key_id, id)) return;
+  if (!r->entity_id.empty() && !entities_.first(r->entity_id, id)) return;
+  claimer_.claim(*r);
 }
 
 // ---------------------------------------------------------------- shutdown

@@ -113,8 +113,12 @@ class Engine : public kafka::Consumer::Listener {
   /// A record reached its outcome (`durable`) or is dropped with its
   /// partition; the next record of its key may go on.
   void end_record(Record& r, bool durable);
+  /// A waiting record first in its key's line and its entity's goes on to its claim.
+  void claim_if_first(uint64_t id);
   // claims
   void on_claimed(const Claimer::Claimed& claimed);
+  /// The claim is ours: the record goes on to its call (or ends, or is looked up first).
+  void on_owned(Record& r, const claim::ClaimResult& res, std::chrono::steady_clock::time_point sent);
   void claim_without_partition(std::vector<uint64_t> ids);
   /// Dead-letters a record before (or instead of) a claim.
   void refuse(Record& r, dlq::Reason reason, std::string detail);
@@ -169,7 +173,8 @@ class Engine : public kafka::Consumer::Listener {
 
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   uint64_t next_id_ = 1;
-  KeyQueue keys_;
+  KeyQueue keys_;      // records of one biz_key, per route
+  KeyQueue entities_;  // first deliveries of one entity, per ordered route ([route.order_by])
   std::mt19937_64 rng_{std::random_device{}()};
 
   FetchGate gate_;

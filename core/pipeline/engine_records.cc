@@ -5,6 +5,8 @@
 // the records in.
 #include "core/pipeline/engine.h"
 
+#include "core/dlq/outcome_event.h"
+
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
@@ -44,34 +46,7 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
     }
     metrics::RouteMetrics& m = *r->route->metrics;
     switch (res.verdict) {
-      case Verdict::Owned: {
-        r->row = res.row;
-        r->attempt = res.attempt;
-        r->token = res.idem_token;
-        r->lease_from = sent;
-        r->lease_known = std::chrono::steady_clock::now();
-        r->uncertain_calls = std::max(r->uncertain_calls, res.uncertain_calls);
-        // An owner that died holding the claim may have called; for an
-        // at-most-once route the call mark says whether one did.
-        r->owner_died =
-            r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE ? res.maybe_called : res.takeovers > 0;
-        m.claimed.fetch_add(1, std::memory_order_relaxed);
-        if (res.taken_over) m.takeovers.fetch_add(1, std::memory_order_relaxed);
-        const Decision d = decide_on_claim(r->route->handler->kind(), res, cfg_.claim.max_takeovers);
-        if (d.action == Decision::Action::End) {
-          end(*r, d.status, d.reason, d.error);
-        } else if (r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE &&
-                   (r->offset < r->part->lost_window_end || r->calls > 0)) {
-          // A record the database lost outcomes of: its claim (new now) or
-          // only its call mark (a claim taken over without one) may be gone,
-          // and it may have been sent. So may a record this host called
-          // whose claim was then lost under it. Asked before any call.
-          look_up_before_call(*r);
-        } else {
-          dispatcher_.make_ready(*r);
-        }
-        break;
-      }
+      case Verdict::Owned: on_owned(*r, res, sent); break;
       case Verdict::Done:
       case Verdict::Terminal:
         m.duplicates.fetch_add(1, std::memory_order_relaxed);
@@ -90,11 +65,45 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
         m.busy_waits.fetch_add(1, std::memory_order_relaxed);
         claimer_.claim_later(*r);
         break;
+      case Verdict::Held:
+        // Its entity's earlier record is unfinished (in a retry topic, or
+        // dead on a route that holds): it waits, its offset uncommitted.
+        m.order_waits.fetch_add(1, std::memory_order_relaxed);
+        claimer_.claim_later(*r);
+        break;
     }
   }
   release_claims(std::move(to_release));
   if (!no_partition.empty()) claim_without_partition(std::move(no_partition));
   dispatcher_.pump();
+}
+
+void Engine::on_owned(Record& r, const claim::ClaimResult& res, std::chrono::steady_clock::time_point sent) {
+  metrics::RouteMetrics& m = *r.route->metrics;
+  r.row = res.row;
+  r.attempt = res.attempt;
+  r.token = res.idem_token;
+  r.lease_from = sent;
+  r.lease_known = std::chrono::steady_clock::now();
+  r.uncertain_calls = std::max(r.uncertain_calls, res.uncertain_calls);
+  // An owner that died holding the claim may have called; for an
+  // at-most-once route the call mark says whether one did.
+  r.owner_died = r.route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE ? res.maybe_called : res.takeovers > 0;
+  m.claimed.fetch_add(1, std::memory_order_relaxed);
+  if (res.taken_over) m.takeovers.fetch_add(1, std::memory_order_relaxed);
+  const Decision d = decide_on_claim(r.route->handler->kind(), res, cfg_.claim.max_takeovers);
+  if (d.action == Decision::Action::End) {
+    end(r, d.status, d.reason, d.error);
+  } else if (r.route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE &&
+             (r.offset < r.part->lost_window_end || r.calls > 0)) {
+    // A record the database lost outcomes of: its claim (new now) or only
+    // its call mark (a claim taken over without one) may be gone, and it may
+    // have been sent. So may a record this host called whose claim was then
+    // lost under it. Asked before any call.
+    look_up_before_call(r);
+  } else {
+    dispatcher_.make_ready(r);
+  }
 }
 
 void Engine::look_up_before_call(Record& r) {
@@ -328,6 +337,10 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
       // Applied and marked done in the same transaction.
       r->receipt = std::move(res.detail);
       r->route->metrics->done.fetch_add(1, std::memory_order_relaxed);
+      if (dlq::publishes_event(r->route->cfg.output, Status::Done)) {
+        r->route->metrics->events_written.fetch_add(1, std::memory_order_relaxed);
+        relay_.kick();
+      }
       end_record(*r, true);
     } else {
       on_call_result(*r, res.outcome, std::move(res.detail));
@@ -372,6 +385,10 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
         continue;
       case Result::Rejected: written_rejected(*r, w.kind, w.error); continue;
       case Result::GaveUp: let_go(*r, w.kind, w.error); continue;
+    }
+    if ((w.kind == Kind::Done || w.kind == Kind::Ended) && dlq::publishes_event(r->route->cfg.output, w.status)) {
+      m.events_written.fetch_add(1, std::memory_order_relaxed);
+      new_letters = true;
     }
     switch (w.kind) {
       case Kind::Done: m.done.fetch_add(1, std::memory_order_relaxed); break;

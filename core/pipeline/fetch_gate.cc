@@ -48,12 +48,11 @@ void FetchGate::assigned(const std::vector<kafka::TopicPartition>& tps) {
   // librdkafka keeps a partition's pause across revoke and re-assignment:
   // tell it explicitly what a newly assigned partition should do.
   std::lock_guard lk(mu_);
-  const bool all = operator_paused_ || backpressure_;
   std::vector<kafka::TopicPartition> pause, resume;
   for (const auto& tp : tps) {
     assigned_.insert(tp);
     held_.erase(tp);
-    if (all || paused_topics_.count(tp.topic)) {
+    if (wanted_paused_locked(tp)) {
       paused_.insert(tp);
       pause.push_back(tp);
     } else {
@@ -109,11 +108,21 @@ bool FetchGate::fetching(const kafka::TopicPartition& tp) const {
   return assigned_.count(tp) && !paused_.count(tp);
 }
 
+void FetchGate::exempt_from_backpressure(std::set<std::string> topics) {
+  std::lock_guard lk(mu_);
+  backpressure_exempt_ = std::move(topics);
+  apply_locked();
+}
+
+bool FetchGate::wanted_paused_locked(const kafka::TopicPartition& tp) const {
+  return operator_paused_ || (backpressure_ && !backpressure_exempt_.count(tp.topic)) || held_.count(tp) ||
+         paused_topics_.count(tp.topic);
+}
+
 void FetchGate::apply_locked() {
-  const bool all = operator_paused_ || backpressure_;
   std::vector<kafka::TopicPartition> pause, resume;
   for (const auto& tp : assigned_) {
-    const bool want = all || held_.count(tp) || paused_topics_.count(tp.topic);
+    const bool want = wanted_paused_locked(tp);
     const bool is = paused_.count(tp) != 0;
     if (want && !is) {
       pause.push_back(tp);

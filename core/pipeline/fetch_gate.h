@@ -2,8 +2,9 @@
 // them. A partition stops fetching while
 //   - the operator paused the host (all partitions),
 //   - too many records are buffered: consumed, not yet durable, counted from
-//     the moment the consumer hands them over (all partitions; resumes at
-//     half the limit), or
+//     the moment the consumer hands them over (all partitions but those of
+//     the topics exempt: the retry topics of ordered routes, whose records
+//     release the records waiting for them; resumes at half the limit), or
 //   - it is a retry-topic partition held until its next record is due, or
 //   - it was just assigned and its start is being read from the database, or
 //   - its route's circuit is open (the remote is down), or
@@ -62,9 +63,13 @@ class FetchGate {
   void set_topics_paused(const std::vector<std::string>& topics, TopicPause reason, bool paused);
   /// Whether the partition should be receiving records now.
   bool fetching(const kafka::TopicPartition& tp) const;
+  /// Topics that keep fetching under backpressure: the records buffered may
+  /// be waiting for theirs (an ordered route's retry topics).
+  void exempt_from_backpressure(std::set<std::string> topics);
 
  private:
   void apply_locked();
+  bool wanted_paused_locked(const kafka::TopicPartition& tp) const;
 
   const size_t max_buffered_;
   kafka::Consumer* consumer_ = nullptr;
@@ -75,7 +80,8 @@ class FetchGate {
   std::set<kafka::TopicPartition> assigned_;
   std::map<kafka::TopicPartition, unsigned> held_;  // partition -> Hold bits
   std::map<std::string, unsigned> paused_topics_;   // topic -> TopicPause bits
-  std::set<kafka::TopicPartition> paused_;          // what the consumer was told
+  std::set<std::string> backpressure_exempt_;
+  std::set<kafka::TopicPartition> paused_;  // what the consumer was told
 };
 
 }  // namespace idemsink::pipeline

@@ -1,5 +1,7 @@
 #include "core/pipeline/housekeeping.h"
 
+#include "core/claim/order_hold.h"
+
 #include <mysqld_error.h>
 
 #include "core/claim/schema.h"
@@ -29,7 +31,11 @@ Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::C
       partitions_timer_(io),
       purge_timer_(io),
       gauges_timer_(io) {
-  for (const auto& rc : cfg.routes) routes_[rc.name] = &all.route(rc.name);
+  for (const auto& rc : cfg.routes) {
+    routes_[rc.name] = &all.route(rc.name);
+    if (rc.order_by.enabled()) ordered_.push_back(rc.name);
+    if (rc.order_by.hold_on_dead()) hold_on_dead_.push_back(rc.name);
+  }
 }
 
 void Housekeeping::start() {
@@ -120,6 +126,9 @@ void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) 
 
 void Housekeeping::purge_outbox() {
   pool_.submit("purge outbox", [this](db::Connection& c) {
+    // Holds whose record finished are garbage (order_hold.h: liveness is
+    // read from the claim); cleared in the same short rounds.
+    if (!ordered_.empty()) claim::OrderHolds::purge_stale(c, hold_on_dead_, kPurgeBatch);
     const uint64_t n = outbox_.purge_published(c, cfg_.claim.outbox_retention, kPurgeBatch);
     if (n > 0)
       spdlog::info("DLQ outbox: purged {} row(s) published more than {}h ago", n,
@@ -145,6 +154,13 @@ void Housekeeping::refresh_gauges() {
           m->dlq_unpublishable.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.second));
         }
         metrics_.stuck_pending.store(static_cast<int64_t>(store_.count_stuck(c, cfg_.claim.stuck_after)));
+        if (!ordered_.empty()) {
+          const auto holds = claim::OrderHolds::live_by_route(c, hold_on_dead_);
+          for (const auto& name : ordered_) {
+            const auto it = holds.find(name);
+            routes_.at(name)->order_holds.store(it == holds.end() ? 0 : static_cast<int64_t>(it->second));
+          }
+        }
         asio::post(io_, [this] { gauges_running_ = false; });
       },
       [this](const db::DbError&) { asio::post(io_, [this] { gauges_running_ = false; }); });

@@ -49,6 +49,8 @@ class Housekeeping {
   const claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
   metrics::SliceMetrics& metrics_;
+  std::vector<std::string> ordered_;                      // routes with [route.order_by]
+  std::vector<std::string> hold_on_dead_;                 // of them, those that hold an entity on a dead record
   std::map<std::string, metrics::RouteMetrics*> routes_;  // this database's routes (DLQ backlog gauges)
   bool stopped_ = false;
   bool ensuring_ = false;

@@ -9,10 +9,13 @@ struct KeyExtractor::Json {
 };
 
 KeyExtractor::KeyExtractor(const config::RouteConfig& route)
-    : source_(route.key_source), header_(route.key_header), json_(std::make_unique<Json>()) {
+    : KeyExtractor(route.key_source, route.key_header, route.key_json_path) {}
+
+KeyExtractor::KeyExtractor(config::KeySource source, const std::string& header, const std::string& json_path)
+    : source_(source), header_(header), json_(std::make_unique<Json>()) {
   // "order.id" -> "/order/id" (JSON pointer, with ~ and / escaped)
   std::string p = "/";
-  for (char c : route.key_json_path) {
+  for (char c : json_path) {
     if (c == '.')
       p += '/';
     else if (c == '~')
@@ -22,7 +25,7 @@ KeyExtractor::KeyExtractor(const config::RouteConfig& route)
     else
       p += c;
   }
-  pointer_ = route.key_json_path.empty() ? "" : p;
+  pointer_ = json_path.empty() ? "" : p;
 }
 
 KeyExtractor::~KeyExtractor() = default;

@@ -1,5 +1,6 @@
-// Extracting the biz_key from a consumed record, per route configuration:
-// the Kafka key, a header, or a field of a JSON value.
+// Extracting a key from a consumed record, per route configuration: the
+// Kafka key, a header, or a field of a JSON value. The biz_key ([route.key])
+// and the ordering key ([route.order_by]) are read this way.
 #pragma once
 
 #include <librdkafka/rdkafka.h>
@@ -21,7 +22,9 @@ struct KeyProblem {
 
 class KeyExtractor {
  public:
+  /// The biz_key of the route's records ([route.key]).
   explicit KeyExtractor(const config::RouteConfig& route);
+  KeyExtractor(config::KeySource source, const std::string& header, const std::string& json_path);
   ~KeyExtractor();
   KeyExtractor(KeyExtractor&&) noexcept;
 

@@ -24,4 +24,9 @@ std::optional<uint64_t> KeyQueue::remove(const std::string& key, uint64_t id) {
   return std::nullopt;
 }
 
+bool KeyQueue::first(const std::string& key, uint64_t id) const {
+  auto it = lines_.find(key);
+  return it != lines_.end() && !it->second.empty() && it->second.front() == id;
+}
+
 }  // namespace idemsink::pipeline

@@ -1,6 +1,8 @@
-// Per-key arrival order: records of one biz_key (per route) run one at a
-// time, in the order they were consumed; different keys run in parallel.
-// Pure bookkeeping of record ids; the engine decides what "run" means.
+// Per-key arrival order: records of one key run one at a time, in the order
+// they were consumed; different keys run in parallel. The engine keeps one
+// queue by biz_key (per route) and one by entity ([route.order_by]); a record
+// of an ordered route runs when it is first in both lines. Pure bookkeeping
+// of record ids; the engine decides what "run" means.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,8 @@ class KeyQueue {
   /// Removes a record from its key's line (done, or dropped on revoke);
   /// returns the record that has just become first in line, if any.
   std::optional<uint64_t> remove(const std::string& key, uint64_t id);
+  /// Whether the record is first in its key's line.
+  bool first(const std::string& key, uint64_t id) const;
   /// Keys with at least one record in line.
   size_t keys() const { return lines_.size(); }
 

@@ -6,6 +6,7 @@
 #include "core/common/fault.h"
 #include "core/db/isolate.h"
 #include "core/pipeline/dispatcher.h"
+#include "core/pipeline/record_outputs.h"
 #include "core/plugin/calls.h"
 #include "core/plugin/tx.h"
 
@@ -17,11 +18,14 @@ namespace {
 constexpr size_t kBatch = 100;
 }
 
-LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs,
-                             FindFn find, ResultsFn on_results)
+LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store,
+                             const dlq::Outbox& outbox, std::string host, int max_jobs, FindFn find,
+                             ResultsFn on_results)
     : io_(io),
       pool_(pool),
       store_(store),
+      outbox_(outbox),
+      host_(std::move(host)),
       max_jobs_(std::max(1, max_jobs)),
       find_(std::move(find)),
       on_results_(std::move(on_results)) {}
@@ -104,6 +108,7 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
   c.begin();
   const std::vector<bool> owned = store_.lock_owned(c, outcomes);
   std::vector<claim::Outcome> ok;
+  std::vector<dlq::Letter> events;  // of the records applied: they commit with the write
   for (size_t i = 0; i < ids.size(); ++i) {
     Result& res = results[i];
     res = Result{ids[i]};
@@ -140,6 +145,8 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
       claim::Outcome o = outcomes[i];
       o.receipt = slot->detail;
       ok.push_back(std::move(o));
+      if (auto event = event_of(*recs[i], claim::Status::Done, slot->detail, "", host_))
+        events.push_back(std::move(*event));
     } else {
       c.execute("ROLLBACK TO SAVEPOINT idemsink_record");
     }
@@ -149,6 +156,7 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
   const std::vector<bool> marked = store_.mark_done(c, ok);
   if (std::find(marked.begin(), marked.end(), false) != marked.end())
     throw db::DbError(0, "claim rows locked by this transaction could not be marked done");
+  outbox_.insert(c, events);
   fault::hit("in_local_tx");
   c.commit();
   fault::hit("after_mark_done");

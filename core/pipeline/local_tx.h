@@ -4,7 +4,8 @@
 // Records are applied in batches of up to 100 per route, one transaction per
 // batch: lock the claims still ours (SELECT ... FOR UPDATE), then per record
 // a savepoint, the plugin's statements, and a rollback to the savepoint if
-// it did not report ok; then one done-UPDATE and COMMIT. A deadlock or a lost
+// it did not report ok; then one done-UPDATE, the records' outcome events if
+// the route publishes them, and COMMIT. A deadlock or a lost
 // connection inside a plugin statement breaks the transaction and the whole
 // job is re-run. A statement the database refuses for its data (a value too
 // long for its column) rolls back only that record: it ends db_rejected and
@@ -22,6 +23,7 @@
 
 #include "core/claim/claim_store.h"
 #include "core/db/pool.h"
+#include "core/dlq/outbox.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {
@@ -47,8 +49,10 @@ class LocalTxRunner {
   /// The results of one apply job, on the engine thread.
   using ResultsFn = std::function<void(std::vector<Result>)>;
 
-  LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_jobs, FindFn find,
-                ResultsFn on_results);
+  /// `outbox` and `host`: the outcome events ([route.output]) written in
+  /// the records' transaction.
+  LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, const dlq::Outbox& outbox,
+                std::string host, int max_jobs, FindFn find, ResultsFn on_results);
 
   /// Queues a record (stage Calling) for its route's next apply job.
   void add(Record& r);
@@ -69,6 +73,8 @@ class LocalTxRunner {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const claim::ClaimStore& store_;
+  const dlq::Outbox& outbox_;
+  const std::string host_;
   const int max_jobs_;
   FindFn find_;
   ResultsFn on_results_;

@@ -3,6 +3,7 @@
 #include "core/common/fault.h"
 #include "core/db/isolate.h"
 #include "core/dlq/headers.h"
+#include "core/pipeline/record_outputs.h"
 
 namespace idemsink::pipeline {
 
@@ -116,16 +117,33 @@ void OutcomeWriter::flush_done() {
   const size_t batch_max = static_cast<size_t>(cfg_.kafka.max_poll_records);
   for (auto ids = done_.take(batch_max); !ids.empty(); ids = done_.take(batch_max)) {
     std::vector<claim::Outcome> outcomes;
-    for (uint64_t id : ids) outcomes.push_back(find_(id)->outcome());
+    std::vector<std::optional<dlq::Letter>> events;
+    bool any_event = false;
+    for (uint64_t id : ids) {
+      const Record& r = *find_(id);
+      outcomes.push_back(r.outcome());
+      events.push_back(event_of(r, Status::Done, r.receipt, "", cfg_.host.id));
+      any_event = any_event || events.back().has_value();
+    }
     pool_.submit(
         "mark done",
-        [this, ids, outcomes = std::move(outcomes)](db::Connection& c) {
+        [this, ids, outcomes = std::move(outcomes), events = std::move(events), any_event](db::Connection& c) {
           std::vector<Written> written(ids.size());
           auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+            // With outcome events the mark and the events commit together: an
+            // event exists if and only if its record is done.
+            if (any_event) c.begin();
             auto ok = store_.mark_done(c, std::span(outcomes).subspan(first, n));
-            for (size_t i = 0; i < n; ++i)
+            std::vector<dlq::Letter> written_events;
+            for (size_t i = 0; i < n; ++i) {
               written[first + i] = {
                   Kind::Done, ids[first + i], ok[i] ? Result::Written : Result::Fenced, Status::Done, {}};
+              if (ok[i] && events[first + i]) written_events.push_back(*events[first + i]);
+            }
+            if (any_event) {
+              outbox_.insert(c, written_events);
+              c.commit();
+            }
           });
           for (const auto& r : rejected)
             written[r.index] = {Kind::Done, ids[r.index], Result::Rejected, Status::Done, r.error.what()};
@@ -143,11 +161,14 @@ void OutcomeWriter::flush_terminal() {
     std::vector<Status> statuses;
     std::vector<claim::Outcome> outcomes;
     std::vector<dlq::Letter> letters;
+    std::vector<Beside> besides;
     for (const auto& t : terms) {
       const Record& r = *find_(t.id);
       ids.push_back(t.id);
       statuses.push_back(t.status);
       outcomes.push_back(r.outcome());
+      besides.push_back(
+          Beside{event_of(r, t.status, "", dlq::to_string(t.reason), cfg_.host.id), hold_of(r, t.status)});
       letters.push_back(letter_of(r, t.reason));
       // An unknown that reconciliation can settle needs no person yet.
       if (t.status == Status::Unknown && r.route->handler->can_reconcile() && cfg_.claim.reconcile_interval.count() > 0)
@@ -155,11 +176,13 @@ void OutcomeWriter::flush_terminal() {
     }
     pool_.submit(
         "mark failed/unknown",
-        [this, ids, statuses, outcomes = std::move(outcomes), letters = std::move(letters)](db::Connection& c) {
+        [this, ids, statuses, outcomes = std::move(outcomes), letters = std::move(letters),
+         besides = std::move(besides)](db::Connection& c) {
           std::vector<Written> written(ids.size());
           auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
-            // The terminal state and the outbox row commit together: once the
-            // offset moves past the record, its DLQ entry cannot be lost.
+            // The terminal state, the outbox row, the event and the hold
+            // commit together: once the offset moves past the record, its DLQ
+            // entry cannot be lost.
             std::vector<claim::Outcome> failed, unknown;
             for (size_t i = first; i < first + n; ++i)
               (statuses[i] == Status::Failed ? failed : unknown).push_back(outcomes[i]);
@@ -167,13 +190,18 @@ void OutcomeWriter::flush_terminal() {
             auto ok_failed = store_.mark_terminal(c, Status::Failed, failed);
             auto ok_unknown = store_.mark_terminal(c, Status::Unknown, unknown);
             std::vector<dlq::Letter> keep;
+            std::vector<claim::OrderHold> holds;
             size_t fi = 0, ui = 0;
             for (size_t i = first; i < first + n; ++i) {
               const bool ok = statuses[i] == Status::Failed ? ok_failed[fi++] : ok_unknown[ui++];
               written[i] = {Kind::Ended, ids[i], ok ? Result::Written : Result::Fenced, statuses[i], {}};
-              if (ok) keep.push_back(letters[i]);
+              if (!ok) continue;
+              keep.push_back(letters[i]);
+              if (besides[i].event) keep.push_back(*besides[i].event);
+              if (besides[i].hold) holds.push_back(*besides[i].hold);
             }
             outbox_.insert(c, keep);
+            claim::OrderHolds::add(c, holds);
             c.commit();
           });
           for (const auto& r : rejected)
@@ -213,10 +241,12 @@ void OutcomeWriter::flush_forwards() {
   for (auto ids = forwards_.take(forwards_.size()); !ids.empty(); ids = forwards_.take(forwards_.size())) {
     std::vector<claim::Outcome> releases;
     std::vector<dlq::Letter> letters;
+    std::vector<std::optional<claim::OrderHold>> holds;
     for (uint64_t id : ids) {
       const Record& r = *find_(id);
       const config::RouteConfig& rc = r.route->cfg;
       releases.push_back(r.outcome());
+      holds.push_back(hold_of(r, Status::Pending));
       dlq::Letter d = letter_of(r, dlq::Reason::Retry);
       d.purpose = dlq::Purpose::Forward;
       d.topic = rc.retry.topic_name(rc.topic, r.tier + 1);
@@ -231,14 +261,21 @@ void OutcomeWriter::flush_forwards() {
     }
     pool_.submit(
         "forward to retry topics",
-        [this, ids, releases = std::move(releases), letters = std::move(letters)](db::Connection& c) {
+        [this, ids, releases = std::move(releases), letters = std::move(letters),
+         holds = std::move(holds)](db::Connection& c) {
           std::vector<Written> written(ids.size());
           for (size_t i = 0; i < ids.size(); ++i)
             written[i] = {Kind::Forwarded, ids[i], Result::Written, Status::Pending, {}};
           auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
+            // The forward and its entity's hold commit together: the record's
+            // later ones wait for it from the moment its offset may move on.
+            std::vector<claim::OrderHold> entity_holds;
+            for (size_t i = first; i < first + n; ++i)
+              if (holds[i]) entity_holds.push_back(*holds[i]);
             c.begin();
             store_.release(c, std::span(releases).subspan(first, n));
             outbox_.insert(c, std::span(letters).subspan(first, n));
+            claim::OrderHolds::add(c, entity_holds);
             c.commit();
           });
           for (const auto& r : rejected)

@@ -14,10 +14,12 @@
 
 #include "core/common/asio.h"
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/order_hold.h"
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
@@ -67,6 +69,11 @@ class OutcomeWriter {
     uint64_t id;
     claim::Status status;
     dlq::Reason reason;
+  };
+  /// What a terminal record leaves besides its dead letter (record_outputs.h).
+  struct Beside {
+    std::optional<dlq::Letter> event;
+    std::optional<claim::OrderHold> hold;
   };
   void flush_done();
   void flush_terminal();

@@ -1,5 +1,7 @@
 #include "core/pipeline/reconciler.h"
 
+#include "core/dlq/outcome_event.h"
+
 #include <memory>
 
 #include "core/common/log.h"
@@ -60,7 +62,8 @@ Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Confi
       pool_(pool),
       cfg_(cfg),
       metrics_(metrics),
-      store_(cfg.host.id, std::move(owner), cfg.claim.lease),
+      store_(cfg.host.id, owner, cfg.claim.lease),
+      outbox_(std::move(owner), cfg.claim.lease),
       timer_(io) {
   for (auto& [route, h] : handlers)
     if (h->can_reconcile()) handlers_.emplace(route, h);
@@ -228,6 +231,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
         settled.push_back(cand.token);
       }
     }
+    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
     dlq::Outbox::settle_held(c, settled);
     r_.store_.note_undecided(c, undecided_);
     c.commit();
@@ -288,6 +292,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
         ++counted.undecided;
       if (result != Result::Undecided) settled.push_back(cand.token);
     }
+    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
     dlq::Outbox::settle_held(c, settled);
     c.commit();
     summary_.redriven_done += counted.redriven_done;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/claim/claim_store.h"
+#include "core/dlq/outbox.h"
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/metrics/metrics.h"
@@ -71,6 +72,7 @@ class Reconciler {
   std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
   metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;
+  dlq::Outbox outbox_;  // the outcome events of settled claims ([route.output])
   boost::asio::steady_timer timer_;
   bool running_ = false;
   bool stopped_ = false;

@@ -39,6 +39,8 @@ struct Route {
   std::unique_ptr<plugin::Instance> handler;
   KeyExtractor extractor;
   metrics::RouteMetrics* metrics = nullptr;
+  /// The entity's key ([route.order_by]); none: ordered by biz_key only.
+  std::optional<KeyExtractor> order_extractor;
   CircuitBreaker circuit{cfg.circuit};
   RateLimiter limiter{cfg.rate_limit};
   // Records of this route in the pipeline.
@@ -112,6 +114,12 @@ struct Record {
   Stage stage = Stage::New;  // changed only by move_to
   std::string biz_key;
   std::string key_id;  // empty: not in a key queue (refused before a key existed)
+  // [route.order_by]: the record's entity. A first delivery waits in its
+  // entity's line (entity_id, in memory) as well as its key's; a record back
+  // from a retry topic or replayed keeps its place by its hold instead
+  // (claim/order_hold.h), so entity_id stays empty.
+  std::optional<std::string> order_key;
+  std::string entity_id;
   std::string payload_hash;
   // The claim we hold (valid from Ready on).
   claim::RowKey row;

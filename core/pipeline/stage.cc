@@ -34,7 +34,9 @@ const Step kLife[] = {
     {Claim, Claiming, "taken into a claim batch"},
     {Claiming, Ready, "claim owned"},
     {Claiming, LookingUp, "owned, at-most-once, and maybe sent before the database lost its outcome"},
-    {Claiming, Busy, "its key held by another live host, no claim partition yet, or the batch failed"},
+    {Claiming, Busy,
+     "its key held by another live host, an earlier record of its entity unfinished, no claim partition yet, or the "
+     "batch failed"},
     {Claiming, Finishing, "the claim decides its end (unknown after too many takeovers)"},
     {Claiming, DeadLettering, "its claim refused (by the database, a payload conflict, no claim partition)"},
     {Busy, Claim, "re-checked, or its claim partition created"},

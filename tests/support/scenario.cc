@@ -112,15 +112,11 @@ std::string hex_of(std::string_view bytes) {
   return out;
 }
 
-namespace {
-
 std::string unhex(const std::string& h) {
   std::string key;
   for (size_t i = 0; i + 1 < h.size(); i += 2) key.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
   return key;
 }
-
-}  // namespace
 
 std::map<std::string, int> Scenario::calls_per_key(const std::filesystem::path& log) {
   std::map<std::string, int> out;

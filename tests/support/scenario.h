@@ -123,6 +123,8 @@ class Scenario {
 
 /// Hex of bytes, as the scripted plugins log biz_keys.
 std::string hex_of(std::string_view bytes);
+/// The bytes of a hex string (a logged biz_key).
+std::string unhex(const std::string& hex);
 
 /// Records keyed <prefix><from> .. <prefix><to - 1>, each with `value`.
 std::vector<TestMessage> keyed_messages(const std::string& prefix, int from, int to, const std::string& value = "{}");
