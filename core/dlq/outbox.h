@@ -20,7 +20,7 @@
 // Kafka refuses, the rows wait and the source partition keeps flowing. A row
 // Kafka can never take (too large, topic unknown, not authorised) is set
 // aside as unpublishable, so the rows after it flow; an operator lists,
-// retries or discards it (`idemsink dlq`). Published rows are purged after
+// retries or discards it (`idemsink outbox`). Published rows are purged after
 // claim.outbox_retention. One row per route, purpose and source record, so
 // re-running a job or redelivering the record never adds a second entry,
 // while a record forwarded and later dead-lettered keeps both.

@@ -21,7 +21,7 @@
 // after kafka.producer `topic.metadata.propagation.max.ms` (30 s by default)
 // of saying so (a topic created moments ago has not reached every broker
 // yet); meanwhile its rows wait. Then a dead letter is set aside as
-// unpublishable for an operator (`idemsink dlq`), while a forward or a replay
+// unpublishable for an operator (`idemsink outbox`), while a forward or a replay
 // carries a record that is not finished: it is never set aside for a missing
 // topic but waits, logged as an error every minute, and goes as soon as the
 // topic exists. Refusals no retry can fix (too large, not authorised) set any

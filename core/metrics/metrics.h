@@ -85,7 +85,7 @@ class Histogram {
   M(dlq_pending, int64_t, 0, gauge, "idemsink_dlq_pending", "DLQ outbox rows not yet published (all hosts).")       \
   M(dlq_unpublishable, int64_t, 0, gauge, "idemsink_dlq_unpublishable",                                             \
     "DLQ outbox rows Kafka refused for good (too large, unknown topic, not authorised), set aside for an "          \
-    "operator (`idemsink dlq --list`), all hosts.")                                                                 \
+    "operator (`idemsink outbox --list`), all hosts.")                                                              \
   M(held, int64_t, 0, gauge, "idemsink_route_held",                                                                 \
     "1 while the route's calls wait out a Retry-After its remote answered.")                                        \
   M(rate_limit, double, 0, gauge, "idemsink_route_rate_limit",                                                      \
