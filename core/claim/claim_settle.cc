@@ -147,13 +147,13 @@ std::vector<ClaimStore::Settled> ClaimStore::read_settled(Connection& c, std::sp
   if (tokens.empty()) return out;
   std::string in;
   for (const auto& t : tokens) in += (in.empty() ? "" : ", ") + c.quote(t);
-  for (auto& row : c.query("SELECT namespace, biz_key, bucket, status, idem_token, IFNULL(receipt, ''), "
+  for (auto& row : c.query("SELECT namespace, biz_key, bucket, status, attempt, idem_token, IFNULL(receipt, ''), "
                            "IFNULL(last_error, ''), src_topic, src_partition, src_offset, calls FROM idemsink_claim "
                            "WHERE idem_token IN (" +
                            in + ")"))
-    out.push_back(Settled{RowKey{*row[0], *row[1], *row[2]}, static_cast<Status>(std::stoi(*row[3])), *row[4], *row[5],
-                          *row[6], *row[7], std::stoi(*row[8]), std::stoll(*row[9]),
-                          static_cast<uint32_t>(std::stoul(*row[10]))});
+    out.push_back(Settled{RowKey{*row[0], *row[1], *row[2]}, static_cast<Status>(std::stoi(*row[3])),
+                          static_cast<uint32_t>(std::stoul(*row[4])), *row[5], *row[6], *row[7], *row[8],
+                          std::stoi(*row[9]), std::stoll(*row[10]), static_cast<uint32_t>(std::stoul(*row[11]))});
   return out;
 }
 

@@ -262,6 +262,7 @@ class ClaimStore {
   struct Settled {
     RowKey row;
     Status status = Status::Pending;
+    uint32_t attempt = 0;
     std::string idem_token;
     std::string receipt;
     std::string last_error;

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "core/claim/claim_sql.h"
 
@@ -54,18 +55,19 @@ const char* OrderHolds::schema() {
 }
 
 void OrderHolds::add(Connection& c, std::span<const OrderHold> holds) {
-  if (holds.empty()) return;
-  std::string sql =
+  const std::string head =
       "INSERT IGNORE INTO idemsink_order_hold (namespace, order_key, biz_key, bucket, origin_topic, origin_partition, "
       "origin_offset, created_at) VALUES ";
-  for (size_t i = 0; i < holds.size(); ++i) {
-    const OrderHold& h = holds[i];
-    sql += (i ? ", (" : "(") + Connection::hex(h.claim.ns) + ", " + Connection::hex(h.order_key) + ", " +
-           Connection::hex(h.claim.biz_key) + ", " + sql::date_literal(h.claim.bucket) + ", " +
+  std::string sql;
+  for (const OrderHold& h : holds) {
+    sql += (sql.empty() ? head + "(" : ", (") + Connection::hex(h.claim.ns) + ", " + Connection::hex(h.order_key) +
+           ", " + Connection::hex(h.claim.biz_key) + ", " + sql::date_literal(h.claim.bucket) + ", " +
            c.quote(h.origin_topic) + ", " + std::to_string(h.origin_partition) + ", " +
            std::to_string(h.origin_offset) + ", NOW(3))";
+    // As many statements as the server's packet size needs.
+    if (sql.size() >= c.statement_budget() / 2) c.execute(std::exchange(sql, {}));
   }
-  c.execute(sql);
+  if (!sql.empty()) c.execute(sql);
 }
 
 std::vector<bool> OrderHolds::blocked(Connection& c, std::span<const OrderAsk> asks) {
@@ -112,7 +114,9 @@ uint64_t OrderHolds::purge_stale(Connection& c, std::span<const std::string> hol
                            live(hold_on_dead) + " ORDER BY h.id LIMIT " + std::to_string(batch)))
     ids += (ids.empty() ? "" : ", ") + *row[0];
   if (ids.empty()) return 0;
-  return c.execute("DELETE FROM idemsink_order_hold WHERE id IN (" + ids + ")");
+  // Stale again at the delete: a replay may have re-opened a claim since.
+  return c.execute("DELETE h FROM " + std::string(kJoinClaim) + " WHERE h.id IN (" + ids +
+                   ") AND (c.namespace IS NULL OR NOT " + live(hold_on_dead) + ")");
 }
 
 std::vector<ListedHold> OrderHolds::list(Connection& c, const std::string& ns,
@@ -136,6 +140,11 @@ std::map<std::string, uint64_t> OrderHolds::live_by_route(Connection& c, std::sp
                            " WHERE c.namespace IS NOT NULL AND " + live(hold_on_dead) + " GROUP BY h.namespace"))
     out[*row[0]] = std::stoull(*row[1]);
   return out;
+}
+
+void OrderHolds::release_claim(Connection& c, const RowKey& claim) {
+  c.execute("DELETE FROM idemsink_order_hold WHERE namespace = " + Connection::hex(claim.ns) +
+            " AND biz_key = " + Connection::hex(claim.biz_key));
 }
 
 uint64_t OrderHolds::release(Connection& c, const std::string& ns, const std::string& order_key) {

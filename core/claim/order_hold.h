@@ -86,6 +86,9 @@ class OrderHolds {
   /// Live holds per route (namespace), all hosts.
   static std::map<std::string, uint64_t> live_by_route(db::Connection& c, std::span<const std::string> hold_on_dead);
 
+  /// The hold of one claim goes (a replay on a route that goes on past dead records).
+  static void release_claim(db::Connection& c, const RowKey& claim);
+
   /// An operator lets an entity go on: its holds are deleted. Returns rows deleted.
   static uint64_t release(db::Connection& c, const std::string& ns, const std::string& order_key);
 };

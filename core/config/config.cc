@@ -223,8 +223,12 @@ void check_publishing(const Config& c) {
     auto it = props->find("message.max.bytes");
     if (it != props->end()) message_max = std::strtoll(it->second.c_str(), nullptr, 10);
   }
-  std::set<std::string> topics;
-  for (const auto& rc : c.routes) topics.insert(rc.topic);
+  std::set<std::string> topics, retry_topics;
+  for (const auto& rc : c.routes) {
+    topics.insert(rc.topic);
+    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
+      retry_topics.insert(rc.retry.topic_name(rc.topic, tier));
+  }
   for (const auto& rc : c.routes) {
     if ((rc.dlq.enabled || !rc.retry.topics.empty()) && rc.max_record_bytes + kHeaderAllowance > message_max)
       fail(rc.max_record_bytes_pos, "route.max_record_bytes",
@@ -238,8 +242,9 @@ void check_publishing(const Config& c) {
         fail(rc.pos, "route.retry.topics",
              "retry topic \"" + rc.retry.topic_name(rc.topic, tier) + "\" is the source topic of a route");
     // Events read back as records would make events of their own.
-    if (rc.output.enabled() && topics.count(rc.output.topic))
-      fail(rc.pos, "route.output.topic", "output topic \"" + rc.output.topic + "\" is the source topic of a route");
+    if (rc.output.enabled() && (topics.count(rc.output.topic) || retry_topics.count(rc.output.topic)))
+      fail(rc.pos, "route.output.topic",
+           "output topic \"" + rc.output.topic + "\" is the source or retry topic of a route");
     if (rc.output.enabled() && rc.output.topic == rc.dlq.topic)
       fail(rc.pos, "route.output.topic", "output topic \"" + rc.output.topic + "\" is the route's DLQ topic");
   }

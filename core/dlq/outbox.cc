@@ -239,7 +239,8 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
     d.host = *r[17];
     // A value this version does not know (a row of a later one) is a dead letter.
     const int purpose = std::stoi(*r[18]);
-    d.purpose = purpose >= 2 && purpose <= 4 ? static_cast<Purpose>(purpose) : Purpose::DeadLetter;
+    d.purpose = purpose >= 2 && purpose <= static_cast<int>(Purpose::EventUnknown) ? static_cast<Purpose>(purpose)
+                                                                                   : Purpose::DeadLetter;
     out.push_back(std::move(d));
   }
   return out;

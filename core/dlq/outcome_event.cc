@@ -60,13 +60,13 @@ bool publishes_event(const config::OutputConfig& out, Status outcome) {
   return false;
 }
 
-std::string event_id(std::string_view idem_token, Status outcome) {
-  return std::string(idem_token) + "/" + claim::to_string(outcome);
+std::string event_id(std::string_view idem_token, uint32_t epoch, Status outcome) {
+  return std::string(idem_token) + "/" + std::to_string(epoch) + "/" + claim::to_string(outcome);
 }
 
 Letter outcome_event(const config::OutputConfig& out, const OutcomeFacts& f, const std::string& host) {
   const int64_t at = now_ms();
-  const std::string id = event_id(f.idem_token, f.outcome);
+  const std::string id = event_id(f.idem_token, f.epoch, f.outcome);
   Letter d;
   d.purpose = purpose_of(f.outcome);
   d.route = f.route;
@@ -100,6 +100,7 @@ size_t write_settlement_events(db::Connection& c, const config::Config& cfg, con
     f.route = s.row.ns;
     f.biz_key = s.row.biz_key;
     f.idem_token = s.idem_token;
+    f.epoch = s.attempt;
     f.outcome = s.status;
     f.receipt = s.receipt;
     f.reason = "settled";

@@ -8,8 +8,9 @@
 // and only if its outcome does, the source offset moves past the record only
 // once both are durable, and the relay publishes it like a dead letter. After
 // a crash between the broker's ack and the stamp the relay publishes a row
-// again: the event's `idemsink.event_id` (the claim's token and the outcome)
-// is the same both times, so a consumer drops the repeat by it.
+// again: the event's `idemsink.event_id` (the claim's token, its epoch and
+// the outcome) is the same both times, so a consumer drops the repeat by it;
+// a record that fails, is replayed and fails again has two events (two epochs).
 //
 // The record published: keyed by the biz_key; the value a JSON envelope
 //   {"event_id", "route", "outcome", "biz_key", "idem_token", "receipt" (JSON
@@ -36,6 +37,7 @@ struct OutcomeFacts {
   std::string route;
   std::string biz_key;
   std::string idem_token;
+  uint32_t epoch = 0;  // the claim's attempt: the outcome was reached under it
   claim::Status outcome = claim::Status::Done;
   std::string receipt;  // done
   std::string reason;   // failed, unknown: the DLQ reason
@@ -50,8 +52,9 @@ struct OutcomeFacts {
 /// Whether the route publishes an event for this outcome.
 bool publishes_event(const config::OutputConfig& out, claim::Status outcome);
 
-/// The event's id: the same for every publication of one claim's outcome.
-std::string event_id(std::string_view idem_token, claim::Status outcome);
+/// The event's id: the same for every publication of one claim's outcome
+/// under one epoch, "<token>/<epoch>/<outcome>".
+std::string event_id(std::string_view idem_token, uint32_t epoch, claim::Status outcome);
 
 /// The outbox row of the event, by `host`.
 Letter outcome_event(const config::OutputConfig& out, const OutcomeFacts& facts, const std::string& host);

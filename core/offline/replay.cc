@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/order_hold.h"
 #include "core/common/util.h"
 #include "core/dlq/headers.h"
 #include "core/dlq/outbox.h"
@@ -123,13 +124,20 @@ uint64_t count_replay(dlq::Letter& d) {
 }
 
 // The claim re-opened and its copy queued for the source topic, in one
-// transaction; false if another replay or a host changed the row first.
+// transaction; false if another replay or a host changed the row first. On
+// an ordered route that goes on past dead records, an old hold of the claim
+// (from a retry topic it went through) would hold its entity again once the
+// claim is pending: it goes, and the copy takes its place among its entity's
+// records as they arrive. A route that holds on dead keeps the hold: the
+// copy runs before the records it holds (docs/outputs.md).
 bool reopen_and_queue(db::Connection& c, const claim::ClaimStore& store, const dlq::Outbox& outbox,
-                      const Candidate& cand, const dlq::Letter& copy) {
+                      const config::RouteConfig& route, const Candidate& cand, const dlq::Letter& copy) {
   c.begin();
   try {
     const bool ours = store.reopen_failed(c, cand.row, cand.token, copy.error);
     if (ours) outbox.insert_replay(c, copy);
+    if (ours && route.order_by.enabled() && !route.order_by.hold_on_dead())
+      claim::OrderHolds::release_claim(c, cand.row);
     c.commit();
     return ours;
   } catch (...) {
@@ -210,7 +218,7 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
       d.calls = 0;
       d.first_failure_ms = d.last_failure_ms = now_ms;
       d.host = cfg.host.id + " (idemsink replay)";
-      if (reopen_and_queue(c, store, outbox, cand, d)) {
+      if (reopen_and_queue(c, store, outbox, *route, cand, d)) {
         ++report.replayed;
       } else {
         ++report.taken_by_other;

@@ -300,6 +300,11 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
     }
     for (uint64_t id : to_drop)
       if (Record* r = find(id)) end_record(*r, false);
+    // The places kept by records let go in these partitions: read again by
+    // the next owner, their entities' other records may go on.
+    for (const auto& part : parts)
+      if (auto kept = kept_places_.extract(part.get()))
+        for (const auto& [entity_id, id] : kept.mapped()) next_of_entity(entity_id, id);
     release_claims(std::move(to_release));
     writer_.flush();
     partitions_.await_drained(tps, std::move(parts), lost, std::move(*done));
@@ -362,16 +367,20 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
       }
       r.order_key = std::move(std::get<std::string>(entity));
       // A first delivery lines up behind its entity's records in memory; one
-      // back from a retry topic or replayed keeps its place by its hold.
-      if (tier == 0 && !dlq::headers::integer(r.msg.get(), dlq::headers::kReplayed))
-        r.entity_id = route->cfg.name + '\0' + *r.order_key;
+      // back from a retry topic, or replayed on a route that holds on dead
+      // records, keeps its place by its hold (claim/order_hold.h).
+      const bool by_hold = tier > 0 || (route->cfg.order_by.hold_on_dead() &&
+                                        dlq::headers::integer(r.msg.get(), dlq::headers::kReplayed));
+      if (!by_hold) r.entity_id = route->cfg.name + '\0' + *r.order_key;
     }
     r.payload_hash = payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
     r.key_id = route->cfg.name + '\0' + r.biz_key;
-    const bool first_of_key = keys_.push(r.key_id, r.id);
-    const bool first_of_entity = r.entity_id.empty() || entities_.push(r.entity_id, r.id);
-    if (first_of_key && first_of_entity) {
-      claimer_.claim(r);
+    // An entity's records line up by entity first, and only its first joins
+    // its biz_key's line: a record must never wait in a key's line behind one
+    // that waits for it (a retry copy behind a duplicate of itself, which
+    // waits behind a record held by that very copy's hold).
+    if (r.entity_id.empty() || entities_.push(r.entity_id, r.id)) {
+      line_up_by_key(r);
     } else {
       r.move_to(Stage::Waiting);
     }
@@ -385,22 +394,38 @@ void Engine::end_record(Record& r, bool durable) {
   const std::shared_ptr<Partition> part = r.part;
   const std::string key_id = r.key_id;
   const std::string entity_id = r.entity_id;
+  const bool in_key_line = r.in_key_line;
+  // A record let go before its outcome was durable (durable == false while
+  // its partition stays ours) keeps its entity's place: the records behind
+  // it wait until the partition is revoked and read again in order.
+  const bool keep_place = !durable && !entity_id.empty() && !part->revoked;
   const uint64_t id = r.id;
   Route& route = *r.route;
   records_.erase(id);  // r is gone from here on
   health_.record_left(route);
-  if (!key_id.empty())
-    if (auto next = keys_.remove(key_id, id)) claim_if_first(*next);
-  if (!entity_id.empty())
-    if (auto next = entities_.remove(entity_id, id)) claim_if_first(*next);
+  if (in_key_line)
+    if (auto next = keys_.remove(key_id, id))
+      if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
+  if (keep_place) {
+    kept_places_[part.get()].emplace_back(entity_id, id);
+  } else if (!entity_id.empty()) {
+    next_of_entity(entity_id, id);
+  }
   partitions_.record_ended(*part);
 }
 
-void Engine::claim_if_first(uint64_t id) {
-  Record* r = find(id);
-  if (r == nullptr || r->stage != Stage::Waiting || !keys_.first(r->key_id, id)) return;
-  if (!r->entity_id.empty() && !entities_.first(r->entity_id, id)) return;
-  claimer_.claim(*r);
+void Engine::line_up_by_key(Record& r) {
+  r.in_key_line = true;
+  if (keys_.push(r.key_id, r.id)) {
+    claimer_.claim(r);
+  } else if (r.stage != Stage::Waiting) {
+    r.move_to(Stage::Waiting);
+  }
+}
+
+void Engine::next_of_entity(const std::string& entity_id, uint64_t id) {
+  if (auto next = entities_.remove(entity_id, id))
+    if (Record* n = find(*next); n && n->stage == Stage::Waiting) line_up_by_key(*n);
 }
 
 // ---------------------------------------------------------------- shutdown

@@ -113,8 +113,11 @@ class Engine : public kafka::Consumer::Listener {
   /// A record reached its outcome (`durable`) or is dropped with its
   /// partition; the next record of its key may go on.
   void end_record(Record& r, bool durable);
-  /// A waiting record first in its key's line and its entity's goes on to its claim.
-  void claim_if_first(uint64_t id);
+  /// The record (first of its entity, or of none) joins its biz_key's line;
+  /// first there, it goes on to its claim.
+  void line_up_by_key(Record& r);
+  /// A record of the entity is gone: the next one lines up by key.
+  void next_of_entity(const std::string& entity_id, uint64_t id);
   // claims
   void on_claimed(const Claimer::Claimed& claimed);
   /// The claim is ours: the record goes on to its call (or ends, or is looked up first).
@@ -175,6 +178,8 @@ class Engine : public kafka::Consumer::Listener {
   uint64_t next_id_ = 1;
   KeyQueue keys_;      // records of one biz_key, per route
   KeyQueue entities_;  // first deliveries of one entity, per ordered route ([route.order_by])
+  /// Entity places kept by records let go uncommitted, per partition, until it is revoked.
+  std::map<const Partition*, std::vector<std::pair<std::string, uint64_t>>> kept_places_;
   std::mt19937_64 rng_{std::random_device{}()};
 
   FetchGate gate_;

@@ -120,6 +120,7 @@ struct Record {
   // (claim/order_hold.h), so entity_id stays empty.
   std::optional<std::string> order_key;
   std::string entity_id;
+  bool in_key_line = false;  // in its biz_key's line (an entity's record joins it once first of its entity)
   std::string payload_hash;
   // The claim we hold (valid from Ready on).
   claim::RowKey row;

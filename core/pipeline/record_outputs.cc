@@ -32,6 +32,7 @@ std::optional<dlq::Letter> event_of(const Record& r, claim::Status outcome, std:
   f.route = r.route->cfg.name;
   f.biz_key = r.biz_key;
   f.idem_token = r.token;
+  f.epoch = r.attempt;
   f.outcome = outcome;
   f.receipt = receipt.substr(0, std::min(receipt.size(), kMaxEventReceipt));
   f.reason = std::string(reason);

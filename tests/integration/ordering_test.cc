@@ -164,6 +164,27 @@ BOOST_AUTO_TEST_CASE(a_full_buffer_of_waiting_entities_still_fetches_what_releas
   s.audit_clean(host);
 }
 
+// A duplicate of a record that is in a retry topic waits behind its entity's
+// next record, which waits for that retry: the retry copy must not queue
+// behind the duplicate (a circle nothing would break).
+BOOST_AUTO_TEST_CASE(a_duplicate_behind_its_entity_never_blocks_its_own_retry) {
+  Scenario s("ordering_duplicate");
+  s.topic("events", 1).topic("events.retry.1", 1).topic("events.dlq", 1);
+  const std::string first = "{\"id\":\"retry1-X#1\"}";
+  s.kafka.produce("events", {{"X", first}, {"X", "{\"id\":\"X#2\"}"}, {"X", first}, {"Y", "{\"id\":\"Y#1\"}"}});
+  RouteSpec route = s.scripted("fulfil", "events", kOrderByKey + "[route.retry]\ntopics = [\"300ms\"]\n");
+  route.key_toml = kById;
+  auto& host = s.host("h1", {route});
+  wait_done(s, 3, "", 60s);
+  s.wait_committed(host, {"events", "events.retry.1"});
+  const auto calls = s.calls_by_key();
+  BOOST_TEST(calls.at("retry1-X#1").size() == 2u);  // failed once, then done from the retry topic
+  BOOST_TEST(calls.at("X#2").size() == 1u);
+  BOOST_TEST(check_order(s.calls_log()).violations == 0u);
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
+}
+
 // on_dead = "hold": an entity whose event ended dead waits for a person; its
 // other entities go on; a release lets it go on. With the default, it goes on.
 BOOST_AUTO_TEST_CASE(a_dead_event_holds_its_entity_until_released) {
