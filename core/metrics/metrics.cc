@@ -283,6 +283,8 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                                {"high_watermark", p->high_watermark.load()},
                                {"lag", p->lag.load()},
                                {"stalled", p->stalled.load() != 0},
+                               {"fetching", p->fetching.load() != 0},
+                               {"in_pipeline", p->in_pipeline.load()},
                                {"gaps", p->gaps.load()}});
   }
   for (const auto& [name, m] : routes_) {

@@ -100,6 +100,11 @@ class Histogram {
   M(lag, int64_t, 0, gauge, "idemsink_partition_lag",                                                            \
     "Records between the partition's commit point (its committed offset before any record) and its high "        \
     "watermark.")                                                                                                \
+  M(fetching, int64_t, 0, gauge, "idemsink_partition_fetching",                                                  \
+    "1 while the partition fetches; 0 while a pause holds it (operator, backpressure, circuit, a retry "         \
+    "tier not due, its start being read).")                                                                      \
+  M(in_pipeline, int64_t, 0, gauge, "idemsink_partition_in_pipeline",                                            \
+    "Records of the partition consumed and not yet ended (durable, or handed back).")                            \
   M(stalled, int64_t, 0, gauge, "idemsink_partition_stalled",                                                    \
     "1 while the partition has records below its high watermark but nothing arrives (alert on it).")             \
   M(stalls, uint64_t, 0, counter, "idemsink_partition_stalls_total", "Stalls detected and recovered by a seek.") \

@@ -467,6 +467,8 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
 void Partitions::update_gauges() {
   int64_t total = 0;
   for (const auto& [tp, part] : parts_) {
+    part->metrics->fetching.store(gate_.fetching(tp) ? 1 : 0);
+    part->metrics->in_pipeline.store(static_cast<int64_t>(part->in_pipeline));
     const auto w = consumer_ ? consumer_->watermarks(tp) : std::nullopt;
     if (!w) continue;
     // Before a record arrives the commit point is the group's committed

@@ -16,6 +16,9 @@
 //   accounted  every produced record accounted for (`idemsink audit`), and in
 //              its expected class: done, or dead with the expected reason
 //   letters    every dead letter published (repeats only after a SIGKILL)
+//   events     every outcome's event published ([route.output] on every
+//              route), none for an outcome that is not (repeats only after
+//              a SIGKILL)
 //   clean      no crash, abort, sanitizer report or "bug:" line (a record
 //              stepping outside its life, pipeline/stage.cc) in a log;
 //              SIGTERM exits 0
@@ -313,6 +316,7 @@ class World {
     for (const auto& r : kRoutes) {
       kafka_.create_topic(topic_of(r.name), plan.partitions);
       kafka_.create_topic(topic_of(r.name) + ".dlq", 2);
+      kafka_.create_topic(topic_of(r.name) + ".events", 2);
       topics_.push_back(topic_of(r.name));
       if (r.retry_topics)
         for (int tier = 1; tier <= 2; ++tier) {
@@ -338,6 +342,9 @@ class World {
       // The progress bound (180 s) must cover a record that fails alone
       // under an open circuit: its wait, then its attempts at probe_max.
       extra += "[route.circuit]\nmax_wait = \"20s\"\n";
+      // Every outcome publishes its event (docs/outputs.md): checked by `events`.
+      extra += "[route.output]\ntopic = \"" + topic_of(r.name) +
+               ".events\"\ninclude_failed = true\ninclude_unknown = true\n";
       if (r.second_db)
         extra += "[route.database]\nport = " + std::to_string(db2_.port) + "\ndatabase = \"" + db2_.database + "\"\n";
       RouteSpec spec{
@@ -347,6 +354,29 @@ class World {
       cfg += route_config(spec);
     }
     return cfg;
+  }
+
+  /// Each running host's /status, kept beside the logs; returns its partitions
+  /// that are behind, with whether they fetch and what they hold in memory.
+  std::string dump_status() {
+    std::string out;
+    for (int i : host_indexes()) {
+      try {
+        const auto [code, body] = http_request(admin_port(i), "GET", "/status");
+        write_file(dir_ / ("status-host-" + std::to_string(i) + ".json"), body);
+        const auto j = nlohmann::json::parse(body, nullptr, false);
+        if (!j.is_object() || !j.contains("partitions")) continue;
+        for (const auto& p : j["partitions"])
+          if (p.value("committed", int64_t{-1}) < p.value("high_watermark", int64_t{0}))
+            out += " host-" + std::to_string(i) + ": " + p.value("topic", std::string()) + "[" +
+                   std::to_string(p.value("partition", 0)) +
+                   "] fetching=" + (p.value("fetching", false) ? "yes" : "no") +
+                   " in_pipeline=" + std::to_string(p.value("in_pipeline", int64_t{0}));
+      } catch (const std::exception& e) {
+        out += " host-" + std::to_string(i) + ": /status: " + e.what();
+      }
+    }
+    return out;
   }
 
   int admin_port(int index) const {
@@ -630,7 +660,8 @@ void check_progress(World& w, Verdict& v, std::chrono::seconds bound) {
     std::this_thread::sleep_for(1s);
   }
   if (!behind.empty())
-    v.fail("progress", "a wedge " + std::to_string(bound.count()) + "s after the last fault:" + behind);
+    v.fail("progress",
+           "a wedge " + std::to_string(bound.count()) + "s after the last fault:" + behind + ";" + w.dump_status());
 }
 
 void check_once(World& w, Verdict& v) {
@@ -760,6 +791,43 @@ void check_letters(World& w, Verdict& v) {
     v.fail("letters", std::to_string(repeats) + " letter(s) published twice with no host killed");
 }
 
+// Every claim's outcome has its event, and every event an outcome: a done
+// claim its done event, a failed or unknown one its event; a done event only
+// for a claim that is done (done never changes). Repeats (the same event id
+// twice) only after a SIGKILL, as for letters.
+void check_events(World& w, Verdict& v) {
+  std::map<std::string, std::set<std::string>> outcomes_of;  // token -> outcomes with an event
+  std::map<std::string, int> publications;                   // event id -> times published
+  for (const auto& r : kRoutes)
+    for (const auto& m : w.kafka_.read_all(topic_of(r.name) + ".events", 2, 30000)) {
+      const auto j = nlohmann::json::parse(m.value.value_or(""), nullptr, false);
+      if (!j.is_object() || !m.headers.count("idemsink.event_id")) {
+        v.fail("events", r.name + ": an event that is not one (offset " + std::to_string(m.offset) + ")");
+        continue;
+      }
+      ++publications[m.headers.at("idemsink.event_id")];
+      outcomes_of[j.value("idem_token", std::string())].insert(j.value("outcome", std::string()));
+    }
+  int wrong = 0;
+  for (const auto* cfg : {&w.db_, &w.db2_}) {
+    db::Connection c(*cfg);
+    for (auto& row : c.query("SELECT namespace, biz_key, status, idem_token FROM idemsink_claim")) {
+      const std::string status = claim::to_string(static_cast<claim::Status>(std::stoi(*row[2])));
+      const auto& seen = outcomes_of[*row[3]];
+      std::string problem;
+      if (status != "pending" && !seen.count(status)) problem = status + " without its event";
+      if (status != "done" && seen.count("done")) problem += " a done event, yet " + status;
+      if (!problem.empty() && ++wrong <= 10) v.fail("events", *row[0] + "/" + *row[1] + ": " + problem);
+    }
+  }
+  if (wrong > 10) v.fail("events", std::to_string(wrong - 10) + " more");
+  int repeats = 0;
+  for (const auto& [id, n] : publications) repeats += n - 1;
+  v.figures["events"] = std::to_string(publications.size()) + " (" + std::to_string(repeats) + " repeats)";
+  if (repeats > 0 && w.kills_ == 0)
+    v.fail("events", std::to_string(repeats) + " event(s) published twice with no host killed");
+}
+
 void check_logs(World& w, Verdict& v) {
   for (const auto& log : w.logs_) {
     const std::string text = read_file(log);
@@ -824,6 +892,7 @@ int main(int argc, char** argv) {
       check_once(w, v);
       check_classes(w, plan, v);
       check_letters(w, v);
+      check_events(w, v);
       check_logs(w, v);
       v.figures["host kills"] = std::to_string(w.kills_);
     }
@@ -836,7 +905,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     v.fail("run", e.what());
   }
-  std::cout << "invariants: progress, once, accounted, letters, clean\n";
+  std::cout << "invariants: progress, once, accounted, letters, events, clean\n";
   for (const auto& [k, f] : v.figures) std::cout << "  " << k << ": " << f << "\n";
   if (v.failed.empty()) {
     std::cout << "verdict: PASS (seed " << opt.seed << ")" << (kept.empty() ? "" : ", logs in " + kept.string())
