@@ -1,56 +1,73 @@
 #include "core/admin/admin_server.h"
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
+#include "core/admin/console.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
-#include "core/pipeline/engine.h"
 #include "core/metrics/metrics.h"
+#include "core/pipeline/engine.h"
 
 namespace idemsink::admin {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = boost::asio::ssl;
 using tcp = boost::asio::ip::tcp;
 
 namespace {
 
-// Limits for a port that may face a hostile network: requests are tiny.
+// Limits for a port that may face a hostile network: requests are small.
 constexpr size_t kMaxConnections = 64;
 constexpr uint32_t kHeaderLimit = 8 * 1024;
-constexpr uint64_t kBodyLimit = 4 * 1024;
+constexpr uint64_t kBodyLimit = 64 * 1024;
 constexpr auto kRequestDeadline = std::chrono::seconds(10);  // also the idle keep-alive wait
 
-// Compares without an early exit, so response time says nothing about how
-// much of a guessed token was right.
-bool same_secret(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
-  return diff == 0;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+std::string_view field(const Request& req, http::field f) {
+  const auto v = req[f];
+  return {v.data(), v.size()};
 }
 
-// One connection: read requests, answer, until the peer closes.
-class Session : public std::enable_shared_from_this<Session> {
+// One connection (plain or TLS): read requests, answer, until the peer closes.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket socket, AdminServer::Shared& shared) : stream_(std::move(socket)), shared_(shared) {
+  template <class... Args>
+  Session(AdminServer::Shared& shared, Args&&... args) : stream_(std::forward<Args>(args)...), shared_(shared) {
     ++shared_.connections;
   }
   ~Session() { --shared_.connections; }
 
-  void run() { read(); }
+  void run() {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      read();
+    } else {
+      beast::get_lowest_layer(stream_).expires_after(kRequestDeadline);
+      stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (!ec) self->read();
+      });
+    }
+  }
 
  private:
   void read() {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(kBodyLimit);
-    stream_.expires_after(kRequestDeadline);
-    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    beast::get_lowest_layer(stream_).expires_after(kRequestDeadline);
+    http::async_read(stream_, buf_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       if (ec == http::error::header_limit) return self->refuse(http::status::request_header_fields_too_large);
       if (ec == http::error::body_limit) return self->refuse(http::status::payload_too_large);
       if (ec) return;  // closed, timed out or malformed: nothing worth answering
@@ -60,22 +77,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // A request over a limit: answered, and the connection closed.
   void refuse(http::status status) {
-    auto res = std::make_shared<http::response<http::string_body>>(status, 11);
+    auto res = std::make_shared<Response>(status, 11);
     res->keep_alive(false);
     res->body() = std::string(http::obsolete_reason(status)) + "\n";
     res->prepare_payload();
     write(res);
   }
 
-  void respond(http::request<http::string_body> req) {
-    auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, req.version());
+  void respond(Request req) {
+    const std::string target(req.target());
+    if (target.rfind("/api/v1/", 0) == 0) return api(std::move(req));
+    auto res = std::make_shared<Response>(http::status::ok, req.version());
     res->keep_alive(req.keep_alive());
     try {
       answer(req, *res);
     } catch (const std::exception& e) {
       // Never past this point: an exception on the admin thread would end the host.
-      spdlog::error("admin: {} {} failed: {}", std::string(req.method_string()),
-                    printable(std::string_view(req.target().data(), req.target().size())), e.what());
+      spdlog::error("admin: {} {} failed: {}", std::string(req.method_string()), printable(target), e.what());
       res->result(http::status::internal_server_error);
       res->body() = "internal error\n";
     }
@@ -83,17 +101,81 @@ class Session : public std::enable_shared_from_this<Session> {
     write(res);
   }
 
-  void answer(const http::request<http::string_body>& req, http::response<http::string_body>& res) {
+  std::string own_origin(const Request& req) const {
+    return std::string(std::is_same_v<Stream, beast::tcp_stream> ? "http://" : "https://") +
+           std::string(field(req, http::field::host));
+  }
+
+  // An API call runs on the API's threads (it may wait for a database or a
+  // plugin); its answer comes back to this connection's thread.
+  void api(Request req) {
+    ApiRequest r;
+    r.method = std::string(req.method_string());
+    const std::string target(req.target());
+    const size_t q = target.find('?');
+    r.path = target.substr(0, q);
+    if (q != std::string::npos) r.query = parse_query(std::string_view(target).substr(q + 1));
+    r.body = std::move(req.body());
+    r.authorization = std::string(field(req, http::field::authorization));
+    r.origin = std::string(field(req, http::field::origin));
+    r.own_origin = own_origin(req);
+    auto self = this->shared_from_this();
+    boost::asio::post(shared_.api_threads, [self, r = std::move(r), version = req.version(), keep = req.keep_alive()] {
+      ApiResponse out;
+      try {
+        out = self->shared_.api.handle(r);
+      } catch (const std::exception& e) {
+        spdlog::error("admin: {} {} failed: {}", r.method, printable(r.path), e.what());
+        out = {500, nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump() + "\n"};
+      }
+      if (out.status == 401 || out.status == 403)
+        spdlog::warn("admin: refused {} {}: {}", r.method, printable(r.path), out.body);
+      boost::asio::post(self->stream_.get_executor(), [self, out = std::move(out), version, keep] {
+        auto res = std::make_shared<Response>(static_cast<http::status>(out.status), version);
+        res->keep_alive(keep);
+        res->set(http::field::content_type, out.content_type);
+        res->set(http::field::cache_control, "no-store");
+        res->body() = out.body;
+        res->prepare_payload();
+        self->write(res);
+      });
+    });
+  }
+
+  // Refuses a request its caller may not make; true if refused.
+  bool refused(const Request& req, Response& res, Need need, const std::string& route = "") const {
+    const Auth::Verdict v = shared_.auth.check(need, field(req, http::field::authorization),
+                                               field(req, http::field::origin), own_origin(req), route);
+    if (v.caller) return false;
+    res.result(static_cast<http::status>(v.status));
+    if (v.status == 401) res.set(http::field::www_authenticate, "Bearer");
+    res.body() = v.why + "\n";
+    spdlog::warn("admin: refused {} {}: {}", std::string(req.method_string()),
+                 printable(std::string_view(req.target().data(), req.target().size())), v.why);
+    return true;
+  }
+
+  void answer(const Request& req, Response& res) {
     if (fault::once("admin_throws")) throw std::runtime_error("fault admin_throws");
     const std::string target(req.target());
     const auto method = req.method();
-    if (method == http::verb::get && target == "/metrics") {
+    if (method == http::verb::get && (target == "/" || target.rfind("/console/", 0) == 0)) {
+      // The console's files carry no data: the API it calls asks for a token.
+      const auto file = console_file(target);
+      if (!file) {
+        res.result(http::status::not_found);
+        res.body() = "no such file\n";
+        return;
+      }
+      res.set(http::field::content_type, std::string(file->content_type));
+      res.set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'");
+      res.body() = std::string(file->body);
+    } else if (method == http::verb::get && target == "/metrics") {
+      if (refused(req, res, Need::Probe)) return;
       res.set(http::field::content_type, "text/plain; version=0.0.4");
       res.body() = shared_.metrics.prometheus();
-    } else if (method == http::verb::get && target == "/status") {
-      res.set(http::field::content_type, "application/json");
-      res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engines.front()->operator_paused());
     } else if (method == http::verb::get && target == "/livez") {
+      if (refused(req, res, Need::Probe)) return;
       // The engine thread beats every second; a loop stuck in one handler
       // (a plugin blocking it, a deadlock) stops the beat.
       const auto silent = shared_.metrics.since_heartbeat();
@@ -101,42 +183,33 @@ class Session : public std::enable_shared_from_this<Session> {
       res.result(alive ? http::status::ok : http::status::service_unavailable);
       res.body() = alive ? "ok\n" : "engine loop has not run for " + std::to_string(silent.count() / 1000) + "s\n";
     } else if (method == http::verb::get && (target == "/readyz" || target == "/healthz")) {
+      if (refused(req, res, Need::Probe)) return;
       // Each problem on its own line: a database unreachable or a job
       // failing (which), Kafka down or refusing the login (the error), or
       // no partitions once the group has settled.
       const std::string problem = shared_.metrics.readiness_problem();
       res.result(problem.empty() ? http::status::ok : http::status::service_unavailable);
       res.body() = problem.empty() ? "ok\n" : problem;
+    } else if (method == http::verb::get && target == "/status") {
+      if (refused(req, res, Need::Read)) return;
+      res.set(http::field::content_type, "application/json");
+      res.body() = shared_.metrics.status_json(shared_.host_id, shared_.engines.front()->operator_paused());
     } else if (method == http::verb::get && target == "/routes") {
+      if (refused(req, res, Need::Read)) return;
       res.set(http::field::content_type, "application/json");
       res.body() = routes_json();
     } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
-      if (refused(req, res)) return;
+      if (refused(req, res, Need::Host)) return;
       for (auto* engine : shared_.engines) engine->set_operator_pause(target == "/pause");
       res.body() = target == "/pause" ? "paused\n" : "resumed\n";
     } else if (method == http::verb::post && target.rfind("/routes/", 0) == 0) {
-      if (refused(req, res)) return;
-      set_route_pause(target.substr(std::string_view("/routes/").size()), res);
+      set_route_pause(req, target.substr(std::string_view("/routes/").size()), res);
     } else {
       res.result(http::status::not_found);
       res.body() =
-          "unknown endpoint; try GET /metrics, /status, /livez, /readyz, /routes; POST /pause, /resume, "
-          "/routes/NAME/pause, /routes/NAME/resume\n";
+          "unknown endpoint; try GET / (the console), /api/v1/openapi.json, /metrics, /status, /livez, /readyz, "
+          "/routes; POST /pause, /resume, /routes/NAME/pause, /routes/NAME/resume\n";
     }
-  }
-
-  // Refuses a state-changing request that lacks the right to it; true if refused.
-  bool refused(const http::request<http::string_body>& req, http::response<http::string_body>& res) const {
-    const char* why = forbidden(req);
-    if (why == nullptr) return false;
-    const std::string_view reason(why);
-    res.result(reason.find("bearer token") != std::string_view::npos ? http::status::unauthorized
-                                                                     : http::status::forbidden);
-    if (res.result() == http::status::unauthorized) res.set(http::field::www_authenticate, "Bearer");
-    res.body() = std::string(why) + "\n";
-    spdlog::warn("admin: refused POST {}: {}", printable(std::string_view(req.target().data(), req.target().size())),
-                 why);
-    return true;
   }
 
   std::string routes_json() const {
@@ -153,8 +226,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // "NAME/pause" or "NAME/resume": stored in the database, so every host of
-  // the group obeys and a restart keeps it.
-  void set_route_pause(const std::string& rest, http::response<http::string_body>& res) {
+  // the group obeys and a restart keeps it. (The API's form, with a note in
+  // the operator log: POST /api/v1/routes/NAME/pause.)
+  void set_route_pause(const Request& req, const std::string& rest, Response& res) {
     const auto slash = rest.rfind('/');
     const std::string name = slash == std::string::npos ? rest : rest.substr(0, slash);
     const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
@@ -163,6 +237,7 @@ class Session : public std::enable_shared_from_this<Session> {
       res.body() = "POST /routes/NAME/pause or /routes/NAME/resume\n";
       return;
     }
+    if (refused(req, res, Need::Route, name)) return;
     for (auto* engine : shared_.engines) {
       if (!engine->route_control().has(name)) continue;
       try {
@@ -182,32 +257,19 @@ class Session : public std::enable_shared_from_this<Session> {
     res.body() = "no route named " + printable(name) + "\n";
   }
 
-  // Why a state-changing request is refused, or nullptr.
-  const char* forbidden(const http::request<http::string_body>& req) const {
-    // Browsers send Origin on cross-site requests; operators' tools do not.
-    if (req.find(http::field::origin) != req.end()) return "requests carrying an Origin header are refused";
-    if (shared_.token.empty())
-      return shared_.loopback ? nullptr : "POST needs host.admin_token_env when admin_listen is not a loopback address";
-    const auto field = req[http::field::authorization];
-    const std::string_view auth(field.data(), field.size());
-    constexpr std::string_view kBearer = "Bearer ";
-    if (auth.substr(0, kBearer.size()) != kBearer) return "missing bearer token";
-    return same_secret(auth.substr(kBearer.size()), shared_.token) ? nullptr : "wrong bearer token";
-  }
-
-  void write(std::shared_ptr<http::response<http::string_body>> res) {
-    stream_.expires_after(kRequestDeadline);
-    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+  void write(std::shared_ptr<Response> res) {
+    beast::get_lowest_layer(stream_).expires_after(kRequestDeadline);
+    http::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, size_t) {
       if (ec || !res->keep_alive()) {
         beast::error_code ignored;
-        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        beast::get_lowest_layer(self->stream_).socket().shutdown(tcp::socket::shutdown_send, ignored);
         return;
       }
       self->read();
     });
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   AdminServer::Shared& shared_;
@@ -225,16 +287,27 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 }  // namespace
 
-AdminServer::AdminServer(const std::string& listen, std::string token, metrics::Metrics& metrics,
-                         std::vector<pipeline::Engine*> engines, std::string host_id)
-    : shared_{metrics, std::move(engines), std::move(host_id), std::move(token), false, 0},
-      acceptor_(io_, parse_listen(listen)) {
+AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices)
+    : acceptor_(io_, parse_listen(cfg.host.admin_listen)) {
   port_ = acceptor_.local_endpoint().port();
-  shared_.loopback = acceptor_.local_endpoint().address().is_loopback();
-  spdlog::info("admin: listening on {}:{} (POST {})", acceptor_.local_endpoint().address().to_string(), port_,
-               !shared_.token.empty() ? "needs the bearer token"
-               : shared_.loopback     ? "from this machine"
-                                      : "refused");
+  const bool loopback = acceptor_.local_endpoint().address().is_loopback();
+  if (!cfg.host.admin_tls_cert.empty()) {
+    tls_.emplace(ssl::context::tls_server);
+    tls_->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                      ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+    tls_->use_certificate_chain_file(cfg.host.admin_tls_cert);
+    tls_->use_private_key_file(cfg.host.admin_tls_key, ssl::context::pem);
+  }
+  std::vector<pipeline::Engine*> engines;
+  for (const auto& s : slices) engines.push_back(s.engine);
+  auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes);
+  shared_ = std::make_unique<Shared>(Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_),
+                                            api_threads_, tls_.has_value(), 0});
+  spdlog::info("admin: listening on {}://{}:{} ({} token(s); {})", tls_ ? "https" : "http",
+               acceptor_.local_endpoint().address().to_string(), port_, cfg.host.admin_tokens.size(),
+               !cfg.host.admin_tokens.empty() ? "actions need a token"
+               : loopback                     ? "actions from this machine"
+                                              : "actions refused: no token configured");
   accept();
   thread_ = std::thread([this] {
     for (;;) {
@@ -253,16 +326,20 @@ AdminServer::~AdminServer() { stop(); }
 void AdminServer::stop() {
   io_.stop();
   if (thread_.joinable()) thread_.join();
+  api_threads_.stop();  // a call waiting for a plugin or a database ends with its own deadline
+  api_threads_.join();
 }
 
 void AdminServer::accept() {
   acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (!ec) {
-      if (shared_.connections < kMaxConnections) {
-        std::make_shared<Session>(std::move(socket), shared_)->run();
-      } else {
+      if (shared_->connections >= kMaxConnections) {
         beast::error_code ignored;
         socket.close(ignored);  // at the cap: refused at once, the others keep being served
+      } else if (tls_) {
+        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(*shared_, std::move(socket), *tls_)->run();
+      } else {
+        std::make_shared<Session<beast::tcp_stream>>(*shared_, std::move(socket))->run();
       }
     }
     if (acceptor_.is_open()) accept();

@@ -1,32 +1,39 @@
-// Admin HTTP server (Boost.Beast) on its own thread:
+// Admin HTTP server (Boost.Beast) on its own thread, HTTPS when
+// host.admin_tls_cert/key are set:
 //   GET  /metrics   Prometheus text
-//   GET  /status    JSON summary per route
 //   GET  /livez     200 while the engine loop runs, 503 when it is stuck
 //   GET  /readyz    200 "ok", or 503 naming each problem: a database
 //                   unreachable or a job failing, Kafka down or refusing the
 //                   login, no partitions once the group settled
 //   GET  /healthz   the same as /readyz
+//   GET  /status    JSON summary per route
 //   GET  /routes    each route: paused (by whom, when), circuit open
 //   POST /pause     stop fetching (the consumer stays in its group)
 //   POST /resume    fetch again
 //   POST /routes/NAME/pause|resume   pause or resume one route on every
 //                   host of the group, kept across restarts (in the database)
-// POST needs the bearer token (host.admin_token_env), or, without one, a
-// loopback listen address; a request carrying an Origin header (a browser's
-// cross-site request) is refused. At most 64 connections, 8 KiB of headers,
-// 4 KiB of body and 10 s per request; nothing thrown while answering leaves
-// the admin thread.
+//   /api/v1/...     the operator's API (api.h), on threads of its own
+//   GET  /          the console (console.h): a page per route, dead
+//                   letters, unknown claims, order holds, the operator log
+// Who may do what: auth.h. At most 64 connections, 8 KiB of headers, 64 KiB
+// of body and 10 s per request (60 s for an API call, which may wait for a
+// plugin's reconcile hook); nothing thrown while answering leaves the admin
+// thread.
 #pragma once
 
 #include "core/common/asio.h"
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
-namespace idemsink::pipeline {
-class Engine;
-}  // namespace idemsink::pipeline
+#include "core/admin/api.h"
+#include "core/admin/auth.h"
+#include "core/config/config.h"
+
 namespace idemsink::metrics {
 class Metrics;
 }  // namespace idemsink::metrics
@@ -35,30 +42,35 @@ namespace idemsink::admin {
 
 class AdminServer {
  public:
-  /// `listen` is "host:port" (port 0 picks a free one). Throws on a bad
-  /// address or a port in use.
-  AdminServer(const std::string& listen, std::string token, metrics::Metrics& metrics,
-              std::vector<pipeline::Engine*> engines, std::string host_id);
+  /// `cfg.host.admin_listen` is "host:port" (port 0 picks a free one).
+  /// Throws on a bad address, a port in use, or TLS files it cannot use.
+  AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices);
   ~AdminServer();
   void stop();
   unsigned short port() const { return port_; }
 
-  /// What every connection reads; touched on the admin thread only.
+  /// What every connection reads; touched on the admin thread only, but for
+  /// the API, which runs on `api_threads`.
   struct Shared {
     metrics::Metrics& metrics;
     std::vector<pipeline::Engine*> engines;  // one per database; at least one
     std::string host_id;
-    std::string token;  // empty: none configured
-    bool loopback;      // the listen address is loopback
+    const Auth& auth;
+    Api api;
+    boost::asio::thread_pool& api_threads;
+    bool tls;
     size_t connections;
   };
 
  private:
   void accept();
 
-  Shared shared_;
   boost::asio::io_context io_;
+  boost::asio::thread_pool api_threads_{2};
+  std::optional<boost::asio::ssl::context> tls_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  std::unique_ptr<Auth> auth_;
+  std::unique_ptr<Shared> shared_;
   unsigned short port_ = 0;
   std::thread thread_;
 };

@@ -9,6 +9,8 @@
 #include "core/common/log.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/outcome_event.h"
+#include "core/operate/actions.h"
+#include "core/operate/operator_log.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
@@ -19,6 +21,15 @@
 #include "core/pipeline/route_control.h"
 
 namespace idemsink::app {
+namespace {
+
+// An operator action's outcome on the terminal: its line, and exit 0 or 1.
+int report(const operate::Done& done) {
+  (done.ok ? std::cout : std::cerr) << done.message << "\n";
+  return done.ok ? 0 : 1;
+}
+
+}  // namespace
 
 int run(const config::Config& cfg) { return run_host(cfg); }
 
@@ -143,25 +154,7 @@ int reconcile_resolve(const config::Config& cfg, const std::string& token, const
                       const std::string& note) {
   if (as != "done" && as != "failed") throw std::invalid_argument("--as must be done or failed");
   db::Connection c(cfg.database);
-  const claim::ClaimStore store(cfg.host.id, cfg.host.id + "#cli", cfg.claim.lease);
-  const dlq::Outbox outbox(cfg.host.id + "#cli", cfg.claim.lease);
-  // The decision, its event and the stamp of a held DLQ entry commit together.
-  c.begin();
-  const bool n = store.resolve_by_operator(c, token, as == "done" ? claim::Status::Done : claim::Status::Failed, note);
-  if (!n) {
-    c.rollback_quietly();
-    std::cerr << "no unknown or stuck claim has token " << token
-              << " (it may be done, failed, or still held by a live host)\n";
-    return 1;
-  }
-  // Settled by a person: a DLQ entry held back for reconciliation is not sent.
-  const std::vector<std::string> tokens{token};
-  const size_t events = dlq::write_settlement_events(c, cfg, store, outbox, tokens);
-  dlq::Outbox::settle_held(c, tokens);
-  c.commit();
-  std::cout << "claim " << token << " resolved as " << as << (events ? "; its outcome event is on its way" : "")
-            << "\n";
-  return 0;
+  return report(operate::resolve(c, cfg, operate::cli_actor(), token, as, note));
 }
 
 int dlq_list(const config::Config& cfg) {
@@ -176,24 +169,14 @@ int dlq_list(const config::Config& cfg) {
   return rows.empty() ? 0 : 1;
 }
 
-int dlq_retry(const config::Config& cfg, uint64_t id) {
+int dlq_retry(const config::Config& cfg, uint64_t id, const std::string& note) {
   db::Connection c(cfg.database);
-  if (!dlq::Outbox(cfg.host.id + "#cli", cfg.claim.lease).retry_unpublishable(c, id)) {
-    std::cerr << "no unpublishable outbox row has id " << id << "\n";
-    return 1;
-  }
-  std::cout << "outbox row " << id << " is back in the publishing queue\n";
-  return 0;
+  return report(operate::retry_unpublishable(c, cfg, operate::cli_actor(), id, note));
 }
 
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note) {
   db::Connection c(cfg.database);
-  if (!dlq::Outbox(cfg.host.id + "#cli", cfg.claim.lease).discard_unpublishable(c, id, note)) {
-    std::cerr << "no unpublishable outbox row has id " << id << "\n";
-    return 1;
-  }
-  std::cout << "outbox row " << id << " discarded\n";
-  return 0;
+  return report(operate::discard_unpublishable(c, cfg, operate::cli_actor(), id, note));
 }
 
 int order_holds_list(const config::Config& cfg, const std::string& route) {
@@ -221,16 +204,7 @@ int order_holds_release(const config::Config& cfg, const std::string& route, con
   const config::RouteConfig* rc = cfg.route_by_name(route);
   if (rc == nullptr) throw std::invalid_argument("no route named " + route);
   db::Connection c(cfg.database_of(*rc));
-  const uint64_t n = claim::OrderHolds::release(c, route, order_key);
-  if (n == 0) {
-    std::cerr << "route " << route << " has no hold on order key " << printable(order_key) << "\n";
-    return 1;
-  }
-  spdlog::warn("order holds: route {} order key {} released by an operator ({} hold(s)): {}", route,
-               printable(order_key), n, note);
-  std::cout << "route " << route << " order key " << printable(order_key) << ": " << n
-            << " hold(s) released; its waiting records go on within claim.wait_recheck\n";
-  return 0;
+  return report(operate::release_hold(c, operate::cli_actor(), route, order_key, note));
 }
 
 int route_list(const config::Config& cfg) {
@@ -251,7 +225,8 @@ int route_list(const config::Config& cfg) {
   return 0;
 }
 
-int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by) {
+int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by,
+                const std::string& note) {
   const config::RouteConfig* rc = cfg.route_by_name(route);
   if (rc == nullptr) {
     std::string names;
@@ -260,24 +235,29 @@ int route_pause(const config::Config& cfg, const std::string& route, bool paused
     return 2;
   }
   db::Connection c(cfg.database_of(*rc));
-  pipeline::RouteControl::write(c, route, paused, by);
-  std::cout << "route " << route << " " << (paused ? "paused" : "resumed")
-            << ": every running host of the group follows within 2 s\n";
-  return 0;
+  operate::Actor who = operate::cli_actor();
+  if (!by.empty()) who.name = by;
+  return report(operate::pause_route(c, cfg, who, route, paused, note));
 }
 
-int replay(const config::Config& cfg, const offline::ReplayFilter& filter) {
-  db::Connection c(cfg.database_of(*cfg.route_by_name(filter.route)));
-  const auto r = offline::replay(c, cfg, filter, std::cout);
-  std::cout << "replay of route " << filter.route << (filter.dry_run ? " (dry run)" : "") << ": " << r.matched
-            << " failed claim(s) matched, " << r.replayed << (filter.dry_run ? " would be" : "")
-            << " re-opened and sent back to its source topic, " << r.not_replayable
-            << " not replayable (listed above), " << r.taken_by_other
-            << " no longer failed (another replay or host got there first)\n";
-  if (r.replayed > 0 && !filter.dry_run)
+int replay(const config::Config& cfg, const operate::ReplayRequest& req, const std::string& note) {
+  db::Connection c(cfg.database_of(*cfg.route_by_name(req.route)));
+  const operate::Done r = operate::replay(c, cfg, operate::cli_actor(), req, note);
+  std::cout << r.detail.value("lines", std::string());
+  std::cout << "replay of route " << req.route << (req.dry_run ? " (dry run)" : "") << ": " << r.message << "\n";
+  if (r.detail.value("replayed", 0) > 0 && !req.dry_run)
     std::cout << "a running host publishes them and applies each once, with its first idem_token; one that fails "
                  "again is dead-lettered with idemsink.replayed\n";
-  return r.not_replayable == 0 ? 0 : 1;
+  return r.detail.value("not_replayable", 0) == 0 ? 0 : 1;
+}
+
+int operator_log(const config::Config& cfg, const std::string& route, size_t limit) {
+  for (const auto& slice : config::split_by_database(cfg)) {
+    db::Connection c(slice.database);
+    for (const auto& a : operate::OperatorLog::list(c, route, limit))
+      std::cout << operate::to_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  return 0;
 }
 
 int audit(const config::Config& cfg) {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/offline/replay.h"
+#include "core/operate/actions.h"
 
 namespace idemsink::app {
 
@@ -30,7 +30,7 @@ int audit(const config::Config& cfg);
 /// Outbox rows Kafka refused for good; exit 1 if there are any.
 int dlq_list(const config::Config& cfg);
 /// Puts an unpublishable row back in the publishing queue.
-int dlq_retry(const config::Config& cfg, uint64_t id);
+int dlq_retry(const config::Config& cfg, uint64_t id, const std::string& note);
 /// Drops an unpublishable row from the publishing queue, with a note.
 int dlq_discard(const config::Config& cfg, uint64_t id, const std::string& note);
 
@@ -44,10 +44,14 @@ int order_holds_release(const config::Config& cfg, const std::string& route, con
 int route_list(const config::Config& cfg);
 /// Pauses or resumes a route on every host of the group (they follow within
 /// 2 s); kept across restarts.
-int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by);
+int route_pause(const config::Config& cfg, const std::string& route, bool paused, const std::string& by,
+                const std::string& note);
 
 /// `idemsink replay`: dead (failed) claims of a route re-opened and their
 /// records sent back to its source topic; exit 1 if some could not be replayed.
-int replay(const config::Config& cfg, const offline::ReplayFilter& filter);
+int replay(const config::Config& cfg, const operate::ReplayRequest& req, const std::string& note);
+
+/// The operator log, newest first, one JSON object per line.
+int operator_log(const config::Config& cfg, const std::string& route, size_t limit);
 
 }  // namespace idemsink::app

@@ -16,6 +16,7 @@
 #include "core/app/build_info.h"
 #include "core/claim/offsets.h"
 #include "core/claim/order_hold.h"
+#include "core/operate/operator_log.h"
 #include "core/claim/schema.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
@@ -63,7 +64,8 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
                                  claim::OffsetStore::schema(),
                                  claim::OrderHolds::schema(),
                                  dlq::Outbox::schema(),
-                                 pipeline::RouteControl::schema()};
+                                 pipeline::RouteControl::schema(),
+                                 operate::OperatorLog::schema()};
   std::map<std::string, bool> seen;
   for (const auto& lib : libs) {
     if (seen[lib->path().string()]) continue;
@@ -90,6 +92,7 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
     c.execute(dlq::Outbox::schema());
     dlq::Outbox::migrate(c);
     c.execute(pipeline::RouteControl::schema());
+    c.execute(operate::OperatorLog::schema());
     for (const auto& p : report.added) spdlog::info("schema: added claim partition {}", p);
     for (const auto& p : report.dropped) spdlog::info("schema: dropped claim partition {} (past retention)", p);
     std::map<std::string, bool> seen;
@@ -279,9 +282,11 @@ class HostRun {
     if (slices_.size() > 1)
       spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
                    slices_.size(), cfg_.kafka.group_id);
-    if (!cfg_.host.admin_listen.empty())
-      admin_ = std::make_unique<admin::AdminServer>(cfg_.host.admin_listen, cfg_.host.admin_token, metrics_, engines_,
-                                                    cfg_.host.id);
+    if (!cfg_.host.admin_listen.empty()) {
+      std::vector<admin::SliceView> views;
+      for (auto& s : slices_) views.push_back({&s.cfg, s.engine.get(), s.reconciler.get()});
+      admin_ = std::make_unique<admin::AdminServer>(cfg_, metrics_, std::move(views));
+    }
     for (auto& s : slices_)
       starters_.push_back(std::make_unique<SliceStarter>(
           io_, s, s.engine->slice(), [this](Slice& ready) { start_slice(ready); },

@@ -18,6 +18,7 @@
 #include "core/config/config.h"
 #include "core/db/connection.h"
 #include "core/kafka/client.h"
+#include "core/offline/replay.h"
 #include "core/plugin/plugin.h"
 
 namespace po = boost::program_options;
@@ -43,8 +44,10 @@ commands:
                                entities held by an unfinished earlier record ([route.order_by]): list, release
   route pause|resume NAME --config FILE | route list --config FILE
                                pause or resume one route on every host of the group (kept across restarts)
-  replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]
+  replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run] [--note TEXT]
                                re-open dead (failed) claims and drive their records again
+  operator-log --config FILE [--route R] [--limit N]
+                               what operators did (console, API, CLI), newest first, as JSON lines
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
   config-reference             print the configuration reference (Markdown)
@@ -143,24 +146,26 @@ void declare_replay(po::options_description& o, po::positional_options_descripti
       "reason", po::value<std::string>(), "only dead letters with this idemsink.reason (e.g. retries_exhausted)")(
       "since", po::value<std::string>(),
       "only claims that failed since: a duration back (\"2h\") or a UTC time (\"2026-11-30 14:00\")")(
-      "key", po::value<std::string>(), "only this biz_key")("dry-run", "list what would be replayed; change nothing");
+      "key", po::value<std::string>(), "only this biz_key")("dry-run", "list what would be replayed; change nothing")(
+      "note", po::value<std::string>()->default_value("no note"), "why, in the operator log");
 }
 int replay_command(const po::variables_map& vm) {
   const config::Config cfg = load_config(vm);
-  offline::ReplayFilter f;
-  f.route = vm["route"].as<std::string>();
-  if (!cfg.route_by_name(f.route)) throw po::error("--route " + f.route + ": no such route in the config");
-  if (vm.count("reason")) f.reason = vm["reason"].as<std::string>();
+  operate::ReplayRequest r;
+  r.route = vm["route"].as<std::string>();
+  if (!cfg.route_by_name(r.route)) throw po::error("--route " + r.route + ": no such route in the config");
+  if (vm.count("reason")) r.reason = vm["reason"].as<std::string>();
   if (vm.count("since")) {
+    r.since = vm["since"].as<std::string>();
     try {
-      f.since = offline::since_expression(vm["since"].as<std::string>());
+      offline::since_expression(*r.since);
     } catch (const std::invalid_argument& e) {
       throw po::error(e.what());
     }
   }
-  if (vm.count("key")) f.key = vm["key"].as<std::string>();
-  f.dry_run = vm.count("dry-run") != 0;
-  return app::replay(cfg, f);
+  if (vm.count("key")) r.key = vm["key"].as<std::string>();
+  r.dry_run = vm.count("dry-run") != 0;
+  return app::replay(cfg, r, vm["note"].as<std::string>());
 }
 
 void declare_plugin_info(po::options_description& o, po::positional_options_description& pos) {
@@ -176,7 +181,8 @@ void declare_route(po::options_description& o, po::positional_options_descriptio
   config_option(o);
   o.add_options()("action", po::value<std::string>()->required(), "pause, resume or list")(
       "name", po::value<std::string>(), "the route, as [[route]] name says")(
-      "by", po::value<std::string>(), "who, stored with the change (default: $USER on this machine)");
+      "by", po::value<std::string>(), "who, stored with the change (default: cli:$USER on this machine)")(
+      "note", po::value<std::string>()->default_value("no note"), "why, in the operator log");
   pos.add("action", 1).add("name", 1);
 }
 int route_command(const po::variables_map& vm) {
@@ -186,14 +192,8 @@ int route_command(const po::variables_map& vm) {
   const config::Config cfg = load_config(vm);
   if (action == "list") return app::route_list(cfg);
   if (!vm.count("name")) throw po::error("route " + action + " needs the route's name");
-  std::string by;
-  if (vm.count("by")) {
-    by = vm["by"].as<std::string>();
-  } else {
-    const char* user = std::getenv("USER");
-    by = std::string("idemsink route, ") + (user ? user : "unknown user");
-  }
-  return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by);
+  const std::string by = vm.count("by") ? vm["by"].as<std::string>() : "";
+  return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by, vm["note"].as<std::string>());
 }
 
 void declare_dlq(po::options_description& o, po::positional_options_description&) {
@@ -201,7 +201,7 @@ void declare_dlq(po::options_description& o, po::positional_options_description&
   o.add_options()("list", "list outbox rows Kafka refused for good (the default)")(
       "retry", po::value<uint64_t>(), "outbox id: publish it again (after raising a limit or creating a topic)")(
       "discard", po::value<uint64_t>(), "outbox id: drop it from the publishing queue (the row stays, stamped)")(
-      "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard")(
+      "note", po::value<std::string>()->default_value("no note"), "why, stored with --discard and in the operator log")(
       "database", po::value<std::string>(),
       "with --retry or --discard when routes use several databases: the one of the id, as --list names it");
 }
@@ -220,7 +220,7 @@ int dlq_command(const po::variables_map& vm) {
       if (s.database.label() == vm["database"].as<std::string>()) slice = &s;
     if (slice == nullptr) throw po::error("--database " + vm["database"].as<std::string>() + ": not one of" + labels);
   }
-  if (vm.count("retry")) return app::dlq_retry(*slice, vm["retry"].as<uint64_t>());
+  if (vm.count("retry")) return app::dlq_retry(*slice, vm["retry"].as<uint64_t>(), vm["note"].as<std::string>());
   return app::dlq_discard(*slice, vm["discard"].as<uint64_t>(), vm["note"].as<std::string>());
 }
 
@@ -229,7 +229,7 @@ void declare_order_holds(po::options_description& o, po::positional_options_desc
   o.add_options()("action", po::value<std::string>()->default_value("list"), "list | release")(
       "order-key", po::value<std::string>(), "with release: the entity to let go on")(
       "route", po::value<std::string>(), "the route (required with release)")(
-      "note", po::value<std::string>()->default_value("no note"), "why, logged with release");
+      "note", po::value<std::string>()->default_value("no note"), "why, in the operator log");
   p.add("action", 1).add("order-key", 1);
 }
 int order_holds_command(const po::variables_map& vm) {
@@ -240,6 +240,16 @@ int order_holds_command(const po::variables_map& vm) {
   if (action != "release") throw po::error("unknown action '" + action + "': list or release");
   if (route.empty() || !vm.count("order-key")) throw po::error("release needs an order key and --route");
   return app::order_holds_release(cfg, route, vm["order-key"].as<std::string>(), vm["note"].as<std::string>());
+}
+
+void declare_operator_log(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("route", po::value<std::string>(), "only this route's actions")(
+      "limit", po::value<size_t>()->default_value(1000), "the newest this many");
+}
+int operator_log_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  return app::operator_log(cfg, vm.count("route") ? vm["route"].as<std::string>() : "", vm["limit"].as<size_t>());
 }
 
 void declare_dev_kafka(po::options_description& o, po::positional_options_description&) {
@@ -279,6 +289,7 @@ const Command kCommands[] = {
      "order-holds [list] --config FILE [--route R]\n       idemsink order-holds release KEY --route R --config FILE "
      "[--note TEXT]",
      declare_order_holds, order_holds_command},
+    {"operator-log", "operator-log --config FILE [--route R] [--limit N]", declare_operator_log, operator_log_command},
     {"dev-kafka", "dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]", declare_dev_kafka,
      dev_kafka_command},
     {"config-reference", "config-reference", declare_nothing, config_reference_command},

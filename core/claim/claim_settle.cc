@@ -135,6 +135,7 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
                                      std::string_view note) const {
   if (as != Status::Done && as != Status::Failed)
     throw std::invalid_argument("resolve_by_operator takes done or failed");
+  if (!plausible_token(idem_token)) return false;
   // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
   return c.execute("UPDATE idemsink_claim SET " + sql_status_is(as) +
                    ", last_error = " + c.quote(fit_error("resolved by operator: " + std::string(note))) +
@@ -144,9 +145,10 @@ bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token,
 
 std::vector<ClaimStore::Settled> ClaimStore::read_settled(Connection& c, std::span<const std::string> tokens) const {
   std::vector<Settled> out;
-  if (tokens.empty()) return out;
   std::string in;
-  for (const auto& t : tokens) in += (in.empty() ? "" : ", ") + c.quote(t);
+  for (const auto& t : tokens)
+    if (plausible_token(t)) in += (in.empty() ? "" : ", ") + c.quote(t);
+  if (in.empty()) return out;
   for (auto& row : c.query("SELECT namespace, biz_key, bucket, status, attempt, idem_token, IFNULL(receipt, ''), "
                            "IFNULL(last_error, ''), src_topic, src_partition, src_offset, calls FROM idemsink_claim "
                            "WHERE idem_token IN (" +

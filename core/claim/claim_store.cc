@@ -1,5 +1,7 @@
 #include "core/claim/claim_store.h"
 
+#include <cctype>
+
 #include <ctime>
 #include <map>
 #include <set>
@@ -43,6 +45,13 @@ const char* to_string(Verdict v) {
     case Verdict::Held: return "held";
   }
   return "?";
+}
+
+bool plausible_token(std::string_view s) {
+  if (s.empty() || s.size() > 36) return false;
+  for (const char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-')) return false;
+  return true;
 }
 
 std::string bucket_of(int64_t timestamp_ms) {

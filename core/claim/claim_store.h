@@ -58,6 +58,10 @@ std::string sql_status_is(Status s, std::string_view alias = "");
 /// whether the claim whose idem_token is in `token_column` is unknown.
 std::string sql_claim_is_unknown(std::string_view token_column);
 
+/// Whether `s` can be an idem_token (ASCII letters, digits and '-', at most
+/// 36): anything else names no claim, and is never put to the database.
+bool plausible_token(std::string_view s);
+
 /// Identity of one claim row.
 struct RowKey {
   std::string ns;

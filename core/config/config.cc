@@ -141,6 +141,42 @@ void finish_database(DatabaseConfig& d, const Reader& r, const std::string& sect
   }
 }
 
+// host.admin_tokens_file: `NAME ROLE ROUTES SECRET` per line (admin/auth.h).
+// An error names the file and line; never the secret.
+void read_admin_tokens(HostConfig& h, const SourcePos& setting) {
+  std::ifstream in(h.admin_tokens_file);
+  if (!in) fail(setting, "host.admin_tokens_file", "cannot read " + h.admin_tokens_file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream words(line);
+    std::string name, role, routes, secret, extra;
+    if (!(words >> name)) continue;  // blank or a comment
+    const std::string where = h.admin_tokens_file + ":" + std::to_string(n);
+    if (!(words >> role >> routes >> secret) || (words >> extra))
+      fail(setting, "host.admin_tokens_file", where + ": expected NAME ROLE ROUTES SECRET");
+    if (role != "viewer" && role != "operator" && role != "admin")
+      fail(setting, "host.admin_tokens_file", where + ": role must be viewer, operator or admin, not \"" + role + "\"");
+    if (secret.starts_with("env:")) {
+      const char* v = std::getenv(secret.substr(4).c_str());
+      if (v == nullptr || *v == '\0')
+        fail(setting, "host.admin_tokens_file", where + ": environment variable " + secret.substr(4) + " is not set");
+      secret = v;
+    }
+    if (secret.size() < 16)
+      fail(setting, "host.admin_tokens_file", where + ": the secret is shorter than 16 characters");
+    for (const auto& t : h.admin_tokens)
+      if (t.name == name) fail(setting, "host.admin_tokens_file", where + ": token name " + name + " is used twice");
+    AdminToken t{name, role, {}, secret};
+    if (routes != "*") {
+      std::istringstream list(routes);
+      for (std::string r; std::getline(list, r, ',');)
+        if (!r.empty()) t.routes.push_back(r);
+    }
+    h.admin_tokens.push_back(std::move(t));
+  }
+}
+
 // host.*: the defaults that are not constants, and the checks the settings
 // table cannot make.
 void finish_host(HostConfig& h, const Reader& host) {
@@ -163,7 +199,16 @@ void finish_host(HostConfig& h, const Reader& host) {
       fail(host.pos_of_key("admin_token_env"), "host.admin_token_env",
            "environment variable " + token_env + " is not set (or empty)");
     h.admin_token = v;
+    h.admin_tokens.push_back({"admin", "admin", {}, v});
   }
+  if (!h.admin_tokens_file.empty()) read_admin_tokens(h, host.pos_of_key("admin_tokens_file"));
+  if (h.admin_tls_cert.empty() != h.admin_tls_key.empty())
+    fail(host.pos_of_key(h.admin_tls_cert.empty() ? "admin_tls_key" : "admin_tls_cert"), "host.admin_tls_cert",
+         "admin_tls_cert and admin_tls_key go together");
+  for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"admin_tls_cert", &h.admin_tls_cert},
+                                  {"admin_tls_key", &h.admin_tls_key}})
+    if (!path->empty() && !std::filesystem::is_regular_file(*path))
+      fail(host.pos_of_key(key), std::string("host.") + key, "no such file: " + *path);
 }
 
 // A revocation waits up to shutdown_grace inside the rebalance callback,
@@ -269,6 +314,11 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
     fail(claim.pos_of_key("horizon_margin_days"), "claim.horizon_margin_days", "must be smaller than retention_days");
   read_routes(doc, c, file, base_dir);
   check_publishing(c);
+  for (const auto& t : c.host.admin_tokens)
+    for (const auto& r : t.routes)
+      if (c.route_by_name(r) == nullptr)
+        fail(root.sub("host").pos_of_key("admin_tokens_file"), "host.admin_tokens_file",
+             "token " + t.name + " names route " + r + ", which the config does not have");
   return c;
 }
 

@@ -35,6 +35,14 @@ struct SourcePos {
   std::string where() const;  // "file:line:col"
 };
 
+/// Who may use the admin port, and for what (admin/auth.h).
+struct AdminToken {
+  std::string name;                 // shown in the operator log
+  std::string role;                 // viewer, operator or admin
+  std::vector<std::string> routes;  // an operator's routes; empty: all
+  std::string secret;               // never logged
+};
+
 struct HostConfig {
   std::string id;       // stable identity; owner prefix of claims
   int max_in_flight{};  // handler calls in flight, all routes
@@ -45,6 +53,11 @@ struct HostConfig {
   std::string log_file;      // "" = stderr
   std::string admin_listen;  // "" = no admin HTTP server
   std::string admin_token;   // from the variable host.admin_token_env names; "" = none; never logged
+  std::string admin_tokens_file;
+  std::vector<AdminToken> admin_tokens;  // read from admin_tokens_file, and admin_token as "admin"
+  std::string admin_tls_cert;            // PEM files: the admin port speaks HTTPS
+  std::string admin_tls_key;
+  bool admin_open_probes{};  // /metrics, /livez, /readyz need no token
 };
 
 struct KafkaConfig {

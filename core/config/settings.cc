@@ -49,9 +49,24 @@ constexpr Setting kSettings[] = {
                 "\"127.0.0.1:9464\" or \"[::1]:9464\"; empty = off."}),
     declare(Type::String,
             {.path = "host.admin_token_env",
-             .doc = "Name of an environment variable holding a bearer token: POST requests (pause, resume) must carry "
-                    "`Authorization: Bearer <token>`. Without it, POST is accepted only when admin_listen is a "
-                    "loopback address. GET /metrics, /status and /healthz never need it."}),
+             .doc = "Name of an environment variable holding a bearer token with the admin role (named \"admin\" "
+                    "in the operator log): requests send `Authorization: Bearer <token>`. Without any token, POST "
+                    "is accepted only when admin_listen is a loopback address."}),
+    field<&HostConfig::admin_tokens_file>(
+        {.path = "host.admin_tokens_file",
+         .doc = "A file of admin port tokens, one per line: `NAME ROLE ROUTES SECRET`, ROLE viewer (reads), "
+                "operator (pause, replay, resolve, discard, release) or admin (also host-wide actions), ROUTES `*` "
+                "or a comma-separated list an operator may act on, SECRET the token or `env:VARIABLE`; `#` starts "
+                "a comment. With tokens, every POST needs one, and GETs of /api/v1, /status and /routes need one "
+                "unless admin_listen is a loopback address."}),
+    field<&HostConfig::admin_tls_cert>(
+        {.path = "host.admin_tls_cert", .doc = "PEM certificate (chain) of the admin port: it speaks HTTPS."}),
+    field<&HostConfig::admin_tls_key>({.path = "host.admin_tls_key", .doc = "PEM private key of admin_tls_cert."}),
+    field<&HostConfig::admin_open_probes>(
+        {.path = "host.admin_open_probes",
+         .default_value = "true",
+         .doc = "GET /metrics, /livez, /readyz and /healthz need no token (scrapers and probes); false: a viewer "
+                "token, like the rest."}),
 
     declare(Type::Section, {.path = "kafka", .required = true, .doc = "The Kafka cluster and consumer group."}),
     field<&KafkaConfig::bootstrap_servers>(

@@ -102,6 +102,8 @@ const char* Outbox::schema() {
   unpublishable_at DATETIME(3)    NULL COMMENT 'Kafka refused it for good: set aside for an operator',
   publish_error   VARCHAR(255)    NULL,
   held_until      DATETIME(3)     NULL COMMENT 'an unknown record left to reconciliation: published only if still unknown after this',
+  discarded_at    DATETIME(3)     NULL COMMENT 'an operator decided it needs nothing more',
+  discard_note    VARCHAR(1024)   NULL,
   PRIMARY KEY (id),
   UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset),
     KEY idx_unpublished (published_at, unpublishable_at, lease_until),
@@ -119,6 +121,9 @@ void Outbox::migrate(Connection& c) {
       "ADD COLUMN IF NOT EXISTS publish_error VARCHAR(255) NULL AFTER unpublishable_at, "
       "ADD COLUMN IF NOT EXISTS held_until DATETIME(3) NULL COMMENT 'an unknown record left to reconciliation: "
       "published only if still unknown after this' AFTER publish_error, "
+      "ADD COLUMN IF NOT EXISTS discarded_at DATETIME(3) NULL COMMENT 'an operator decided it needs nothing more' "
+      "AFTER held_until, "
+      "ADD COLUMN IF NOT EXISTS discard_note VARCHAR(1024) NULL AFTER discarded_at, "
       "ADD KEY IF NOT EXISTS idx_token (idem_token)");
   // The first version's unique key (source position only) dropped a second
   // row for the same record: a forward and its later dead letter.

@@ -60,6 +60,7 @@ struct Candidate {
   std::string token;
   std::string src;                    // "topic[partition]@offset" of the claim's record
   std::optional<dlq::Letter> letter;  // its latest dead letter, if the outbox still has it
+  uint64_t letter_id = 0;
   std::string why_not;
 };
 
@@ -74,6 +75,7 @@ Candidate read_candidate(const db::Row& r, const config::Config& cfg, const std:
     cand.why_not = "its dead letter is no longer in the outbox (claim.outbox_retention)";
     return cand;
   }
+  cand.letter_id = std::stoull(*r[kLetterId]);
   dlq::Letter d;
   d.headers = dlq::decode_headers(r[kMsgHeaders].value_or(""));
   for (const auto& h : d.headers) {
@@ -131,11 +133,13 @@ uint64_t count_replay(dlq::Letter& d) {
 // records as they arrive. A route that holds on dead keeps the hold: the
 // copy runs before the records it holds (docs/outputs.md).
 bool reopen_and_queue(db::Connection& c, const claim::ClaimStore& store, const dlq::Outbox& outbox,
-                      const config::RouteConfig& route, const Candidate& cand, const dlq::Letter& copy) {
+                      const config::RouteConfig& route, const Candidate& cand, const dlq::Letter& copy,
+                      const decltype(ReplayFilter::in_transaction)& in_transaction) {
   c.begin();
   try {
     const bool ours = store.reopen_failed(c, cand.row, cand.token, copy.error);
     if (ours) outbox.insert_replay(c, copy);
+    if (ours && in_transaction) in_transaction(c, cand.row.biz_key, cand.token, cand.letter_id);
     if (ours && route.order_by.enabled() && !route.order_by.hold_on_dead())
       claim::OrderHolds::release_claim(c, cand.row);
     c.commit();
@@ -175,6 +179,13 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
       "AND " +
       dlq::sql_purpose_is(dlq::Purpose::DeadLetter, "o2.") + ")";
   if (filter.reason) where += " AND o.reason = " + c.quote(*filter.reason);
+  // A letter an operator discarded needs nothing more.
+  where += " AND o.discarded_at IS NULL";
+  if (!filter.letter_ids.empty()) {
+    std::string ids;
+    for (uint64_t id : filter.letter_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+    where += " AND o.id IN (" + ids + ")";
+  }
   std::string select = "SELECT ";
   for (size_t i = 0; i < kSelect.size(); ++i) select += (i ? ", " : "") + std::string(kSelect[i]);
 
@@ -218,7 +229,7 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
       d.calls = 0;
       d.first_failure_ms = d.last_failure_ms = now_ms;
       d.host = cfg.host.id + " (idemsink replay)";
-      if (reopen_and_queue(c, store, outbox, *route, cand, d)) {
+      if (reopen_and_queue(c, store, outbox, *route, cand, d, filter.in_transaction)) {
         ++report.replayed;
       } else {
         ++report.taken_by_other;

@@ -24,9 +24,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "core/config/config.h"
 #include "core/db/connection.h"
@@ -38,7 +40,12 @@ struct ReplayFilter {
   std::optional<std::string> reason;  // the dead letter's idemsink.reason
   std::optional<std::string> since;   // SQL expression: claims failed at or after this
   std::optional<std::string> key;     // one biz_key
+  std::vector<uint64_t> letter_ids;   // only the claims whose latest dead letter is one of these
   bool dry_run = false;
+  /// Runs in the transaction that re-opens each record (the operator log's
+  /// entry): its biz_key, idem_token and dead letter's outbox id.
+  std::function<void(db::Connection&, const std::string& biz_key, const std::string& token, uint64_t letter_id)>
+      in_transaction;
 };
 
 struct ReplayReport {

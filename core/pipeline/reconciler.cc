@@ -330,6 +330,36 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   std::vector<Redriven> redriven_;
 };
 
+bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
+                          std::optional<std::string> value, int64_t timestamp_ms,
+                          std::function<void(idemsink_outcome, std::string)> answered) {
+  const auto handler = handlers_.find(claim.row.ns);
+  if (handler == handlers_.end()) return false;
+  auto cand = std::make_shared<Candidate>();
+  cand->row = claim.row;
+  cand->status = claim.status;
+  cand->attempt = claim.attempt;
+  cand->calls = claim.calls;
+  cand->token = claim.idem_token;
+  cand->src_topic = claim.src_topic;
+  cand->src_partition = claim.src_partition;
+  cand->src_offset = claim.src_offset;
+  cand->key = std::move(key);
+  cand->value = std::move(value);
+  cand->timestamp_ms = timestamp_ms;
+  asio::post(io_, [this, cand, plugin = handler->second, answered = std::move(answered)]() mutable {
+    const std::string& route = cand->row.ns;
+    const uint64_t call_id =
+        call_with_deadline(io_, cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
+                           {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+                           [cand, answered = std::move(answered)](idemsink_outcome o, std::string detail) {
+                             answered(o, std::move(detail));
+                           });
+    plugin->reconcile(record_of(*cand, route, cand->calls), call_id);
+  });
+  return true;
+}
+
 void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t limit) {
   if (handlers_.empty() || running_) {
     asio::post(io_, [done] { done({}); });

@@ -62,6 +62,14 @@ class Reconciler {
   void start(std::chrono::milliseconds first_delay);
   void stop();
 
+  /// What the route's reconcile hook says now of one claim, settling
+  /// nothing (the console shows it beside an unknown): `answered` runs on
+  /// the engine thread, within the route's call_timeout. `key`/`value`: the
+  /// record as its dead letter kept it. False if the route has no hook.
+  bool ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
+                std::optional<std::string> value, int64_t timestamp_ms,
+                std::function<void(idemsink_outcome, std::string)> answered);
+
  private:
   struct Candidate;
   class Round;  // one run_once(), in its steps

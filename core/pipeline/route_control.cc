@@ -99,7 +99,11 @@ bool RouteControl::has(const std::string& route) const {
 
 void RouteControl::set(const std::string& route, bool paused, const std::string& by) {
   db::Pool::run_once(database_, [&](db::Connection& c) { write(c, route, paused, by); });
-  // Stored: applied here at once; the next refresh brings the database's own time.
+  stored(route, paused, by);
+}
+
+void RouteControl::stored(const std::string& route, bool paused, const std::string& by) {
+  // Applied here at once; the next refresh brings the database's own time.
   std::lock_guard lk(mu_);
   ++sets_;
   std::map<std::string, State> states = states_;

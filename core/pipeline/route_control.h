@@ -51,6 +51,9 @@ class RouteControl {
   /// (admin thread, at most database.connect_timeout when the server is
   /// unreachable); throws db::DbError when it was not stored.
   void set(const std::string& route, bool paused, const std::string& by);
+  /// A pause or resume someone else stored (the operator API): applied here
+  /// at once rather than at the next refresh.
+  void stored(const std::string& route, bool paused, const std::string& by);
 
   struct View {
     std::string route;
