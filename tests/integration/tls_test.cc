@@ -102,3 +102,35 @@ BOOST_AUTO_TEST_CASE(the_host_runs_against_a_server_that_requires_tls) {
   db::Connection c(db);
   BOOST_TEST(*c.query("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done))[0][0] == "50");
 }
+
+// The admin port over HTTPS (host.admin_tls_cert/key): the console and its
+// API answer a client that trusts the CA; a plain HTTP request gets nothing.
+BOOST_AUTO_TEST_CASE(the_admin_port_speaks_https_with_its_certificate) {
+  TestCertificates certs;
+  Scenario s("tls_admin");
+  s.topic("orders", 1);
+  const int port = free_port();
+  write_file(s.dir / "tokens", "vera viewer * viewer-secret-0123456789\n");
+  auto& host = s.host("host-a", {s.scripted("r", "orders")},
+                      {.host_lines = "admin_listen = \"127.0.0.1:" + std::to_string(port) + "\"\nadmin_tls_cert = \"" +
+                                     certs.path("server.pem") + "\"\nadmin_tls_key = \"" + certs.path("server.key") +
+                                     "\"\nadmin_tokens_file = \"" + (s.dir / "tokens").string() + "\"\n"});
+  const std::string base = "https://127.0.0.1:" + std::to_string(port);
+  const auto out = s.dir / "curl.out";
+  auto curl = [&](const std::string& args) {
+    const int rc = std::system(("curl -s -S --max-time 10 --retry 20 --retry-connrefused --retry-delay 1 " + args +
+                                " > '" + out.string() + "' 2>&1")
+                                   .c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  };
+  BOOST_TEST(curl("--cacert " + certs.path("ca.pem") + " -H 'Authorization: Bearer viewer-secret-0123456789' " + base +
+                  "/api/v1/whoami") == 0,
+             read_file(out));
+  BOOST_TEST(read_file(out).find("\"role\": \"viewer\"") != std::string::npos, read_file(out));
+  BOOST_TEST(curl("--cacert " + certs.path("ca.pem") + " " + base + "/") == 0);
+  BOOST_TEST(read_file(out).find("idemsink console") != std::string::npos);
+  // A client that does not trust the CA refuses the server; plain HTTP gets no answer.
+  BOOST_TEST(curl("--cacert " + certs.path("other-ca.pem") + " " + base + "/livez") != 0);
+  BOOST_TEST(http_status(port, "/livez") == -1);
+  BOOST_TEST(host.stop() == 0);
+}
