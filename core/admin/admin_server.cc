@@ -31,6 +31,7 @@ constexpr size_t kMaxConnections = 64;
 constexpr uint32_t kHeaderLimit = 8 * 1024;
 constexpr uint64_t kBodyLimit = 64 * 1024;
 constexpr auto kRequestDeadline = std::chrono::seconds(10);  // also the idle keep-alive wait
+constexpr size_t kMaxApiCalls = 32;
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
@@ -86,7 +87,12 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void respond(Request req) {
     const std::string target(req.target());
-    if (target.rfind("/api/v1/", 0) == 0) return api(std::move(req));
+    if (target.rfind("/api/v1/", 0) == 0) return api(std::move(req), target);
+    // The host's and a route's pause: the API's, with a note saying where they came from.
+    if (req.method() == http::verb::post && (target == "/pause" || target == "/resume"))
+      return api(std::move(req), "/api/v1/host" + target);
+    if (req.method() == http::verb::post && target.rfind("/routes/", 0) == 0)
+      return api(std::move(req), "/api/v1" + target);
     auto res = std::make_shared<Response>(http::status::ok, req.version());
     res->keep_alive(req.keep_alive());
     try {
@@ -101,51 +107,67 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     write(res);
   }
 
-  std::string own_origin(const Request& req) const {
-    return std::string(std::is_same_v<Stream, beast::tcp_stream> ? "http://" : "https://") +
-           std::string(field(req, http::field::host));
-  }
+  static constexpr const char* scheme() { return std::is_same_v<Stream, beast::tcp_stream> ? "http" : "https"; }
 
   // An API call runs on the API's threads (it may wait for a database or a
-  // plugin); its answer comes back to this connection's thread.
-  void api(Request req) {
+  // plugin); its answer comes back to this connection's thread, which also
+  // drops the call's hold on the session.
+  void api(Request req, const std::string& target) {
     ApiRequest r;
     r.method = std::string(req.method_string());
-    const std::string target(req.target());
     const size_t q = target.find('?');
     r.path = target.substr(0, q);
     if (q != std::string::npos) r.query = parse_query(std::string_view(target).substr(q + 1));
     r.body = std::move(req.body());
+    // The old /pause and /routes/NAME/pause took no body: their note says where they came from.
+    if (r.body.empty() && r.method == "POST" && target != std::string(req.target()))
+      r.body = nlohmann::json{{"note", "through POST " + std::string(req.target())}}.dump();
     r.authorization = std::string(field(req, http::field::authorization));
     r.origin = std::string(field(req, http::field::origin));
-    r.own_origin = own_origin(req);
-    auto self = this->shared_from_this();
-    boost::asio::post(shared_.api_threads, [self, r = std::move(r), version = req.version(), keep = req.keep_alive()] {
+    r.host = std::string(field(req, http::field::host));
+    r.scheme = scheme();
+    if (++shared_.api_calls > kMaxApiCalls) {
+      --shared_.api_calls;
+      return answer_api(ApiResponse{503, "{\"error\":\"the API is busy: too many calls at once; try again\"}\n"},
+                        req.version(), req.keep_alive());
+    }
+    boost::asio::post(shared_.api_threads, [self = this->shared_from_this(), r = std::move(r), version = req.version(),
+                                            keep = req.keep_alive()]() mutable {
       ApiResponse out;
       try {
         out = self->shared_.api.handle(r);
       } catch (const std::exception& e) {
         spdlog::error("admin: {} {} failed: {}", r.method, printable(r.path), e.what());
-        out = {500, nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump() + "\n"};
+        out = {500, nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump(
+                        -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                        "\n"};
       }
+      --self->shared_.api_calls;
       if (out.status == 401 || out.status == 403)
-        spdlog::warn("admin: refused {} {}: {}", r.method, printable(r.path), out.body);
-      boost::asio::post(self->stream_.get_executor(), [self, out = std::move(out), version, keep] {
-        auto res = std::make_shared<Response>(static_cast<http::status>(out.status), version);
-        res->keep_alive(keep);
-        res->set(http::field::content_type, out.content_type);
-        res->set(http::field::cache_control, "no-store");
-        res->body() = out.body;
-        res->prepare_payload();
-        self->write(res);
+        spdlog::warn("admin: refused {} {}: {}", r.method, printable(r.path), printable(out.body, 300));
+      auto& executor = self->stream_;
+      boost::asio::post(executor.get_executor(), [self = std::move(self), out = std::move(out), version, keep] {
+        self->answer_api(out, version, keep);
       });
     });
   }
 
+  void answer_api(const ApiResponse& out, unsigned version, bool keep) {
+    auto res = std::make_shared<Response>(static_cast<http::status>(out.status), version);
+    res->keep_alive(keep);
+    res->set(http::field::content_type, out.content_type);
+    res->set(http::field::cache_control, "no-store");
+    if (out.status == 401) res->set(http::field::www_authenticate, "Bearer");
+    res->body() = out.body;
+    res->prepare_payload();
+    write(res);
+  }
+
   // Refuses a request its caller may not make; true if refused.
   bool refused(const Request& req, Response& res, Need need, const std::string& route = "") const {
-    const Auth::Verdict v = shared_.auth.check(need, field(req, http::field::authorization),
-                                               field(req, http::field::origin), own_origin(req), route);
+    const Auth::Verdict v =
+        shared_.auth.check(need, field(req, http::field::authorization), field(req, http::field::origin),
+                           field(req, http::field::host), scheme(), route);
     if (v.caller) return false;
     res.result(static_cast<http::status>(v.status));
     if (v.status == 401) res.set(http::field::www_authenticate, "Bearer");
@@ -198,12 +220,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (refused(req, res, Need::Read)) return;
       res.set(http::field::content_type, "application/json");
       res.body() = routes_json();
-    } else if (method == http::verb::post && (target == "/pause" || target == "/resume")) {
-      if (refused(req, res, Need::Host)) return;
-      for (auto* engine : shared_.engines) engine->set_operator_pause(target == "/pause");
-      res.body() = target == "/pause" ? "paused\n" : "resumed\n";
-    } else if (method == http::verb::post && target.rfind("/routes/", 0) == 0) {
-      set_route_pause(req, target.substr(std::string_view("/routes/").size()), res);
     } else {
       res.result(http::status::not_found);
       res.body() =
@@ -223,38 +239,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                        {"changed_at", v.state.changed_at},
                        {"circuit_open", v.circuit_open}});
     return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  }
-
-  // "NAME/pause" or "NAME/resume": stored in the database, so every host of
-  // the group obeys and a restart keeps it. (The API's form, with a note in
-  // the operator log: POST /api/v1/routes/NAME/pause.)
-  void set_route_pause(const Request& req, const std::string& rest, Response& res) {
-    const auto slash = rest.rfind('/');
-    const std::string name = slash == std::string::npos ? rest : rest.substr(0, slash);
-    const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
-    if (action != "pause" && action != "resume") {
-      res.result(http::status::not_found);
-      res.body() = "POST /routes/NAME/pause or /routes/NAME/resume\n";
-      return;
-    }
-    if (refused(req, res, Need::Route, name)) return;
-    for (auto* engine : shared_.engines) {
-      if (!engine->route_control().has(name)) continue;
-      try {
-        engine->route_control().set(name, action == "pause", "admin port of " + shared_.host_id);
-      } catch (const std::exception& e) {
-        res.result(http::status::service_unavailable);
-        res.body() = "route " + name + ": not " + (action == "pause" ? "paused" : "resumed") +
-                     ": the database did not take it: " + e.what() + "\n";
-        return;
-      }
-      spdlog::info("admin: route {} {} through the admin port", name, action == "pause" ? "paused" : "resumed");
-      res.set(http::field::content_type, "application/json");
-      res.body() = routes_json();
-      return;
-    }
-    res.result(http::status::not_found);
-    res.body() = "no route named " + printable(name) + "\n";
   }
 
   void write(std::shared_ptr<Response> res) {
@@ -300,9 +284,10 @@ AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, s
   }
   std::vector<pipeline::Engine*> engines;
   for (const auto& s : slices) engines.push_back(s.engine);
-  auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes);
-  shared_ = std::make_unique<Shared>(Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_),
-                                            api_threads_, tls_.has_value(), 0});
+  auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes, cfg.host.admin_hostnames,
+                                 "admin port of " + cfg.host.id);
+  shared_.reset(new Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_), api_threads_,
+                           tls_.has_value()});
   spdlog::info("admin: listening on {}://{}:{} ({} token(s); {})", tls_ ? "https" : "http",
                acceptor_.local_endpoint().address().to_string(), port_, cfg.host.admin_tokens.size(),
                !cfg.host.admin_tokens.empty() ? "actions need a token"

@@ -12,18 +12,21 @@
 //   POST /resume    fetch again
 //   POST /routes/NAME/pause|resume   pause or resume one route on every
 //                   host of the group, kept across restarts (in the database)
+//                   (these four are the API's /host/... and /routes/...:
+//                   logged in the operator log like them)
 //   /api/v1/...     the operator's API (api.h), on threads of its own
 //   GET  /          the console (console.h): a page per route, dead
 //                   letters, unknown claims, order holds, the operator log
 // Who may do what: auth.h. At most 64 connections, 8 KiB of headers, 64 KiB
-// of body and 10 s per request (60 s for an API call, which may wait for a
-// plugin's reconcile hook); nothing thrown while answering leaves the admin
-// thread.
+// of body and 10 s per request; at most 32 API calls at a time (a call may
+// wait for a plugin's reconcile hook or a database: 503 "busy" beyond);
+// nothing thrown while answering leaves the admin thread.
 #pragma once
 
 #include "core/common/asio.h"
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,18 +62,21 @@ class AdminServer {
     Api api;
     boost::asio::thread_pool& api_threads;
     bool tls;
-    size_t connections;
+    std::atomic<size_t> connections{0};  // a session may end on an API thread
+    std::atomic<size_t> api_calls{0};    // queued or running on the API threads
   };
 
  private:
   void accept();
 
-  boost::asio::io_context io_;
-  boost::asio::thread_pool api_threads_{2};
-  std::optional<boost::asio::ssl::context> tls_;
-  boost::asio::ip::tcp::acceptor acceptor_;
+  // Declared first, destroyed last: sessions and API calls still queued when
+  // the io context and the threads go hold a reference to it.
   std::unique_ptr<Auth> auth_;
   std::unique_ptr<Shared> shared_;
+  boost::asio::io_context io_;
+  boost::asio::thread_pool api_threads_{4};
+  std::optional<boost::asio::ssl::context> tls_;
+  boost::asio::ip::tcp::acceptor acceptor_;
   unsigned short port_ = 0;
   std::thread thread_;
 };

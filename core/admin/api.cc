@@ -10,6 +10,7 @@
 
 #include "core/admin/console.h"
 #include "core/claim/order_hold.h"
+#include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/db/connection.h"
 #include "core/dlq/letters.h"
@@ -80,12 +81,12 @@ const char* answer_name(idemsink_outcome o) {
 
 }  // namespace
 
-std::string percent_decode(std::string_view s) {
+std::string percent_decode(std::string_view s, bool plus_is_space) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
+    if (s[i] == '+' && plus_is_space) {
       out.push_back(' ');
-    } else if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+    } else if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
                std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
       out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
       i += 2;
@@ -103,7 +104,8 @@ std::map<std::string, std::string> parse_query(std::string_view q) {
     const std::string_view pair = q.substr(0, amp);
     const size_t eq = pair.find('=');
     if (!pair.empty())
-      out[percent_decode(pair.substr(0, eq))] = eq == std::string_view::npos ? "" : percent_decode(pair.substr(eq + 1));
+      out[percent_decode(pair.substr(0, eq), true)] =
+          eq == std::string_view::npos ? "" : percent_decode(pair.substr(eq + 1), true);
     if (amp == std::string_view::npos) break;
     q.remove_prefix(amp + 1);
   }
@@ -118,7 +120,7 @@ struct Api::Call {
   Caller caller;
 
   void authorize(Need need, const std::string& route = "") {
-    const Auth::Verdict v = api.auth_.check(need, req.authorization, req.origin, req.own_origin, route);
+    const Auth::Verdict v = api.auth_.check(need, req.authorization, req.origin, req.host, req.scheme, route);
     if (!v.caller) throw HttpError{v.status, v.why};
     caller = *v.caller;
   }
@@ -174,6 +176,15 @@ struct Api::Call {
     }
     return nullptr;
   }
+  // The databases a dead letter's id may belong to: ids are per database, so
+  // with several the request names the route (`route=`).
+  std::vector<const SliceView*> slices_of_letter(const std::string& route_in_body = "") const {
+    const std::string route = route_in_body.empty() ? param("route") : route_in_body;
+    if (!route.empty()) return {&slice_of(route)};
+    if (api.slices_.size() > 1)
+      throw HttpError{400, "routes use several databases and dead letter ids are per database: name the route"};
+    return {&api.slices_.front()};
+  }
   static json done_json(const operate::Done& d) {
     if (!d.ok) throw HttpError{409, d.message};
     return {{"ok", true}, {"message", d.message}, {"detail", d.detail}};
@@ -191,6 +202,7 @@ struct Api::Call {
   json unknown_action();
   json holds();
   json holds_release();
+  json host_action();
   json operator_log();
 };
 
@@ -204,6 +216,7 @@ json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
             {"circuit_open", m.circuit_open.load() != 0},
             {"in_flight", m.in_flight.load()},
             {"lag", lag},
+            {"rate", api.rate(rc.name, m.done.load())},
             {"counters",
              {{"consumed", m.consumed.load()},
               {"done", m.done.load()},
@@ -277,6 +290,7 @@ json Api::Call::routes() {
 // POST /routes/{route}/pause|resume {"note"}
 json Api::Call::route_action() {
   const std::string& route = parts[1];
+  authorize(Need::Act);  // who first: nothing about the host is told to a stranger
   const SliceView& s = slice_of(route);
   authorize(Need::Route, route);
   const std::string why = note(body());
@@ -294,9 +308,9 @@ json Api::Call::letters() {
     const auto [end, ec] = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), id);
     if (ec != std::errc() || end != parts[1].data() + parts[1].size())
       throw HttpError{400, "a dead letter's id is a number, not \"" + parts[1] + "\""};
-    for (const auto& s : api.slices_) {
-      db::Connection c(s.cfg->database);
-      if (auto l = dlq::letter(c, id); l && s.cfg->route_by_name(l->route)) return letter_json(*l, true);
+    for (const SliceView* s : slices_of_letter()) {
+      db::Connection c(s->cfg->database);
+      if (auto l = dlq::letter(c, id); l && s->cfg->route_by_name(l->route)) return letter_json(*l, true);
     }
     throw HttpError{404, "no dead letter has id " + parts[1]};
   }
@@ -328,6 +342,7 @@ json Api::Call::letters() {
 // POST /dead-letters/replay {"route", "ids", "reason", "since", "key", "dry_run", "note"}
 // POST /dead-letters/{id}/discard {"note"}
 json Api::Call::letter_action() {
+  authorize(Need::Act);
   const json b = body();
   if (parts[1] == "replay") {
     operate::ReplayRequest r;
@@ -362,10 +377,13 @@ json Api::Call::letter_action() {
   const auto [end, ec] = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), id);
   if (ec != std::errc() || end != parts[1].data() + parts[1].size() || parts.size() != 3 || parts[2] != "discard")
     throw HttpError{404, "POST /dead-letters/replay or /dead-letters/{id}/discard"};
+  const SliceView* s = slices_of_letter(text(b, "route", false)).front();
   std::optional<dlq::LetterRow> found;
-  const SliceView* s =
-      find_in_slices([&](db::Connection& c, const SliceView&) { return (found = dlq::letter(c, id)).has_value(); });
-  if (s == nullptr) throw HttpError{404, "no dead letter has id " + parts[1]};
+  {
+    db::Connection c(s->cfg->database);
+    found = dlq::letter(c, id);
+  }
+  if (!found || !s->cfg->route_by_name(found->route)) throw HttpError{404, "no dead letter has id " + parts[1]};
   authorize(Need::Route, found->route);
   const std::string why = note(b);
   db::Connection c(s->cfg->database);
@@ -452,6 +470,7 @@ json Api::Call::unknown() {
 
 // POST /unknowns/{token}/resolve {"as", "note"}; POST /unknowns/{token}/ask {"note"}
 json Api::Call::unknown_action() {
+  authorize(Need::Act);
   const std::string& token = parts[1];
   const std::vector<std::string> tokens{token};
   std::string route;
@@ -471,21 +490,16 @@ json Api::Call::unknown_action() {
     db::Connection c(s->cfg->database);
     return done_json(operate::resolve(c, *s->cfg, actor(), token, as, why));
   }
-  // Ask again: a reconcile round now, as the host runs one every claim.reconcile_interval.
+  // Ask again: a reconcile round of the claim's route now, as the host runs
+  // one every claim.reconcile_interval; its result goes to the operator log.
   if (s->reconciler == nullptr) throw HttpError{409, "route " + route + " has no reconcile hook"};
   auto done = std::make_shared<std::promise<pipeline::ReconcileSummary>>();
   auto round = done->get_future();
-  s->reconciler->run_once([done](pipeline::ReconcileSummary r) { done->set_value(r); });
-  if (round.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
-    throw HttpError{503, "the reconcile round did not end within 60 s; it goes on"};
-  const pipeline::ReconcileSummary r = round.get();
-  const std::string result = std::to_string(r.examined) + " examined, " + std::to_string(r.applied + r.redriven_done) +
-                             " done, " + std::to_string(r.failed) + " failed, " + std::to_string(r.undecided) +
-                             " undecided";
+  s->reconciler->run_once_on_engine([done](pipeline::ReconcileSummary r) { done->set_value(r); }, route);
+  if (round.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    throw HttpError{503, "the reconcile round did not end within 30 s; it goes on"};
   db::Connection c(s->cfg->database);
-  operate::OperatorLog::append(
-      c, actor(), {"unknown.ask", route, json::array({{{"idem_token", token}}}), text(b, "note", false), result});
-  return {{"ok", true}, {"message", "reconcile round: " + result}};
+  return done_json(operate::record_round(c, actor(), route, pipeline::describe(round.get()), text(b, "note", false)));
 }
 
 json Api::Call::holds() {
@@ -513,6 +527,7 @@ json Api::Call::holds() {
 
 // POST /holds/release {"route", "order_key", "note"}
 json Api::Call::holds_release() {
+  authorize(Need::Act);
   const json b = body();
   const std::string route = text(b, "route", true);
   const SliceView& s = slice_of(route);
@@ -521,6 +536,28 @@ json Api::Call::holds_release() {
   const std::string why = note(b);
   db::Connection c(s.cfg->database);
   return done_json(operate::release_hold(c, actor(), route, order_key, why));
+}
+
+// POST /host/pause|resume {"note"}: this host stops (or resumes) fetching
+// every partition; its consumer stays in the group. Not kept in a database:
+// the entry in the log says who did it.
+json Api::Call::host_action() {
+  authorize(Need::Host);
+  const std::string why = note(body());
+  const bool pause = parts[1] == "pause";
+  for (const auto& s : api.slices_) s.engine->set_operator_pause(pause);
+  std::string result = std::string("host ") + api.cfg_.host.id + (pause ? " paused" : " resumed");
+  // Done in memory whatever the database says: a pause must work while it is down.
+  try {
+    db::Connection c(api.slices_.front().cfg->database);
+    c.begin();
+    operate::OperatorLog::append(c, actor(), {pause ? "host.pause" : "host.resume", "", json::array(), why, result});
+    c.commit();
+  } catch (const db::DbError& e) {
+    spdlog::warn("admin: {} by {}; the operator log did not take it: {}", result, caller.name, e.what());
+    result += "; not in the operator log (the database did not take it: " + std::string(e.what()) + ")";
+  }
+  return {{"ok", true}, {"message", result}};
 }
 
 json Api::Call::operator_log() {
@@ -537,6 +574,20 @@ json Api::Call::operator_log() {
   json out = json::array();
   for (const auto& a : all) out.push_back(operate::to_json(a));
   return {{"actions", out}};
+}
+
+double Api::rate(const std::string& route, uint64_t done) const {
+  constexpr auto kRateWindow = std::chrono::seconds(5);
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lk(rate_mu_);
+  auto [it, fresh] = rates_.try_emplace(route, Sample{now, done, 0});
+  Sample& s = it->second;
+  if (!fresh && now - s.at >= kRateWindow) {
+    s.rate = static_cast<double>(done - std::min(done, s.done)) / std::chrono::duration<double>(now - s.at).count();
+    s.at = now;
+    s.done = done;
+  }
+  return s.rate;
 }
 
 Api::Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth)
@@ -582,6 +633,8 @@ ApiResponse Api::handle(const ApiRequest& req) const {
       out = call.holds();
     } else if (post && first == "holds" && p.size() == 2 && p[1] == "release") {
       out = call.holds_release();
+    } else if (post && first == "host" && p.size() == 2 && (p[1] == "pause" || p[1] == "resume")) {
+      out = call.host_action();
     } else if (get && first == "operator-log" && p.size() == 1) {
       out = call.operator_log();
     } else {

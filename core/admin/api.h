@@ -4,14 +4,17 @@
 // are the CLI's (core/operate/actions.h: one implementation, each action in
 // one transaction with its operator-log entry). Answers are JSON; an error is
 // {"error": "..."} with 400 (bad input, saying what), 401/403 (auth.h), 404
-// (no such thing) or 503 (the database did not answer).
+// (no such thing), 409 (the action did not apply, saying why) or 503 (the
+// database did not answer, or the API is busy).
 //
 // Runs on the API's own threads, never the admin thread: a database that
 // does not answer must not stop /metrics and /livez. Each request opens a
 // connection to the database of what it touches.
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -43,7 +46,8 @@ struct ApiRequest {
   std::string body;
   std::string authorization;
   std::string origin;
-  std::string own_origin;
+  std::string host;    // the Host header
+  std::string scheme;  // http or https
 };
 
 struct ApiResponse {
@@ -61,15 +65,25 @@ class Api {
 
  private:
   struct Call;  // one request being answered (api.cc)
+  /// Records done per second per route, from the counters between two calls
+  /// at least kRateWindow apart.
+  double rate(const std::string& route, uint64_t done) const;
 
   const config::Config& cfg_;
   std::vector<SliceView> slices_;
   metrics::Metrics& metrics_;
   const Auth& auth_;
+  mutable std::mutex rate_mu_;
+  struct Sample {
+    std::chrono::steady_clock::time_point at;
+    uint64_t done = 0;
+    double rate = 0;
+  };
+  mutable std::map<std::string, Sample> rates_;
 };
 
-/// "a%20b" -> "a b"; "+" is a space in a query.
-std::string percent_decode(std::string_view s);
+/// "a%20b" -> "a b"; in a query (`plus_is_space`) "+" is a space too.
+std::string percent_decode(std::string_view s, bool plus_is_space = false);
 /// The query string's parameters (a repeated name: the last).
 std::map<std::string, std::string> parse_query(std::string_view q);
 

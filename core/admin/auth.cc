@@ -1,6 +1,9 @@
 #include "core/admin/auth.h"
 
 #include <algorithm>
+#include <boost/asio/ip/address.hpp>
+#include <cctype>
+#include <sstream>
 
 namespace idemsink::admin {
 namespace {
@@ -36,8 +39,33 @@ bool Caller::may_act_on(const std::string& route) const {
   return routes.empty() || std::find(routes.begin(), routes.end(), route) != routes.end();
 }
 
-Auth::Auth(std::vector<config::AdminToken> tokens, bool loopback, bool open_probes)
-    : tokens_(std::move(tokens)), loopback_(loopback), open_probes_(open_probes) {}
+Auth::Auth(std::vector<config::AdminToken> tokens, bool loopback, bool open_probes, const std::string& hostnames,
+           std::string local_name)
+    : tokens_(std::move(tokens)), loopback_(loopback), open_probes_(open_probes), local_name_(std::move(local_name)) {
+  std::istringstream list(hostnames);
+  for (std::string name; std::getline(list, name, ',');) {
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) hostnames_.push_back(name);
+  }
+}
+
+bool Auth::known_host(std::string_view host) const {
+  // Without its port: "name:9464", "[::1]:9464".
+  std::string name(host);
+  if (name.starts_with('[')) {
+    name = name.substr(0, name.find(']') + 1);
+  } else if (const auto colon = name.rfind(':'); colon != std::string::npos) {
+    name.resize(colon);
+  }
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name == "localhost") return true;
+  boost::system::error_code ec;
+  const std::string literal = name.starts_with('[') ? name.substr(1, name.size() - 2) : name;
+  boost::asio::ip::make_address(literal, ec);
+  if (!ec) return true;  // an IP address: no name to re-bind
+  return std::find(hostnames_.begin(), hostnames_.end(), name) != hostnames_.end();
+}
 
 std::optional<Caller> Auth::caller_of(std::string_view authorization, std::string& why) const {
   constexpr std::string_view kBearer = "Bearer ";
@@ -57,12 +85,16 @@ std::optional<Caller> Auth::caller_of(std::string_view authorization, std::strin
   return found;
 }
 
-Auth::Verdict Auth::check(Need need, std::string_view authorization, std::string_view origin,
-                          std::string_view own_origin, const std::string& route) const {
-  const bool acting = need == Need::Route || need == Need::Host;
-  if (acting && !origin.empty() && origin != own_origin)
-    return {std::nullopt, 403, "a request from another origin (" + std::string(origin) + ") is refused"};
+Auth::Verdict Auth::check(Need need, std::string_view authorization, std::string_view origin, std::string_view host,
+                          std::string_view scheme, const std::string& route) const {
+  const bool acting = need == Need::Act || need == Need::Route || need == Need::Host;
   if (need == Need::Probe && open_probes_) return {Caller{"anonymous", Role::Viewer, {}}, 200, ""};
+  if (!known_host(host))
+    return {std::nullopt, 403,
+            "Host \"" + std::string(host) +
+                "\" is not a name of this admin port (an IP address, localhost, or host.admin_hostnames)"};
+  if (acting && !origin.empty() && origin != std::string(scheme) + "://" + std::string(host))
+    return {std::nullopt, 403, "a request from another origin (" + std::string(origin) + ") is refused"};
   std::string why;
   std::optional<Caller> caller;
   if (!authorization.empty() || tokens_.empty() == false) caller = caller_of(authorization, why);
@@ -78,8 +110,10 @@ Auth::Verdict Auth::check(Need need, std::string_view authorization, std::string
       if (authorization.empty() && loopback_ && acting) why = "actions need a bearer token when tokens are configured";
       return {std::nullopt, 401, why};
     }
-    caller = Caller{"loopback", acting ? Role::Admin : Role::Viewer, {}};
+    caller = Caller{local_name_, acting ? Role::Admin : Role::Viewer, {}};
   }
+  if (need == Need::Act && caller->role == Role::Viewer)
+    return {std::nullopt, 403, "token " + caller->name + " (viewer) may not act"};
   if (need == Need::Route && !caller->may_act_on(route))
     return {std::nullopt, 403,
             "token " + caller->name + " (" + to_string(caller->role) + ") may not act on route " + route};

@@ -147,6 +147,8 @@ int reconcile_ask(const config::Config& cfg) {
   std::cout << "reconcile: " << summary.examined << " examined, " << summary.applied << " applied -> done, "
             << summary.redriven_done << " re-driven -> done, " << summary.failed << " failed, " << summary.undecided
             << " undecided, " << summary.left_stuck << " stuck left for an operator\n";
+  db::Connection c(cfg.database);
+  operate::record_round(c, operate::cli_actor(), "", pipeline::describe(summary), "");
   return summary.undecided + summary.left_stuck == 0 ? 0 : 1;
 }
 

@@ -148,7 +148,8 @@ void read_admin_tokens(HostConfig& h, const SourcePos& setting) {
   if (!in) fail(setting, "host.admin_tokens_file", "cannot read " + h.admin_tokens_file);
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    if (line.find_first_not_of(" \t") != std::string::npos && line[line.find_first_not_of(" \t")] == '#')
+      continue;  // a comment line (a secret may hold '#')
     std::istringstream words(line);
     std::string name, role, routes, secret, extra;
     if (!(words >> name)) continue;  // blank or a comment
@@ -167,6 +168,10 @@ void read_admin_tokens(HostConfig& h, const SourcePos& setting) {
       fail(setting, "host.admin_tokens_file", where + ": the secret is shorter than 16 characters");
     for (const auto& t : h.admin_tokens)
       if (t.name == name) fail(setting, "host.admin_tokens_file", where + ": token name " + name + " is used twice");
+    for (const auto& t : h.admin_tokens)
+      if (t.secret == secret) fail(setting, "host.admin_tokens_file", where + ": the secret of " + t.name + " again");
+    if (role == "admin" && routes != "*")
+      fail(setting, "host.admin_tokens_file", where + ": an admin acts on every route: ROUTES must be *");
     AdminToken t{name, role, {}, secret};
     if (routes != "*") {
       std::istringstream list(routes);

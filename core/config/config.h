@@ -57,7 +57,8 @@ struct HostConfig {
   std::vector<AdminToken> admin_tokens;  // read from admin_tokens_file, and admin_token as "admin"
   std::string admin_tls_cert;            // PEM files: the admin port speaks HTTPS
   std::string admin_tls_key;
-  bool admin_open_probes{};  // /metrics, /livez, /readyz need no token
+  bool admin_open_probes{};     // /metrics, /livez, /readyz need no token
+  std::string admin_hostnames;  // names the port answers to besides IP literals and localhost (comma-separated)
 };
 
 struct KafkaConfig {

@@ -62,6 +62,12 @@ constexpr Setting kSettings[] = {
     field<&HostConfig::admin_tls_cert>(
         {.path = "host.admin_tls_cert", .doc = "PEM certificate (chain) of the admin port: it speaks HTTPS."}),
     field<&HostConfig::admin_tls_key>({.path = "host.admin_tls_key", .doc = "PEM private key of admin_tls_cert."}),
+    field<&HostConfig::admin_hostnames>(
+        {.path = "host.admin_hostnames",
+         .doc = "Names clients reach the admin port by, comma-separated, besides its IP addresses and localhost (e.g. "
+                "\"idemsink-0.idemsink.prod.svc\"): a request for data or an action naming another host in its Host "
+                "header is refused, so a web page whose name was re-bound to this address (DNS rebinding) cannot "
+                "use the port."}),
     field<&HostConfig::admin_open_probes>(
         {.path = "host.admin_open_probes",
          .default_value = "true",

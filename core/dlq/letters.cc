@@ -115,12 +115,12 @@ std::optional<LetterRow> letter(Connection& c, uint64_t id) {
 bool discard_letter(Connection& c, uint64_t id, const std::string& note) {
   // Still waiting for Kafka: stamped, so the relay leaves it (as a discard
   // of an unpublishable row always did).
+  // publish_error before published_at: MariaDB assigns left to right.
   return c.execute("UPDATE idemsink_dlq_outbox SET discarded_at = NOW(3), discard_note = " +
-                   c.quote(sanitize_utf8(note, 1024)) +
-                   ", published_at = IFNULL(published_at, NOW(3)), publish_error = IF(published_at IS NULL, " +
+                   c.quote(sanitize_utf8(note, 1024)) + ", publish_error = IF(published_at IS NULL, " +
                    c.quote(sanitize_utf8("discarded by operator: " + note, 255)) +
-                   ", publish_error) WHERE id = " + std::to_string(id) + " AND " + sql_purpose_is(Purpose::DeadLetter) +
-                   " AND discarded_at IS NULL") == 1;
+                   ", publish_error), published_at = IFNULL(published_at, NOW(3)) WHERE id = " + std::to_string(id) +
+                   " AND " + sql_purpose_is(Purpose::DeadLetter) + " AND discarded_at IS NULL") == 1;
 }
 
 }  // namespace idemsink::dlq

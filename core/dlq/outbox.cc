@@ -332,9 +332,11 @@ bool Outbox::retry_unpublishable(Connection& c, uint64_t id) const {
 }
 
 bool Outbox::discard_unpublishable(Connection& c, uint64_t id, std::string_view note) const {
-  return c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), publish_error = " +
-                   c.quote(sanitize_utf8("discarded by operator: " + std::string(note), 255)) + " WHERE id = " +
-                   std::to_string(id) + " AND published_at IS NULL AND unpublishable_at IS NOT NULL") == 1;
+  return c.execute("UPDATE idemsink_dlq_outbox SET published_at = NOW(3), discarded_at = NOW(3), discard_note = " +
+                   c.quote(sanitize_utf8(std::string(note), 1024)) +
+                   ", publish_error = " + c.quote(sanitize_utf8("discarded by operator: " + std::string(note), 255)) +
+                   " WHERE id = " + std::to_string(id) +
+                   " AND published_at IS NULL AND unpublishable_at IS NOT NULL") == 1;
 }
 
 uint64_t Outbox::purge_published(Connection& c, std::chrono::milliseconds age, size_t batch) const {

@@ -153,9 +153,16 @@ bool reopen_and_queue(db::Connection& c, const claim::ClaimStore& store, const d
 }  // namespace
 
 std::string since_expression(const std::string& text) {
-  if (auto d = parse_duration(text)) return "NOW(3) - INTERVAL " + std::to_string(d->count() * 1000) + " MICROSECOND";
-  static const std::regex time(R"(\d{4}-\d{2}-\d{2}( \d{2}:\d{2}(:\d{2})?)?)");
-  if (std::regex_match(text, time)) return "TIMESTAMP'" + text + (text.size() == 10 ? " 00:00:00" : "") + "'";
+  constexpr int64_t kTenYearsMs = 10LL * 366 * 86'400'000;
+  if (auto d = parse_duration(text); d && d->count() <= kTenYearsMs)
+    return "NOW(3) - INTERVAL " + std::to_string(d->count() * 1000) + " MICROSECOND";
+  static const std::regex time(R"((\d{4})-(\d{2})-(\d{2})( (\d{2}):(\d{2})(:(\d{2}))?)?)");
+  std::smatch m;
+  const auto in = [&](int group, int lo, int hi) {
+    return !m[group].matched || (std::stoi(m[group]) >= lo && std::stoi(m[group]) <= hi);
+  };
+  if (std::regex_match(text, m, time) && in(2, 1, 12) && in(3, 1, 31) && in(5, 0, 23) && in(6, 0, 59) && in(8, 0, 59))
+    return "TIMESTAMP'" + text + (text.size() == 10 ? " 00:00:00" : "") + "'";
   throw std::invalid_argument("--since \"" + text +
                               "\": expected a duration back from now (\"30m\", \"2h\", \"7d\") or a UTC time "
                               "(\"2026-11-30\", \"2026-11-30 14:05:00\")");

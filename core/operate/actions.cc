@@ -139,6 +139,13 @@ Done resolve(db::Connection& c, const config::Config& cfg, const Actor& who, con
       });
 }
 
+Done record_round(db::Connection& c, const Actor& who, const std::string& route, const std::string& result,
+                  const std::string& note) {
+  return logged(c, who, {"unknown.ask", route, nlohmann::json::array(), note, ""}, [&](LogEntry&) {
+    return Done{true, "reconcile round: " + result, {{"result", result}}};
+  });
+}
+
 Done release_hold(db::Connection& c, const Actor& who, const std::string& route, const std::string& order_key,
                   const std::string& note) {
   return logged(c, who, {"holds.release", route, nlohmann::json::array({{{"order_key", order_key}}}), note, ""},

@@ -60,6 +60,12 @@ Done retry_unpublishable(db::Connection& c, const config::Config& cfg, const Act
 Done resolve(db::Connection& c, const config::Config& cfg, const Actor& who, const std::string& token,
              const std::string& as, const std::string& note);
 
+/// An operator asked for a reconcile round (`idemsink reconcile --ask`, the
+/// console's "ask again"): its result, logged once the round has settled
+/// what it could (each settlement in its own transaction, as every round's).
+Done record_round(db::Connection& c, const Actor& who, const std::string& route, const std::string& result,
+                  const std::string& note);
+
 /// An entity of an ordered route goes on: its holds are deleted.
 Done release_hold(db::Connection& c, const Actor& who, const std::string& route, const std::string& order_key,
                   const std::string& note);

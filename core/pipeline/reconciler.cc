@@ -114,7 +114,8 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     // have landed: a call still on its way must not look like "never sent".
     std::vector<claim::ClaimStore::Namespace> routes;
     for (const auto& [name, h] : r_.handlers_)
-      routes.push_back({name, r_.cfg_.reconcile_after(*r_.cfg_.route_by_name(name))});
+      if (r_.only_route_.empty() || name == r_.only_route_)
+        routes.push_back({name, r_.cfg_.reconcile_after(*r_.cfg_.route_by_name(name))});
     std::vector<Candidate> found;
     for (auto& u : r_.store_.unsettled(c, routes, r_.cfg_.claim.stuck_after, limit, false)) {
       Candidate cand;
@@ -358,6 +359,23 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
     plugin->reconcile(record_of(*cand, route, cand->calls), call_id);
   });
   return true;
+}
+
+std::string describe(const ReconcileSummary& s) {
+  return std::to_string(s.examined) + " examined, " + std::to_string(s.applied + s.redriven_done) + " done, " +
+         std::to_string(s.failed) + " failed, " + std::to_string(s.undecided) + " undecided, " +
+         std::to_string(s.left_stuck) + " stuck left";
+}
+
+void Reconciler::run_once_on_engine(std::function<void(ReconcileSummary)> done, std::string route) {
+  asio::post(io_, [this, done = std::move(done), route = std::move(route)]() mutable {
+    if (running_) return done({});
+    only_route_ = std::move(route);
+    run_once([this, done = std::move(done)](ReconcileSummary s) {
+      only_route_.clear();
+      done(s);
+    });
+  });
 }
 
 void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t limit) {

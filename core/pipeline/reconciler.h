@@ -40,6 +40,10 @@
 
 namespace idemsink::pipeline {
 
+/// "N examined, N done, N failed, N undecided, N stuck left"
+struct ReconcileSummary;
+std::string describe(const ReconcileSummary& s);
+
 struct ReconcileSummary {
   size_t examined = 0;
   size_t applied = 0;        // resolved done
@@ -57,6 +61,9 @@ class Reconciler {
   static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
   void run_once(std::function<void(ReconcileSummary)> done, size_t limit = kRoundLimit);
+  /// The same from any thread, over one route's claims only (an operator's
+  /// "ask again"); a round already running answers with nothing examined.
+  void run_once_on_engine(std::function<void(ReconcileSummary)> done, std::string route);
   /// A round after `first_delay`, then every claim.reconcile_interval (at
   /// once again after a full round) until stop(). Off when the interval is 0.
   void start(std::chrono::milliseconds first_delay);
@@ -84,6 +91,7 @@ class Reconciler {
   boost::asio::steady_timer timer_;
   bool running_ = false;
   bool stopped_ = false;
+  std::string only_route_;  // this round's route, when an operator asked for one
 };
 
 }  // namespace idemsink::pipeline

@@ -97,7 +97,8 @@ BOOST_AUTO_TEST_CASE(the_api_serves_each_role_refuses_the_rest_and_logs_every_ac
   const json first = letters["letters"][0];
   BOOST_TEST(first["reason"] == "retries_exhausted");
   BOOST_TEST(first["claim_status"] == "failed");
-  const auto [ds, letter] = w.call("GET", "/dead-letters/" + std::to_string(first["id"].get<uint64_t>()), kViewer);
+  const auto [ds, letter] =
+      w.call("GET", "/dead-letters/" + std::to_string(first["id"].get<uint64_t>()) + "?route=waybill", kViewer);
   BOOST_TEST(ds == 200);
   BOOST_TEST(letter["value"]["text"].get<std::string>().find("order_id") != std::string::npos);
   BOOST_TEST(w.call("GET", "/dead-letters?reason=retries_exhausted&limit=2", kViewer).second["letters"].size() == 2u);
@@ -118,6 +119,17 @@ BOOST_AUTO_TEST_CASE(the_api_serves_each_role_refuses_the_rest_and_logs_every_ac
   BOOST_TEST(e2["error"] == "note is required");
   BOOST_TEST(w.call("POST", "/routes/waybill/pause", kAdmin, json{{"note", "  "}}).first == 400);
 
+  // A page whose name was re-bound to this address names its own host: refused.
+  BOOST_TEST(
+      http_request(w.port, "GET", "/api/v1/routes", "",
+                   {{"Authorization", "Bearer " + kViewer}, {"Host", "rebind.example:" + std::to_string(w.port)}})
+          .first == 403);
+  BOOST_TEST(
+      http_request(
+          w.port, "POST", "/api/v1/host/pause", R"({"note":"x"})",
+          {{"Authorization", "Bearer " + kAdmin}, {"Origin", "http://rebind.example"}, {"Host", "rebind.example"}})
+          .first == 403);
+
   // Roles: a viewer acts on nothing, an operator only on its routes.
   const json note = {{"note", "the carrier's API is back"}};
   BOOST_TEST(w.call("POST", "/routes/waybill/pause", kViewer, note).first == 403);
@@ -126,6 +138,12 @@ BOOST_AUTO_TEST_CASE(the_api_serves_each_role_refuses_the_rest_and_logs_every_ac
   BOOST_TEST(w.call("POST", "/routes/waybill/pause", kOperator, note).first == 200);
   BOOST_TEST(w.call("GET", "/routes/waybill", kViewer).second["paused"] == true);
   BOOST_TEST(w.call("POST", "/routes/waybill/resume", kOperator, note).first == 200);
+  // The host's pause is an admin's; the old endpoints are the API's, logged too.
+  BOOST_TEST(w.call("POST", "/host/pause", kOperator, note).first == 403);
+  BOOST_TEST(w.call("POST", "/host/pause", kAdmin, note).first == 200);
+  BOOST_TEST(http_request(w.port, "POST", "/resume", "", {{"Authorization", "Bearer " + kAdmin}}).first == 200);
+  BOOST_TEST(
+      http_request(w.port, "POST", "/routes/waybill/pause", "", {{"Authorization", "Bearer " + kViewer}}).first == 403);
   const std::string id = std::to_string(first["id"].get<uint64_t>());
   BOOST_TEST(
       w.call("POST", "/dead-letters/replay", kViewer, json{{"route", "waybill"}, {"ids", {first["id"]}}, {"note", "x"}})
@@ -179,6 +197,8 @@ BOOST_AUTO_TEST_CASE(the_api_serves_each_role_refuses_the_rest_and_logs_every_ac
   BOOST_TEST(actions["letters.replay"] == 1);  // the dry run is not an action
   BOOST_TEST(actions["letters.discard"] == 1);
   BOOST_TEST(actions["unknown.resolve"] == 1);
+  BOOST_TEST(actions["host.pause"] == 1);
+  BOOST_TEST(actions["host.resume"] == 1);
   BOOST_TEST(log[0]["who"] == "ada");
   BOOST_TEST(log[0]["note"] == "the gateway's log shows it sent");
   // The CLI reads the same log (its config names the same tokens file).

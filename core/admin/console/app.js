@@ -64,12 +64,13 @@ function table(headers, rows) {
 async function routesPage() {
   const routes = await api('GET', '/routes');
   main.replaceChildren(h('h1', {}, 'Routes'), table(
-    ['route', 'topic', 'state', 'in flight', 'lag', 'done', 'dead letters', 'unknown', 'order holds'],
+    ['route', 'topic', 'state', 'done/s', 'in flight', 'lag', 'done', 'dead letters', 'unknown', 'order holds'],
     routes.map((r) => h('tr', {'data-testid': 'route-' + r.name},
       h('td', {}, h('a', {href: '#/route/' + encodeURIComponent(r.name)}, r.name)), h('td', {}, r.topic),
       h('td', {class: r.paused || r.circuit_open ? 'bad' : 'good'},
         r.paused ? 'paused by ' + r.paused_by : r.circuit_open ? 'circuit open' : 'running'),
-      h('td', {class: 'num'}, r.in_flight), h('td', {class: 'num'}, r.lag), h('td', {class: 'num'}, r.counters.done),
+      h('td', {class: 'num'}, r.rate.toFixed(1)), h('td', {class: 'num'}, r.in_flight), h('td', {class: 'num'}, r.lag),
+      h('td', {class: 'num'}, r.counters.done),
       h('td', {class: 'num'}, h('a', {href: '#/letters?route=' + encodeURIComponent(r.name)}, r.dead_letters)),
       h('td', {class: 'num'}, h('a', {href: '#/unknowns?route=' + encodeURIComponent(r.name)}, r.unknown_now)),
       h('td', {class: 'num'}, r.order_holds)))));
@@ -112,14 +113,14 @@ async function lettersPage(params) {
   main.replaceChildren(h('h1', {}, 'Dead letters'), filter, table(
     ['id', 'route', 'biz_key', 'reason', 'error', 'source', 'written', 'letter', 'claim now'],
     data.letters.map((l) => h('tr', {'data-testid': 'letter-' + l.id},
-      h('td', {}, h('a', {href: '#/letter/' + l.id, 'data-testid': 'open-letter-' + (l.biz_key || l.id)}, l.id)),
+      h('td', {}, h('a', {href: '#/letter/' + l.id + '?route=' + encodeURIComponent(l.route), 'data-testid': 'open-letter-' + (l.biz_key || l.id)}, l.id)),
       h('td', {}, l.route), h('td', {}, l.biz_key ?? '(none)'), h('td', {}, l.reason), h('td', {}, l.error),
       h('td', {}, source(l.source)), h('td', {}, l.created_at), h('td', {}, l.state),
       h('td', {'data-testid': 'claim-status-' + l.id}, l.claim_status || '(no claim)')))));
 }
 
-async function letterPage(id) {
-  const l = await api('GET', '/dead-letters/' + id);
+async function letterPage(id, params) {
+  const l = await api('GET', `/dead-letters/${id}?route=${encodeURIComponent(params.get('route') || '')}`);
   const replay = (dry_run) => (note) => api('POST', '/dead-letters/replay', {route: l.route, ids: [l.id], dry_run, note});
   main.replaceChildren(h('h1', {}, `Dead letter ${l.id} of route ${l.route}`),
     h('div', {class: 'card'},
@@ -134,7 +135,7 @@ async function letterPage(id) {
       actionForm('Replay (dry run)', replay(true), {testid: 'replay-dry'}),
       actionForm('Replay', replay(false), {testid: 'replay'}),
       h('h2', {}, 'Discard'),
-      actionForm('Discard', (note) => api('POST', `/dead-letters/${l.id}/discard`, {note}), {testid: 'discard', danger: true})));
+      actionForm('Discard', (note) => api('POST', `/dead-letters/${l.id}/discard`, {route: l.route, note}), {testid: 'discard', danger: true})));
 }
 
 async function unknownsPage(params) {
@@ -207,7 +208,7 @@ async function route() {
     if (parts.length === 0) await routesPage();
     else if (parts[0] === 'route') await routePage(parts[1]);
     else if (parts[0] === 'letters') await lettersPage(params);
-    else if (parts[0] === 'letter') await letterPage(parts[1]);
+    else if (parts[0] === 'letter') await letterPage(parts[1], params);
     else if (parts[0] === 'unknowns') await unknownsPage(params);
     else if (parts[0] === 'unknown') await unknownPage(parts[1]);
     else if (parts[0] === 'holds') await holdsPage();
