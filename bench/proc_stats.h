@@ -14,6 +14,7 @@ namespace idemsink::bench {
 inline double cpu_micros(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   const std::string stat((std::istreambuf_iterator<char>(in)), {});
+  if (stat.rfind(')') == std::string::npos) return 0;  // gone
   // The fields after the command name (which may hold spaces) start past ')'.
   std::istringstream rest(stat.substr(stat.rfind(')') + 2));
   std::string field;

@@ -71,6 +71,8 @@ FakeServices::FakeServices(const std::string& binary, std::vector<std::string> f
   }
 }
 
+void FakeServices::reset() { http_request(port_, "POST", "/admin/reset"); }
+
 nlohmann::json FakeServices::stats() {
   return nlohmann::json::parse(http_request(port_, "GET", "/stats?detail=1").second);
 }

@@ -40,6 +40,8 @@ class FakeServices {
   int port() const { return port_; }
   /// GET /stats?detail=1
   nlohmann::json stats();
+  /// POST /admin/reset: every count and effect forgotten, the faults kept.
+  void reset();
   /// The orders a service applied at least once (its per-order counts).
   std::set<std::string> applied(const std::string& service);
 

@@ -14,7 +14,9 @@
 //   GET  /payments/by-key/KEY      {"payment": {"id": ...}} or 404
 //   ANY  /scripted/STATUS, /scripted/html   that status (no Retry-After), or a 200 that is not JSON
 //   GET  /stats[?detail=1]         per service: requests, effects applied,
-//                                  orders with more than one effect (double_applied)
+//                                  orders with more than one effect (double_applied),
+//                                  and from a record's production to its effect
+//                                  (its order's "produced_ms", if sent) P50/P99
 //   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
 //                                  "timeout_after_apply", "error_5xx", "reject_4xx",
 //                                  "record_delay_ms"}
@@ -38,6 +40,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/ssl.hpp>
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -89,6 +92,9 @@ struct Service {
   uint64_t requests = 0, applied = 0, rejected = 0, errors_5xx = 0, timeouts = 0;
   std::map<std::string, std::string> by_key;  // idempotency key -> receipt
   std::map<std::string, int> per_order;       // order id -> effects really applied
+  // From the record's production (its order's "produced_ms", when the
+  // client sends the record) to the first application of its effect.
+  std::vector<int64_t> effect_latency_ms;
   struct Sent {
     std::string message_id;
     std::chrono::steady_clock::time_point visible;  // recorded (seen by lookups) from then on
@@ -251,7 +257,7 @@ class World {
       } else {
         receipt = prefix + std::to_string(100000 + s.by_key.size());
         s.by_key.emplace(idem_key, receipt);
-        ++s.per_order[order];
+        if (++s.per_order[order] == 1) note_latency(s, j);
         ++s.applied;
       }
     } else {
@@ -267,6 +273,25 @@ class World {
       return {http::status::ok, {{field, receipt}}, hold_};
     }
     return {http::status::ok, {{field, receipt}}, delay};
+  }
+
+  static void note_latency(Service& s, const json& body) {
+    if (!body.contains("order") || !body["order"].is_object() || !body["order"].contains("produced_ms") ||
+        !body["order"]["produced_ms"].is_number())
+      return;
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    s.effect_latency_ms.push_back(now - body["order"]["produced_ms"].get<int64_t>());
+  }
+
+  static json latency_summary(std::vector<int64_t> v) {
+    if (v.empty()) return {{"count", 0}};
+    std::sort(v.begin(), v.end());
+    auto at = [&](double q) {
+      return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+    };
+    return {{"count", v.size()}, {"p50", at(0.5)}, {"p99", at(0.99)}, {"max", v.back()}};
   }
 
   bool rejected(const std::string& name, const std::string& order, double p) const {
@@ -299,6 +324,7 @@ class World {
              {"rejected_4xx", s.rejected},
              {"errors_5xx", s.errors_5xx},
              {"timeouts_after_apply", s.timeouts},
+             {"effect_latency_ms", latency_summary(s.effect_latency_ms)},
              {"faults", s.faults}};
       if (detail) j["per_order"] = s.per_order;
       out[name] = j;
