@@ -11,6 +11,7 @@
 // re-read confirmed the hole.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -53,6 +54,45 @@ class OffsetTracker {
   std::deque<Entry> window_;  // from the first non-durable offset on
   std::optional<int64_t> next_;
   size_t outstanding_ = 0;
+};
+
+/// A partition's commit point as sent to Kafka and as Kafka confirmed it.
+/// Kafka keeps the last commit it applied, not the highest: a commit the
+/// client retried (its coordinator moved) can land after a later one and
+/// take the group's offset back. So the latest confirmation is what Kafka
+/// holds, even below an earlier one, and a commit point above it is sent
+/// again until a confirmation reaches it.
+struct KafkaCommit {
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::seconds kUnconfirmedAfter{5};
+
+  int64_t sent = -1;   // commit point last sent
+  int64_t acked = -1;  // what Kafka holds, by its latest confirmation
+  Clock::time_point sent_at;
+
+  /// Kafka holds `held` (-1: nothing), nothing is on its way.
+  void reset(int64_t held) { sent = acked = held; }
+  /// Whether `point` must be sent: it moved past what was sent, or what
+  /// was sent has not been confirmed in time (the answer never came, or a
+  /// late commit took the offset back).
+  bool due(int64_t point, Clock::time_point now) const {
+    return point > sent || (point > acked && now - sent_at > kUnconfirmedAfter);
+  }
+  void sending(int64_t point, Clock::time_point now) {
+    sent = point;
+    sent_at = now;
+  }
+  /// Kafka confirmed `offset`. Returns the earlier confirmation when this
+  /// one is below it (Kafka's offset went back), else -1.
+  int64_t confirmed(int64_t offset) {
+    const int64_t before = acked;
+    acked = offset;
+    return offset < before ? before : -1;
+  }
+  /// The commit of `offset` failed: send again with the next round.
+  void failed(int64_t offset) {
+    if (sent == offset) sent = -1;
+  }
 };
 
 }  // namespace idemsink::pipeline

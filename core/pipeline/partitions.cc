@@ -112,7 +112,7 @@ void Partitions::started(const std::vector<std::shared_ptr<Partition>>& parts,
       // What Kafka holds (-1: nothing). When the database is ahead (a commit
       // it stored was then refused by a rebalance), the first commit round
       // brings Kafka up to it; when behind, Kafka is never moved back.
-      p->last_sent = p->last_acked = p->kafka_start;
+      p->kafka.reset(p->kafka_start);
     }
     p->starting = false;
     // What was fetched while the start was read was dropped: fetched again.
@@ -161,13 +161,13 @@ void Partitions::recheck_stored() {
         p->lost_window_end = read_end;
         // Counted as lost: what Kafka had confirmed on the strength of
         // outcomes the new server lacks. The rest is re-read to be sure.
-        const int64_t lost = p->last_acked > from ? p->last_acked - from : 0;
+        const int64_t lost = p->kafka.acked > from ? p->kafka.acked - from : 0;
         p->metrics->offsets_rewound.fetch_add(static_cast<uint64_t>(lost), std::memory_order_relaxed);
         if (lost > 0)
           spdlog::warn(
               "kafka: {}[{}]: after the failover the database's offset is {}, behind the {} committed: it lost the "
               "outcomes of {} record(s); reading them again from {}",
-              p->tp.topic, p->tp.partition, from, p->last_acked, lost, from);
+              p->tp.topic, p->tp.partition, from, p->kafka.acked, lost, from);
         else
           spdlog::info(
               "kafka: {}[{}]: after the failover reading again from the database's offset {} the {} record(s) this "
@@ -178,7 +178,7 @@ void Partitions::recheck_stored() {
         // meet their claims.
         p->tracker = OffsetTracker{};
         p->tracker.start_at(from);
-        p->last_sent = p->last_acked = from;
+        p->kafka.reset(from);
         rewind(*p, from);
       }
     });
@@ -265,7 +265,7 @@ void Partitions::check_drains() {
       auto cp = p->tracker.commit_point();
       // Against what Kafka confirmed: an asynchronous commit still on its way
       // may yet fail with the rebalance.
-      if (!d.lost && cp && *cp > p->last_acked) offsets.push_back({p->tp, *cp});
+      if (!d.lost && cp && *cp > p->kafka.acked) offsets.push_back({p->tp, *cp});
       auto pit = parts_.find(p->tp);
       if (pit == parts_.end() || pit->second != p) continue;  // assigned again meanwhile
       p->metrics->assigned.store(false);
@@ -409,22 +409,21 @@ void Partitions::commit() {
   for (auto& [tp, part] : parts_) {
     if (part->revoked) continue;
     auto cp = part->tracker.commit_point();
-    // A commit whose result never came back (or failed without saying so
-    // for this partition) is sent again: the commit must reach the end.
-    const bool unconfirmed = cp && *cp > part->last_acked && now - part->last_sent_at > 5s;
-    if (cp && (*cp > part->last_sent || unconfirmed)) {
+    // A commit whose result never came back, failed without saying so for
+    // this partition, or was overtaken by a late one is sent again: the
+    // commit must reach the end.
+    if (cp && part->kafka.due(*cp, now)) {
       offsets.push_back({tp, *cp});
-      part->last_sent = *cp;
-      part->last_sent_at = now;
+      part->kafka.sending(*cp, now);
     }
   }
   if (offsets.empty()) return;
   // The database first: Kafka's commit never runs ahead of the offsets kept
   // with the outcomes. One write at a time; a round while it waits sends
-  // its offsets again with the next (last_sent is reset below).
+  // its offsets again with the next (kafka.failed below).
   if (storing_) {
     for (const auto& o : offsets)
-      if (auto it = parts_.find(o.tp); it != parts_.end()) it->second->last_sent = -1;
+      if (auto it = parts_.find(o.tp); it != parts_.end()) it->second->kafka.failed(o.offset);
     return;
   }
   storing_ = true;
@@ -432,8 +431,8 @@ void Partitions::commit() {
     storing_ = false;
     if (!stored || consumer_ == nullptr) {
       for (const auto& o : offsets)
-        if (auto it = parts_.find(o.tp); it != parts_.end() && it->second->last_sent == o.offset)
-          it->second->last_sent = -1;  // sent again by a later round
+        if (auto it = parts_.find(o.tp); it != parts_.end())
+          it->second->kafka.failed(o.offset);  // sent again by a later round
       return;
     }
     count_commit(offsets, false);
@@ -446,7 +445,10 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
     for (const auto& o : offsets) {
       metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
       auto it = parts_.find(o.tp);
-      if (it != parts_.end()) it->second->last_acked = std::max(it->second->last_acked, o.offset);
+      if (it == parts_.end()) continue;
+      if (const int64_t before = it->second->kafka.confirmed(o.offset); before >= 0)
+        spdlog::warn("kafka: {}[{}]: a late commit took the group's offset back to {} from {}; committing again",
+                     o.tp.topic, o.tp.partition, o.offset, before);
     }
     return;
   }
@@ -459,8 +461,7 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
     spdlog::warn("kafka: offset commit failed: {}; it will be sent again", rd_kafka_err2str(err));
   if (rebalancing) commits_held_until_ = std::chrono::steady_clock::now() + 10s;
   for (const auto& o : offsets) {
-    auto it = parts_.find(o.tp);
-    if (it != parts_.end() && it->second->last_sent == o.offset) it->second->last_sent = -1;
+    if (auto it = parts_.find(o.tp); it != parts_.end()) it->second->kafka.failed(o.offset);
   }
 }
 

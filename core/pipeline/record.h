@@ -77,9 +77,7 @@ struct Partition {
   metrics::PartitionMetrics* metrics = nullptr;
   OffsetTracker tracker;
   bool revoked = false;
-  int64_t last_sent = -1;   // commit point last sent to Kafka
-  int64_t last_acked = -1;  // commit point Kafka confirmed
-  std::chrono::steady_clock::time_point last_sent_at;
+  KafkaCommit kafka;  // the commit point as sent to Kafka and confirmed
   // Records polled before our last seek of this partition are stale.
   uint64_t seek_ticket = 0;
   // A retry-topic partition whose next record is not due yet is paused and

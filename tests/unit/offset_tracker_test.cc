@@ -99,3 +99,38 @@ BOOST_AUTO_TEST_CASE(one_stuck_record_of_200_holds_only_the_commit_point) {
   t.complete(37);
   BOOST_TEST(*t.commit_point() == 200);
 }
+
+// Kafka keeps the last commit it applied: a commit the client retried can
+// land after a later one and take the offset back (torture seed 12: a
+// partition at its end stayed committed at 53 of 61). The late confirmation
+// is believed, and the commit point is sent again.
+BOOST_AUTO_TEST_CASE(a_late_commit_confirmed_below_an_earlier_one_is_sent_again) {
+  using idemsink::pipeline::KafkaCommit;
+  const auto t0 = KafkaCommit::Clock::now();
+  KafkaCommit k;
+  k.reset(19);
+  BOOST_TEST(k.due(53, t0));
+  k.sending(53, t0);
+  BOOST_TEST(!k.due(53, t0));
+  k.sending(61, t0);  // the partition reached its end
+  BOOST_TEST(k.confirmed(61) == -1);
+  BOOST_TEST(k.confirmed(53) == 61);                     // the retried commit of 53 landed last
+  BOOST_TEST(!k.due(61, t0 + std::chrono::seconds(1)));  // an answer may still be on its way
+  BOOST_TEST(k.due(61, t0 + std::chrono::seconds(6)));
+  k.sending(61, t0 + std::chrono::seconds(6));
+  BOOST_TEST(k.confirmed(61) == -1);
+  BOOST_TEST(!k.due(61, t0 + std::chrono::seconds(20)));
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_commit_is_sent_with_the_next_round) {
+  using idemsink::pipeline::KafkaCommit;
+  const auto t0 = KafkaCommit::Clock::now();
+  KafkaCommit k;
+  k.reset(-1);
+  k.sending(10, t0);
+  k.sending(12, t0);
+  k.failed(10);  // an older round's failure: 12 is still on its way
+  BOOST_TEST(!k.due(12, t0));
+  k.failed(12);
+  BOOST_TEST(k.due(12, t0));
+}
