@@ -29,9 +29,15 @@ MariaDbServer& MariaDbServer::shared() {
 MariaDbServer::MariaDbServer(std::vector<std::string> extra_args, bool grant_tables)
     : dir_("mariadb"), extra_args_(std::move(extra_args)), grant_tables_(grant_tables) {
   const std::string install = find_binary({"/usr/bin/mariadb-install-db", "/usr/bin/mysql_install_db"});
-  Process init({install, "--no-defaults", "--datadir=" + (dir_ / "data").string(), "--user=root",
-                "--auth-root-authentication-method=normal", "--skip-test-db"},
-               dir_ / "install.out", dir_ / "install.err");
+  // A temporary directory of its own: a starting server deletes every
+  // "#sql*" file in its tmpdir, so servers sharing /tmp (tests side by side,
+  // torture seeds run at once) removed each other's temporary tables and
+  // failed mid-install ("Unknown table 'mysql.tmp_user_sys'").
+  std::filesystem::create_directories(dir_ / "tmp");
+  Process init(
+      {install, "--no-defaults", "--datadir=" + (dir_ / "data").string(), "--tmpdir=" + (dir_ / "tmp").string(),
+       "--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"},
+      dir_ / "install.out", dir_ / "install.err");
   auto rc = init.wait(std::chrono::seconds(120));
   if (!rc || *rc != 0)
     throw std::runtime_error("mariadb-install-db failed: " + read_file(dir_ / "install.err") +
@@ -64,6 +70,7 @@ std::vector<std::string> MariaDbServer::server_args() const {
   std::vector<std::string> args{mariadbd,
                                 "--no-defaults",
                                 "--datadir=" + (dir_ / "data").string(),
+                                "--tmpdir=" + (dir_ / "tmp").string(),
                                 "--socket=" + socket_,
                                 "--port=" + std::to_string(port_),
                                 "--bind-address=127.0.0.1",
