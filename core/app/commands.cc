@@ -6,6 +6,7 @@
 
 #include "core/claim/claim_store.h"
 #include "core/claim/order_hold.h"
+#include "core/claim/schema.h"
 #include "core/common/log.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/outcome_event.h"
@@ -57,11 +58,24 @@ int check_config(const config::Config& cfg) {
   return 0;
 }
 
-int schema(const config::Config& cfg, bool apply) {
+int schema(const config::Config& cfg, const std::string& action) {
   auto libs = load_route_plugins(cfg);
-  if (apply) {
+  if (action == "apply") {
     apply_schema(cfg, libs);
     std::cout << "schema applied to " << cfg.database.database << "\n";
+    return 0;
+  }
+  if (action == "migrate") {
+    // Tables made by an earlier version brought up to date first (columns,
+    // partitions), then the claim table's layout, online.
+    if (cfg.claim.apply_schema) apply_schema(cfg, libs);
+    claim::MigrationReport report;
+    db::Pool::run_once(cfg.database, [&](db::Connection& c) {
+      report = claim::migrate_claim_schema(
+          c, [&](const std::string& step) { std::cout << cfg.database.database << ": " << step << std::endl; });
+    });
+    if (!report.index_added && !report.indexes_dropped && !report.directory_completed)
+      std::cout << cfg.database.database << ": the claim table is up to date\n";
     return 0;
   }
   for (const auto& stmt : schema_statements(cfg, libs)) std::cout << stmt << ";\n\n";

@@ -12,7 +12,9 @@ namespace idemsink::app {
 
 int run(const config::Config& cfg);
 int check_config(const config::Config& cfg);
-int schema(const config::Config& cfg, bool apply);
+/// `action`: print (the DDL), apply, or migrate (an older claim table brought
+/// to the current layout while hosts run).
+int schema(const config::Config& cfg, const std::string& action);
 int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_port);
 
 /// Unknown and stuck claims, one line each.

@@ -176,6 +176,16 @@ void prepare_database(Slice& s) {
                         "claim.apply_schema is off: run `idemsink schema apply` once");
     s.engine->set_token_namespace(ns);
   }
+  db::Pool::run_once(s.cfg.database, [&](db::Connection& c) {
+    if (!claim::key_directory_complete(c)) {
+      s.engine->set_claim_read(claim::ClaimRead::AllMonths);
+      spdlog::warn(
+          "database {}: idemsink_claim was made by an earlier version; each claim read looks a key up in every "
+          "month's partition until `idemsink schema migrate` has filled the key directory in (online, "
+          "docs/deploying.md)",
+          s.cfg.database.label());
+    }
+  });
   s.engine->route_control().load_at_start();
 }
 

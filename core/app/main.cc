@@ -31,8 +31,9 @@ constexpr const char* kUsage = R"(usage: idemsink COMMAND [options]
 commands:
   run --config FILE            consume and apply side effects until SIGTERM
   check-config --config FILE   validate the config and load every plugin
-  schema print|apply --config FILE
-                               print or apply the claim, outbox and plugin DDL
+  schema print|apply|migrate --config FILE
+                               print or apply the claim, outbox and plugin DDL;
+                               migrate: an older claim table to the current layout, online
   plugin-info FILE.so          show a plugin's name, kind, ABI and options
   reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed]
                                inspect and settle unknown or stuck claims; run plugin checks
@@ -108,13 +109,14 @@ int audit_command(const po::variables_map& vm) { return each_database(load_confi
 
 void declare_schema(po::options_description& o, po::positional_options_description& pos) {
   config_option(o);
-  o.add_options()("action", po::value<std::string>()->required(), "print or apply");
+  o.add_options()("action", po::value<std::string>()->required(), "print, apply or migrate");
   pos.add("action", 1);
 }
 int schema_command(const po::variables_map& vm) {
   const std::string action = vm["action"].as<std::string>();
-  if (action != "print" && action != "apply") throw po::error("schema action must be print or apply, not " + action);
-  return each_database(load_config(vm), [&](const config::Config& c) { return app::schema(c, action == "apply"); });
+  if (action != "print" && action != "apply" && action != "migrate")
+    throw po::error("schema action must be print, apply or migrate, not " + action);
+  return each_database(load_config(vm), [&](const config::Config& c) { return app::schema(c, action); });
 }
 
 void declare_reconcile(po::options_description& o, po::positional_options_description&) {
@@ -273,7 +275,7 @@ const Command kCommands[] = {
     {"run", "run --config FILE", declare_config_only, run_host_command},
     {"check-config", "check-config --config FILE", declare_config_only, check_config_command},
     {"audit", "audit --config FILE", declare_config_only, audit_command},
-    {"schema", "schema print|apply --config FILE", declare_schema, schema_command},
+    {"schema", "schema print|apply|migrate --config FILE", declare_schema, schema_command},
     {"reconcile", "reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed [--note TEXT]]",
      declare_reconcile, reconcile_command},
     {"replay", "replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]", declare_replay,

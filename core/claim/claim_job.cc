@@ -55,10 +55,14 @@ class ClaimStore::Job {
   static std::string index(const std::string& ns, const std::string& k) { return ns + '\0' + k; }
   std::string index(size_t i) const { return index(reqs_[i].key.ns, reqs_[i].key.biz_key); }
   std::vector<ClaimRow> read_rows_of(std::span<const ClaimRequest> reqs) {
-    return read_claim_rows(c_, where_keys(reqs, [](const ClaimRequest& r) -> const RowKey& { return r.key; }));
+    std::vector<RowKey> keys;
+    keys.reserve(reqs.size());
+    for (const auto& r : reqs) keys.push_back(r.key);
+    return read_claim_rows(c_, store_.claim_read(), keys);
   }
 
-  // 1. What exists already, in any bucket (oldest first: the oldest governs).
+  // 1. What exists already, in any bucket: the row the key directory names
+  //    (or, all months read, the oldest row, which governs).
   void read_existing() {
     for (auto& e : read_rows_of(reqs_)) existing_.try_emplace(index(e.row.ns, e.row.biz_key), std::move(e));
     fault::sync_point("claim_store.after_read");

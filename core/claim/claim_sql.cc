@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <map>
+
 #include "core/common/util.h"
 
 namespace idemsink::claim::sql {
@@ -27,19 +29,19 @@ enum ClaimColumn : size_t {
   kMaybeCalled,
   kColumns
 };
-constexpr std::array<std::string_view, kColumns> kClaimSelect = {"namespace",
-                                                                 "biz_key",
-                                                                 "bucket",
-                                                                 "status",
-                                                                 "attempt",
-                                                                 "idem_token",
-                                                                 "owner",
-                                                                 "(lease_until IS NULL OR lease_until < NOW(3))",
-                                                                 "payload_hash",
-                                                                 "receipt",
-                                                                 "takeovers",
-                                                                 "uncertain_calls",
-                                                                 "call_started IS NOT NULL"};
+constexpr std::array<std::string_view, kColumns> kClaimSelect = {"c.namespace",
+                                                                 "c.biz_key",
+                                                                 "c.bucket",
+                                                                 "c.status",
+                                                                 "c.attempt",
+                                                                 "c.idem_token",
+                                                                 "c.owner",
+                                                                 "(c.lease_until IS NULL OR c.lease_until < NOW(3))",
+                                                                 "c.payload_hash",
+                                                                 "c.receipt",
+                                                                 "c.takeovers",
+                                                                 "c.uncertain_calls",
+                                                                 "c.call_started IS NOT NULL"};
 
 }  // namespace
 
@@ -58,6 +60,20 @@ std::string older_than(std::string_view column, std::chrono::milliseconds age) {
 }
 
 std::string date_literal(const std::string& bucket) { return "DATE'" + bucket + "'"; }
+
+std::string where_keys(std::span<const RowKey> keys, std::string_view alias) {
+  std::map<std::string, std::vector<std::string>> by_ns;
+  for (const auto& k : keys) by_ns[k.ns].push_back(Connection::hex(k.biz_key));
+  std::string out;
+  for (const auto& [ns, hex_keys] : by_ns) {
+    if (!out.empty()) out += " OR ";
+    out +=
+        "(" + std::string(alias) + "namespace = " + Connection::hex(ns) + " AND " + std::string(alias) + "biz_key IN (";
+    for (size_t i = 0; i < hex_keys.size(); ++i) out += (i ? ", " : "") + hex_keys[i];
+    out += "))";
+  }
+  return out;
+}
 
 std::string where_row(const RowKey& k) {
   return "namespace = " + Connection::hex(k.ns) + " AND biz_key = " + Connection::hex(k.biz_key) +
@@ -91,10 +107,21 @@ std::string fit_receipt(std::string_view receipt) {
 
 std::string fit_error(std::string_view error) { return sanitize_utf8(error, kErrorBytes); }
 
-std::vector<ClaimRow> read_claim_rows(Connection& c, const std::string& where) {
+std::vector<ClaimRow> read_claim_rows(Connection& c, ClaimRead how, std::span<const RowKey> keys) {
   std::vector<ClaimRow> out;
-  for (auto& r :
-       c.query("SELECT " + select_list(kClaimSelect) + " FROM idemsink_claim WHERE " + where + " ORDER BY bucket")) {
+  if (keys.empty()) return out;
+  // Through the directory: a primary-key dive per key there, then an eq_ref
+  // on the claim's full primary key, which reads the one month's partition
+  // it names. In every month: one dive per partition per key.
+  const std::string sql =
+      how == ClaimRead::KeyDirectory
+          ? "SELECT " + select_list(kClaimSelect) +
+                " FROM idemsink_claim_key k JOIN idemsink_claim c ON c.namespace = k.namespace AND c.biz_key = "
+                "k.biz_key AND c.bucket = k.bucket WHERE " +
+                where_keys(keys, "k.")
+          : "SELECT " + select_list(kClaimSelect) + " FROM idemsink_claim c WHERE " + where_keys(keys, "c.") +
+                " ORDER BY c.bucket";
+  for (auto& r : c.query(sql)) {
     ClaimRow e;
     e.row = RowKey{*r[kNs], *r[kBizKey], *r[kBucket]};
     e.status = static_cast<Status>(std::stoi(*r[kStatus]));

@@ -6,7 +6,6 @@
 
 #include <array>
 #include <chrono>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,26 +32,9 @@ std::string older_than(std::string_view column, std::chrono::milliseconds age);
 std::string date_literal(const std::string& bucket);
 
 /// "(namespace = X'..' AND biz_key IN (X'..', ...)) OR (...)": one IN list per
-/// namespace, which the optimizer turns into primary-key range lookups.
-template <class Range, class KeyOf>
-std::string where_keys(const Range& items, KeyOf key_of) {
-  std::map<std::string, std::vector<std::string>> by_ns;
-  for (const auto& it : items) {
-    const RowKey& k = key_of(it);
-    by_ns[k.ns].push_back(db::Connection::hex(k.biz_key));
-  }
-  std::string out;
-  for (const auto& [ns, keys] : by_ns) {
-    if (!out.empty()) out += " OR ";
-    out += "(namespace = " + db::Connection::hex(ns) + " AND biz_key IN (";
-    for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
-    out += "))";
-  }
-  return out;
-}
-inline std::string where_keys(std::span<const RowKey> keys) {
-  return where_keys(keys, [](const RowKey& k) -> const RowKey& { return k; });
-}
+/// namespace, which the optimizer turns into primary-key range lookups;
+/// `alias` ("k.") qualifies the columns. The keys' buckets play no part.
+std::string where_keys(std::span<const RowKey> keys, std::string_view alias = "");
 /// "namespace = .. AND biz_key = .. AND bucket = ..": one exact row.
 std::string where_row(const RowKey& k);
 /// "(<row>) OR ...": exact rows.
@@ -96,7 +78,9 @@ struct ClaimRow {
   uint32_t uncertain_calls = 0;
   bool maybe_called = false;  // a call began and was not known to have ended
 };
-/// The claim rows of `where`, oldest bucket first.
-std::vector<ClaimRow> read_claim_rows(db::Connection& c, const std::string& where);
+/// The claim rows that govern `keys` (whatever their bucket says), found as
+/// `how` says: the row the key directory names, or, in every month, the
+/// oldest row of each key first.
+std::vector<ClaimRow> read_claim_rows(db::Connection& c, ClaimRead how, std::span<const RowKey> keys);
 
 }  // namespace idemsink::claim::sql

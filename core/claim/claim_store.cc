@@ -78,7 +78,7 @@ std::string ClaimStore::lease_expr() const {
 std::vector<ClaimResult> ClaimStore::read(Connection& c, std::span<const RowKey> keys) const {
   std::vector<ClaimResult> out;
   if (keys.empty()) return out;
-  for (auto& e : read_claim_rows(c, where_keys(keys))) {
+  for (auto& e : read_claim_rows(c, claim_read(), keys)) {
     ClaimResult res;
     res.row = std::move(e.row);
     res.status = e.status;
@@ -129,11 +129,9 @@ std::vector<bool> ClaimStore::finish(Connection& c, Status status, std::span<con
   }
   // Some rows were fenced, or an earlier run of this job already finished
   // them (lost connection after commit): look at each.
-  std::vector<RowKey> keys;
-  for (const auto& o : outcomes) keys.push_back(o.row);
   std::map<std::string, std::pair<Status, uint32_t>> now;
   for (auto& r : c.query("SELECT namespace, biz_key, bucket, status, attempt, owner FROM idemsink_claim WHERE " +
-                         where_keys(keys))) {
+                         where_rows(outcomes))) {
     if (r[5] && *r[5] == owner_)
       now[*r[0] + '\0' + *r[1] + '\0' + *r[2]] = {static_cast<Status>(std::stoi(*r[3])),
                                                   static_cast<uint32_t>(std::stoul(*r[4]))};

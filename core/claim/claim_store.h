@@ -37,6 +37,7 @@
 // read step looks across all buckets and the oldest row governs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -69,6 +70,12 @@ struct RowKey {
   std::string bucket;  // "YYYY-MM-01"
   bool operator==(const RowKey&) const = default;
 };
+
+/// How a claim read finds the row of a key: through the key directory (one
+/// dive there, one into the month it names), or in every month's partition
+/// (a claim table of an earlier version, until `idemsink schema migrate`
+/// has filled its directory in: schema.h key_directory_complete).
+enum class ClaimRead { AllMonths, KeyDirectory };
 
 /// First day of the UTC month of a Kafka timestamp, as "YYYY-MM-01".
 std::string bucket_of(int64_t timestamp_ms);
@@ -153,6 +160,12 @@ class ClaimStore {
   /// namespace (claim.derived_tokens); "" draws them at random. Set before
   /// the first claim.
   void set_token_namespace(std::string ns) { token_namespace_ = std::move(ns); }
+  /// How claim reads find a key's row: through the key directory, as a claim
+  /// table of this version allows; the host sets all months at start when
+  /// the database does not say its directory is complete (an older table),
+  /// and back once it does. Safe to change while claims run.
+  void set_claim_read(ClaimRead how) { claim_read_.store(how); }
+  ClaimRead claim_read() const { return claim_read_.load(); }
   /// The token a new claim of this key gets.
   std::string new_token(const std::string& ns, const std::string& biz_key) const;
 
@@ -288,6 +301,7 @@ class ClaimStore {
   std::string owner_;
   std::chrono::milliseconds lease_;
   std::string token_namespace_;
+  std::atomic<ClaimRead> claim_read_{ClaimRead::KeyDirectory};
 };
 
 }  // namespace idemsink::claim

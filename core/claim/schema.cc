@@ -5,7 +5,9 @@
 #include "core/common/util.h"
 
 #include <ctime>
+#include <optional>
 #include <set>
+#include <utility>
 
 namespace idemsink::claim {
 namespace {
@@ -63,6 +65,11 @@ YearMonth oldest_kept(std::chrono::system_clock::time_point now, int retention_d
   return year_month(now - std::chrono::hours(24) * retention_days);
 }
 
+// One status index serves the lease sweeps (status, owner), the renewal
+// (owner's pending rows), reconciliation and the stuck count (status,
+// updated_at): the done mark rewrites one secondary entry, not two (the
+// layout before had (owner, status) and (status, updated_at); `idemsink
+// schema migrate` brings such a table here while hosts run).
 constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim (
   namespace     VARBINARY(64)   NOT NULL COMMENT 'route name',
   biz_key       VARBINARY(255)  NOT NULL COMMENT 'business key, exact bytes',
@@ -85,8 +92,7 @@ constexpr const char* kClaimTable = R"(CREATE TABLE IF NOT EXISTS idemsink_claim
   created_at    DATETIME(3)     NOT NULL,
   updated_at    DATETIME(3)     NOT NULL,
   PRIMARY KEY (namespace, biz_key, bucket),
-  KEY idx_owner_status (owner, status),
-  KEY idx_status_updated (status, updated_at),
+  KEY idx_status_owner (status, owner, updated_at),
   KEY idx_token (idem_token)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 PARTITION BY RANGE COLUMNS (bucket) ()";
@@ -107,6 +113,50 @@ constexpr const char* kKeyDirectory = R"(CREATE TABLE IF NOT EXISTS idemsink_cla
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
 
 constexpr size_t kDirectoryDeleteBatch = 10000;
+
+// idemsink_meta's row saying every claim row has its key directory row.
+constexpr const char* kDirectoryComplete = "key_directory";
+
+bool table_exists(db::Connection& c, const std::string& table) {
+  return !c.query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = " +
+                  c.quote(table))
+              .empty();
+}
+
+bool claim_index_exists(db::Connection& c, const std::string& index) {
+  return !c.query(
+               "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = "
+               "'idemsink_claim' AND INDEX_NAME = " +
+               c.quote(index) + " LIMIT 1")
+              .empty();
+}
+
+void mark_directory_complete(db::Connection& c) {
+  c.execute(std::string("INSERT IGNORE INTO idemsink_meta (name, value, created_at) VALUES ('") + kDirectoryComplete +
+            "', 'complete', NOW(3))");
+}
+
+// Directory rows for the claim rows of one batch of keys after `after` (in
+// primary-key order) that have none: the oldest month of a key governs, as
+// the all-months read decided. Returns the last key read, or nothing at the
+// end of the table.
+std::optional<std::pair<std::string, std::string>> backfill_batch(
+    db::Connection& c, const std::optional<std::pair<std::string, std::string>>& after, size_t batch, uint64_t& added) {
+  std::string where;
+  if (after)
+    where = " WHERE namespace > " + db::Connection::hex(after->first) +
+            " OR (namespace = " + db::Connection::hex(after->first) + " AND biz_key > " +
+            db::Connection::hex(after->second) + ")";
+  const auto rows = c.query("SELECT namespace, biz_key, MIN(bucket) FROM idemsink_claim" + where +
+                            " GROUP BY namespace, biz_key ORDER BY namespace, biz_key LIMIT " + std::to_string(batch));
+  if (rows.empty()) return std::nullopt;
+  std::string insert = "INSERT IGNORE INTO idemsink_claim_key (namespace, biz_key, bucket) VALUES ";
+  for (size_t i = 0; i < rows.size(); ++i)
+    insert += (i ? ", (" : "(") + db::Connection::hex(*rows[i][0]) + ", " + db::Connection::hex(*rows[i][1]) +
+              ", DATE'" + *rows[i][2] + "')";
+  added += c.execute(insert);
+  return std::make_pair(*rows.back()[0], *rows.back()[1]);
+}
 
 }  // namespace
 
@@ -147,9 +197,13 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
 }
 
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
+  c.execute(meta_table());
+  const bool claims_existed = table_exists(c, "idemsink_claim");
   c.execute(claim_table(now, opt));
   c.execute(kKeyDirectory);
-  c.execute(meta_table());
+  // A claim table made here has no row without its directory row: the claim
+  // read may use the directory alone from the first record.
+  if (!claims_existed) mark_directory_complete(c);
   c.execute(OffsetStore::schema());
   c.execute(OrderHolds::schema());
   // Columns added since the first release; instant on InnoDB.
@@ -201,6 +255,51 @@ PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock
     }
   }
   report.months_ahead = months_between(year_month(now), newest);
+  return report;
+}
+
+bool key_directory_complete(db::Connection& c) {
+  // No idemsink_meta (a schema a DBA applied from `schema print`): not known
+  // complete, so claims are read in every month (always right, slower).
+  if (!table_exists(c, "idemsink_meta")) return false;
+  return !c.query(std::string("SELECT 1 FROM idemsink_meta WHERE name = '") + kDirectoryComplete +
+                  "' AND value = 'complete'")
+              .empty();
+}
+
+MigrationReport migrate_claim_schema(db::Connection& c, const std::function<void(const std::string&)>& progress,
+                                     size_t batch) {
+  MigrationReport report;
+  c.execute(meta_table());
+  // Online: InnoDB builds the index while claims go on (LOCK=NONE); the
+  // metadata lock is taken only at its start and end, and given up after a
+  // few seconds behind a long transaction (run the command again).
+  if (!claim_index_exists(c, "idx_status_owner")) {
+    progress("adding index idx_status_owner (status, owner, updated_at), online");
+    run_ddl(c,
+            "ALTER TABLE idemsink_claim ADD INDEX idx_status_owner (status, owner, updated_at), ALGORITHM=INPLACE, "
+            "LOCK=NONE");
+    report.index_added = true;
+  }
+  if (claim_index_exists(c, "idx_owner_status") || claim_index_exists(c, "idx_status_updated")) {
+    progress("dropping indexes idx_owner_status and idx_status_updated");
+    run_ddl(c,
+            "ALTER TABLE idemsink_claim DROP INDEX IF EXISTS idx_owner_status, DROP INDEX IF EXISTS "
+            "idx_status_updated, ALGORITHM=INPLACE, LOCK=NONE");
+    report.indexes_dropped = true;
+  }
+  if (!key_directory_complete(c)) {
+    progress("key directory: adding the rows of keys claimed by versions before it");
+    std::optional<std::pair<std::string, std::string>> after;
+    for (uint64_t batches = 1; (after = backfill_batch(c, after, batch, report.directory_rows_added)); ++batches)
+      if (batches % 100 == 0)
+        progress("key directory: " + std::to_string(batches * batch) + " keys read, " +
+                 std::to_string(report.directory_rows_added) + " rows added");
+    mark_directory_complete(c);
+    report.directory_completed = true;
+    progress("key directory: complete, " + std::to_string(report.directory_rows_added) +
+             " rows added; hosts now read claims through it alone");
+  }
   return report;
 }
 

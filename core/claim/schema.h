@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,31 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
 /// of a month after the newest partition are refused, and this appends.
 PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock::time_point now,
                                     const SchemaOptions& opt);
+
+/// Whether every claim row has its key directory row (idemsink_meta
+/// 'key_directory'): then a claim read looks a key up in the directory and
+/// reads the one row it names (two dives), instead of the key in every
+/// month's partition (one dive per month kept). True for a claim table made
+/// by this version; for an older one once `migrate_claim_schema` has filled
+/// the directory in. Never goes back to false.
+bool key_directory_complete(db::Connection& c);
+
+struct MigrationReport {
+  bool index_added = false;
+  bool indexes_dropped = false;
+  uint64_t directory_rows_added = 0;
+  bool directory_completed = false;  // by this run
+};
+/// Brings a claim table made by an earlier version to the current layout
+/// while hosts run on it (`idemsink schema migrate`): the one status index
+/// added online and the two it replaces dropped; the key directory filled in
+/// for claim rows that have none (written by versions before it), in
+/// batches of `batch` keys, then marked complete. Resumable: each step is
+/// skipped once done, and the fill is INSERT IGNORE. Every host must run a
+/// version that writes directory rows before it starts (any version since
+/// the key directory; an older one's new keys would have none).
+MigrationReport migrate_claim_schema(db::Connection& c, const std::function<void(const std::string&)>& progress,
+                                     size_t batch = 10000);
 
 /// Partitions beyond the current month (-1: not partitioned).
 int months_ahead(db::Connection& c, std::chrono::system_clock::time_point now);

@@ -73,6 +73,7 @@ class Engine : public kafka::Consumer::Listener {
   /// The deployment's namespace of derived idem_tokens (claim.derived_tokens),
   /// read from the database before start().
   void set_token_namespace(std::string ns) { store_.set_token_namespace(std::move(ns)); }
+  void set_claim_read(claim::ClaimRead how) { store_.set_claim_read(how); }
 
   /// Frees the records still held (calls that outlived the shutdown grace)
   /// and with them the consumer's messages: librdkafka does not destroy a

@@ -19,9 +19,8 @@ constexpr auto kPurgeEvery = std::chrono::minutes(10);
 constexpr auto kGaugesEvery = std::chrono::seconds(5);
 }  // namespace
 
-Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                           const claim::ClaimStore& store, const dlq::Outbox& outbox, metrics::Metrics& all,
-                           metrics::SliceMetrics& metrics)
+Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::Config& cfg, claim::ClaimStore& store,
+                           const dlq::Outbox& outbox, metrics::Metrics& all, metrics::SliceMetrics& metrics)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
@@ -154,6 +153,12 @@ void Housekeeping::refresh_gauges() {
           m->dlq_unpublishable.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.second));
         }
         metrics_.stuck_pending.store(static_cast<int64_t>(store_.count_stuck(c, cfg_.claim.stuck_after)));
+        // `idemsink schema migrate` finished filling the key directory in
+        // while this host ran: claim reads go through it from now on.
+        if (store_.claim_read() == claim::ClaimRead::AllMonths && claim::key_directory_complete(c)) {
+          store_.set_claim_read(claim::ClaimRead::KeyDirectory);
+          spdlog::info("claims: the key directory is complete; claim reads now look keys up there alone");
+        }
         if (!ordered_.empty()) {
           const auto holds = claim::OrderHolds::live_by_route(c, hold_on_dead_);
           for (const auto& name : ordered_) {

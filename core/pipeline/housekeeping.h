@@ -6,7 +6,8 @@
 //   - published DLQ outbox rows (payloads included): deleted after
 //     claim.outbox_retention, in small batches that hold no long locks;
 //   - the gauges only the database knows (DLQ backlog, letters set aside,
-//     stuck claims), every 5 s.
+//     stuck claims), every 5 s; in the same round, until it is, whether the
+//     key directory is complete (claim reads through it alone).
 // Jobs run on the database pool; results come back on the engine thread.
 #pragma once
 
@@ -27,7 +28,7 @@ namespace idemsink::pipeline {
 
 class Housekeeping {
  public:
-  Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
+  Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, claim::ClaimStore& store,
                const dlq::Outbox& outbox, metrics::Metrics& all, metrics::SliceMetrics& metrics);
 
   void start();
@@ -46,7 +47,7 @@ class Housekeeping {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const config::Config& cfg_;
-  const claim::ClaimStore& store_;
+  claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
   metrics::SliceMetrics& metrics_;
   std::vector<std::string> ordered_;                      // routes with [route.order_by]
