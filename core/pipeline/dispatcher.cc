@@ -257,38 +257,73 @@ void Dispatcher::dispatch(Record& r) {
   const uint64_t id = r.id;
   // The completion may arrive on any thread, before invoke returns, twice, or
   // never: the registry hands it over at most once, and only here.
-  auto call_id_box = std::make_shared<std::atomic<uint64_t>>(0);
   const uint64_t call_id = plugin::CallRegistry::instance().add(
-      [this, id, call_id_box](idemsink_outcome outcome, std::string detail) {
-        asio::post(io_, [this, id, cid = call_id_box->load(), outcome, detail = std::move(detail)]() mutable {
-          on_call_done(id, cid, outcome, std::move(detail));
-        });
+      [this, id](uint64_t call_id, idemsink_outcome outcome, std::string detail) {
+        hand_over(Report{id, call_id, outcome, std::move(detail)});
       },
-      "route " + route.cfg.name + " offset " + std::to_string(r.offset));
-  call_id_box->store(call_id);  // before invoke: only invoke hands the plugin its call_ctx
+      route.cfg.name);
   r.call_id = call_id;
-  r.timer = std::make_unique<asio::steady_timer>(io_, route.cfg.call_timeout);
-  r.timer->async_wait([this, id, call_id](boost::system::error_code ec) {
+  Lane& lane = lanes_[&route];
+  lane.deadlines.push_back(Deadline{r.call_started + route.cfg.call_timeout, id, call_id});
+  arm_deadlines(lane, lane.deadlines.front().at);
+  std::vector<idemsink_header> headers;
+  idemsink_record rec = abi_record(r, headers);
+  route.handler->invoke(rec, call_id);
+}
+
+void Dispatcher::hand_over(Report report) {
+  {
+    std::lock_guard lock(reports_mu_);
+    reports_.push_back(std::move(report));
+    if (reports_posted_) return;
+    reports_posted_ = true;
+  }
+  asio::post(io_, [this] {
+    std::vector<Report> reports;
+    {
+      std::lock_guard lock(reports_mu_);
+      reports.swap(reports_);
+      reports_posted_ = false;
+    }
+    for (auto& rep : reports) on_call_done(rep.id, rep.call_id, rep.outcome, std::move(rep.detail));
+  });
+}
+
+void Dispatcher::arm_deadlines(Lane& lane, std::chrono::steady_clock::time_point not_before) {
+  if (lane.deadline_armed || lane.deadlines.empty()) return;
+  if (!lane.deadline_timer) lane.deadline_timer = std::make_unique<asio::steady_timer>(io_);
+  lane.deadline_armed = true;
+  lane.deadline_timer->expires_at(std::max(lane.deadlines.front().at, not_before));
+  lane.deadline_timer->async_wait([this, &lane](boost::system::error_code ec) {
     if (ec) return;
-    if (!plugin::CallRegistry::instance().cancel(call_id)) return;  // completion already on its way
-    Record* rec = find_(id);
-    if (rec == nullptr || rec->call_id != call_id) return;
+    lane.deadline_armed = false;
+    check_deadlines(lane);
+  });
+}
+
+void Dispatcher::check_deadlines(Lane& lane) {
+  // At most 10 rounds a second per route: a deadline is met within 100 ms.
+  constexpr auto kRoundEvery = std::chrono::milliseconds(100);
+  const auto now = std::chrono::steady_clock::now();
+  while (!lane.deadlines.empty() && lane.deadlines.front().at <= now) {
+    const Deadline d = lane.deadlines.front();
+    lane.deadlines.pop_front();
+    Record* rec = find_(d.id);
+    if (rec == nullptr || rec->stage != Stage::Calling || rec->call_id != d.call_id) continue;  // it ended
+    if (!plugin::CallRegistry::instance().cancel(d.call_id)) continue;  // its report is on its way
     const LogScope log_scope(log_fields_of(*rec));
     spdlog::warn("route {}: handler did not report within call_timeout for key {}; treating the call as uncertain",
                  rec->route->cfg.name, printable(rec->biz_key));
     end_call(*rec);
     on_result_(*rec, IDEMSINK_OUTCOME_UNCERTAIN,
                "no result within call_timeout " + std::to_string(rec->route->cfg.call_timeout.count()) + "ms");
-  });
-  std::vector<idemsink_header> headers;
-  idemsink_record rec = abi_record(r, headers);
-  route.handler->invoke(rec, call_id);
+  }
+  arm_deadlines(lane, now + kRoundEvery);
 }
 
 void Dispatcher::on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail) {
   Record* r = find_(id);
   if (r == nullptr || r->stage != Stage::Calling || r->call_id != call_id || call_id == 0) return;
-  if (r->timer) r->timer->cancel();
   end_call(*r);
   on_result_(*r, outcome, std::move(detail));
 }

@@ -3,8 +3,11 @@
 // and for their route's budget (route.rate_limit, Retry-After holds),
 // then their handler is invoked asynchronously with a deadline
 // (route.call_timeout). Thousands of calls in flight need no threads: the
-// plugin reports through a call id, on any thread, and the report is posted
-// back here. local_tx records go to the LocalTxRunner instead.
+// plugin reports through a call id, on any thread, and the report is handed
+// back here, many reports to one wake-up of the engine thread. Deadlines are
+// kept per route in call order (one timeout per route), checked by one
+// timer per route, at most 10 times a second: no timer per call. local_tx
+// records go to the LocalTxRunner instead.
 //
 // Before a remote call goes out, the claim is confirmed in the database when
 // it must be: always for an at-most-once route (the same statement writes the
@@ -19,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,12 +63,30 @@ class Dispatcher {
   static idemsink_record abi_record(const Record& r, std::vector<idemsink_header>& headers);
 
  private:
+  struct Deadline {
+    std::chrono::steady_clock::time_point at;
+    uint64_t id;
+    uint64_t call_id;
+  };
   struct Lane {
     int in_flight = 0;
     std::deque<uint64_t> ready;
     uint64_t probe_chosen_in = 0;                     // the circuit's probe round the probe was last picked in
     std::unique_ptr<boost::asio::steady_timer> wake;  // when the route's budget allows the next call
     bool wake_armed = false;
+    // Calls' deadlines in the order they went out (the route's one
+    // call_timeout keeps them sorted); an entry stays after its call ended
+    // and is dropped when its time comes.
+    std::deque<Deadline> deadlines;
+    std::unique_ptr<boost::asio::steady_timer> deadline_timer;
+    bool deadline_armed = false;
+  };
+  /// A plugin's report, as handed over from the thread it came on.
+  struct Report {
+    uint64_t id;
+    uint64_t call_id;
+    idemsink_outcome outcome;
+    std::string detail;
   };
   /// The route may not call before `at` (rate limit, hold): pump then.
   void wake_at(Route& route, Lane& lane, std::chrono::steady_clock::time_point at);
@@ -77,7 +99,11 @@ class Dispatcher {
   void confirmed(const std::vector<uint64_t>& ids, const std::vector<bool>& ours,
                  std::chrono::steady_clock::time_point sent);
   void dispatch(Record& r);
+  /// Any thread: queues a report; the first of a batch wakes the engine thread.
+  void hand_over(Report report);
   void on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail);
+  void arm_deadlines(Lane& lane, std::chrono::steady_clock::time_point not_before);
+  void check_deadlines(Lane& lane);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
@@ -93,6 +119,9 @@ class Dispatcher {
   int in_flight_ = 0;
   BatchQueue<uint64_t> confirmations_;
   boost::asio::steady_timer confirm_retry_;
+  std::mutex reports_mu_;
+  std::vector<Report> reports_;  // handed over, not yet taken by the engine thread
+  bool reports_posted_ = false;
 };
 
 }  // namespace idemsink::pipeline

@@ -121,7 +121,7 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
     auto slot = std::make_shared<Result>();
     auto reported = std::make_shared<bool>(false);
     const uint64_t call_id = plugin::CallRegistry::instance().add(
-        [slot, reported](idemsink_outcome o, std::string d) {
+        [slot, reported](uint64_t, idemsink_outcome o, std::string d) {
           slot->outcome = o;
           slot->detail = std::move(d);
           *reported = true;

@@ -17,7 +17,9 @@ uint64_t call_with_deadline(asio::io_context& io, std::chrono::milliseconds dead
       on_answer(outcome, detail);
     });
   };
-  const uint64_t id = plugin::CallRegistry::instance().add(deliver, std::move(what));
+  const uint64_t id = plugin::CallRegistry::instance().add(
+      [deliver](uint64_t, idemsink_outcome outcome, std::string detail) { deliver(outcome, std::move(detail)); },
+      std::move(what));
   timer->async_wait([id, deliver, late = std::move(late)](boost::system::error_code ec) {
     if (!ec && plugin::CallRegistry::instance().cancel(id)) deliver(late.outcome, late.detail);
   });

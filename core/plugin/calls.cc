@@ -48,7 +48,7 @@ void CallRegistry::complete(void* call_ctx, idemsink_outcome outcome, const char
                   static_cast<int>(outcome));
     outcome = IDEMSINK_OUTCOME_UNCERTAIN;
   }
-  entry.on_done(outcome, std::string(detail ? detail : "", detail ? len : 0));
+  entry.on_done(id, outcome, std::string(detail ? detail : "", detail ? len : 0));
 }
 
 }  // namespace idemsink::plugin

@@ -20,7 +20,8 @@ namespace idemsink::plugin {
 
 class CallRegistry {
  public:
-  using Handler = std::function<void(idemsink_outcome, std::string detail)>;
+  /// Gets the call's id, so that one handler object need not be made per call.
+  using Handler = std::function<void(uint64_t call_id, idemsink_outcome, std::string detail)>;
 
   static CallRegistry& instance();
 

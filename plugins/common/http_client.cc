@@ -8,6 +8,7 @@
 #include <boost/beast/ssl.hpp>
 #include <cctype>
 #include <deque>
+#include <mutex>
 #include <string_view>
 #include <stdexcept>
 #include <thread>
@@ -102,9 +103,26 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
   return out;
 }
 
+namespace {
+
+bool has_header(const HttpClient::Headers& headers, std::string_view name) {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return true;
+  return false;
+}
+
+void append_header(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name).append(": ").append(value).append("\r\n");
+}
+
+}  // namespace
+
 struct HttpClient::Impl {
   struct Call {
-    http::request<http::string_body> req;
+    std::string method;
+    std::string target;  // without the endpoint's base path
+    std::string body;
+    Headers headers;  // this call's; replace the client's of the same name
     std::function<void(HttpResult)> done;
   };
   // One connection: plain TCP, or TLS over it (https endpoints).
@@ -128,11 +146,13 @@ struct HttpClient::Impl {
     }
     std::unique_ptr<beast::tcp_stream> plain;
     std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
+    std::string out;  // the request being written; its capacity is kept from call to call
     beast::flat_buffer buf;
     http::response<http::string_body> res;
   };
 
   Options opt;
+  Headers fixed_headers;  // Host, Content-Type and the `headers` option, as sent with every request
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   std::unique_ptr<ssl::context> tls;  // https only
@@ -141,9 +161,19 @@ struct HttpClient::Impl {
   std::vector<std::shared_ptr<Conn>> idle;
   std::deque<std::shared_ptr<Call>> waiting;
   size_t open = 0;  // connections open or opening
+  // Requests handed over by request() from other threads: one wake-up of
+  // the client's thread takes every request queued meanwhile.
+  std::mutex inbox_mu;
+  std::vector<std::shared_ptr<Call>> inbox;
+  bool inbox_posted = false;
   std::thread thread;
 
   explicit Impl(Options o) : opt(std::move(o)) {
+    // The `headers` option replaces a default of the same name.
+    for (const auto& [name, value] : {std::pair<std::string, std::string>{"Host", opt.endpoint.host},
+                                      std::pair<std::string, std::string>{"Content-Type", "application/json"}})
+      if (!has_header(opt.headers, name)) fixed_headers.emplace_back(name, value);
+    fixed_headers.insert(fixed_headers.end(), opt.headers.begin(), opt.headers.end());
     if (opt.endpoint.tls) {
       // Verification is on unless switched off: the system's CAs, or the
       // given CA file; the name checked is the endpoint's host.
@@ -178,6 +208,40 @@ struct HttpClient::Impl {
     thread.join();
     // Calls still queued never went out: report them so no completion is lost.
     for (auto& c : waiting) c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
+    for (auto& c : inbox) c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
+  }
+
+  void hand_over(std::shared_ptr<Call> call) {
+    {
+      std::lock_guard lock(inbox_mu);
+      inbox.push_back(std::move(call));
+      if (inbox_posted) return;
+      inbox_posted = true;
+    }
+    asio::post(io, [this] {
+      std::vector<std::shared_ptr<Call>> calls;
+      {
+        std::lock_guard lock(inbox_mu);
+        calls.swap(inbox);
+        inbox_posted = false;
+      }
+      for (auto& c : calls) start(std::move(c));
+    });
+  }
+
+  // The request as HTTP/1.1 bytes, into the connection's buffer: the
+  // client's headers (those the call does not replace), the call's, and the
+  // length of the body (none for a GET or DELETE without one, as the RFC
+  // asks of a request that carries no content).
+  void serialize(const Call& call, std::string& out) const {
+    out.clear();
+    out.append(call.method).append(" ").append(opt.endpoint.base_path).append(call.target).append(" HTTP/1.1\r\n");
+    for (const auto& [name, value] : fixed_headers)
+      if (!has_header(call.headers, name)) append_header(out, name, value);
+    for (const auto& [name, value] : call.headers) append_header(out, name, value);
+    if (!call.body.empty() || call.method == "POST" || call.method == "PUT" || call.method == "PATCH")
+      append_header(out, "Content-Length", std::to_string(call.body.size()));
+    out.append("\r\n").append(call.body);
   }
 
   void start(std::shared_ptr<Call> call) {
@@ -230,8 +294,9 @@ struct HttpClient::Impl {
 
   void send(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call, bool reused) {
     conn->tcp().expires_after(opt.timeout);
+    serialize(*call, conn->out);
     conn->with_stream([&](auto& stream) {
-      http::async_write(stream, call->req, [this, conn, call, reused](beast::error_code ec, size_t) {
+      asio::async_write(stream, asio::buffer(conn->out), [this, conn, call, reused](beast::error_code ec, size_t) {
         if (ec) {
           close(conn);
           // A kept-alive connection the server already closed: nothing was
@@ -301,16 +366,10 @@ const Endpoint& HttpClient::endpoint() const { return impl_->opt.endpoint; }
 void HttpClient::request(const std::string& method, const std::string& target, std::string body, Headers headers,
                          std::function<void(HttpResult)> done) {
   auto call = std::make_shared<Impl::Call>();
-  call->req.method(http::string_to_verb(method));
-  call->req.target(impl_->opt.endpoint.base_path + target);
-  call->req.version(11);
-  call->req.set(http::field::host, impl_->opt.endpoint.host);
-  call->req.set(http::field::content_type, "application/json");
-  call->req.keep_alive(true);
-  for (const auto& [k, v] : impl_->opt.headers) call->req.set(k, v);
-  for (auto& [k, v] : headers) call->req.set(k, v);
-  call->req.body() = std::move(body);
-  call->req.prepare_payload();
+  call->method = method;
+  call->target = target;
+  call->body = std::move(body);
+  call->headers = std::move(headers);
   // Nothing a callback throws may leave the client's thread (it would end
   // the host); the plugins' callbacks catch their own (remote.h: guarded),
   // and a completion dropped here is reported uncertain by the SDK.
@@ -320,7 +379,7 @@ void HttpClient::request(const std::string& method, const std::string& target, s
     } catch (...) {
     }
   };
-  asio::post(impl_->io, [impl = impl_.get(), call] { impl->start(call); });
+  impl_->hand_over(std::move(call));
 }
 
 }  // namespace idemsink::plugins

@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <simdjson.h>
 #include <string>
 #include <string_view>
 
@@ -71,15 +72,8 @@ inline size_t json_depth(std::string_view s) {
   return deepest;
 }
 
-/// Whether `s` is valid UTF-8, as the JSON library checks it when writing.
-inline bool valid_utf8(std::string_view s) {
-  try {
-    (void)nlohmann::json(std::string(s)).dump();
-    return true;
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-}
+/// Whether `s` is valid UTF-8 (what the JSON library requires when writing).
+inline bool valid_utf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
 
 /// Why a record cannot be sent to a JSON service at all (decided before
 /// sending, so the answer is permanent, never "maybe sent"), or nothing.
@@ -92,6 +86,10 @@ inline std::optional<std::string> unsendable(const sdk::Record& rec) {
   return std::nullopt;
 }
 
+/// The record value as JSON text: the value itself when it is JSON (as the
+/// producer wrote it, numbers and all), else as order_payload() makes it.
+inline std::string order_json(const sdk::Record& rec);
+
 /// The record value as JSON when it is JSON, as a string when it is other
 /// text, and as {"value_base64": ...} when it is not UTF-8 (binary).
 inline nlohmann::json order_payload(const sdk::Record& rec) {
@@ -103,6 +101,14 @@ inline nlohmann::json order_payload(const sdk::Record& rec) {
   return nlohmann::json{{"value_base64", b64}};
 }
 
+inline std::string order_json(const sdk::Record& rec) {
+  if (nlohmann::json::accept(rec.value())) return std::string(rec.value());
+  return order_payload(rec).dump();
+}
+
+/// A JSON string holding `text` (valid UTF-8: unsendable() checked it).
+inline std::string json_string(std::string_view text) { return nlohmann::json(std::string(text)).dump(); }
+
 /// An HTTP callback that never lets an exception out: one thrown while
 /// reading the answer is logged with the route and key, and the call ends
 /// with `on_throw` (for a call: what the HTTP status says; for a reconcile
@@ -110,15 +116,16 @@ inline nlohmann::json order_payload(const sdk::Record& rec) {
 template <class Fn>
 std::function<void(HttpResult)> guarded(const sdk::Host& host, const sdk::Record& rec, sdk::SharedCompletion done,
                                         Fn fn, std::function<idemsink_outcome(const HttpResult&)> on_throw) {
-  std::string what =
-      "route " + std::string(rec.route()) + " key " +
-      nlohmann::json(std::string(rec.biz_key())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return [host, what = std::move(what), done = std::move(done), fn = std::move(fn),
-          on_throw = std::move(on_throw)](HttpResult r) {
+  // The record does not outlive invoke(): its route and key are kept for
+  // the message, which is made only if it is needed.
+  return [host, route = std::string(rec.route()), key = std::string(rec.biz_key()), done = std::move(done),
+          fn = std::move(fn), on_throw = std::move(on_throw)](HttpResult r) {
     try {
       fn(done, r);
     } catch (const std::exception& e) {
-      host.error(what + ": reading the answer failed: " + e.what());
+      host.error("route " + route + " key " +
+                 nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                 ": reading the answer failed: " + e.what());
       done.report(on_throw(r), std::string("unreadable answer: ") + e.what());
     }
   };

@@ -15,10 +15,9 @@ class Inventory {
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
     if (auto why = unsendable(rec)) return done.permanent(*why);
-    nlohmann::json body{{"request_id", std::string(rec.idem_token())},
-                        {"order_id", std::string(rec.biz_key())},
-                        {"order", order_payload(rec)}};
-    http_.request("POST", "/inventory/reserve", body.dump(), {},
+    std::string body = "{\"request_id\":" + json_string(rec.idem_token()) +
+                       ",\"order_id\":" + json_string(rec.biz_key()) + ",\"order\":" + order_json(rec) + "}";
+    http_.request("POST", "/inventory/reserve", std::move(body), {},
                   guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
                     report(done, r, "reservation_id");
                   }));

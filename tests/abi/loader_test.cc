@@ -119,7 +119,7 @@ BOOST_AUTO_TEST_CASE(an_exception_out_of_a_raw_plugin_ends_the_call_not_the_host
   plugin::Instance inst(lib, route_with({}));
   auto& reg = plugin::CallRegistry::instance();
   std::vector<std::pair<idemsink_outcome, std::string>> seen;
-  const uint64_t id = reg.add([&](idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
+  const uint64_t id = reg.add([&](uint64_t, idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
   idemsink_record rec{};
   rec.struct_size = sizeof rec;
   rec.route = "r";
@@ -130,7 +130,8 @@ BOOST_AUTO_TEST_CASE(an_exception_out_of_a_raw_plugin_ends_the_call_not_the_host
   BOOST_TEST(seen[0].second == "plugin threw from invoke: boom");
 
   // A report made before the throw stands.
-  const uint64_t reported = reg.add([&](idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
+  const uint64_t reported =
+      reg.add([&](uint64_t, idemsink_outcome o, std::string d) { seen.emplace_back(o, d); }, "test");
   rec.biz_key = {"reported-1", 10};
   inst.invoke(rec, reported);
   BOOST_REQUIRE(seen.size() == 2u);
@@ -145,7 +146,7 @@ BOOST_AUTO_TEST_CASE(a_second_completion_is_ignored) {
   idemsink_outcome seen{};
   auto& reg = plugin::CallRegistry::instance();
   const uint64_t before = reg.stray_completions();
-  const uint64_t id = reg.add([&](idemsink_outcome o, std::string) { ++calls, seen = o; }, "test");
+  const uint64_t id = reg.add([&](uint64_t, idemsink_outcome o, std::string) { ++calls, seen = o; }, "test");
   idemsink_record rec{};
   rec.struct_size = sizeof rec;
   rec.biz_key = {"k", 1};
@@ -154,7 +155,7 @@ BOOST_AUTO_TEST_CASE(a_second_completion_is_ignored) {
   BOOST_TEST((seen == IDEMSINK_OUTCOME_OK));
   BOOST_TEST(reg.stray_completions() == before + 1);
 
-  const uint64_t bad = reg.add([&](idemsink_outcome o, std::string) { ++calls, seen = o; }, "test");
+  const uint64_t bad = reg.add([&](uint64_t, idemsink_outcome o, std::string) { ++calls, seen = o; }, "test");
   rec.biz_key = {"bad-1", 5};
   inst.invoke(rec, bad);
   BOOST_TEST(calls == 2);

@@ -38,7 +38,8 @@ void create_older_claim_table(db::Connection& c) {
   const std::string merged = "  KEY idx_status_owner (status, owner, updated_at),\n";
   const size_t at = ddl.find(merged);
   BOOST_REQUIRE(at != std::string::npos);
-  ddl.replace(at, merged.size(), "  KEY idx_owner_status (owner, status),\n  KEY idx_status_updated (status, updated_at),\n");
+  ddl.replace(at, merged.size(),
+              "  KEY idx_owner_status (owner, status),\n  KEY idx_status_updated (status, updated_at),\n");
   c.execute(ddl);
   c.execute(claim::key_directory_table());
   c.execute(claim::meta_table());
@@ -137,8 +138,8 @@ BOOST_AUTO_TEST_CASE(an_older_claim_table_is_migrated_while_claims_run) {
     }
   });
   std::vector<std::string> steps;
-  const auto report =
-      claim::migrate_claim_schema(c, [&](const std::string& step) { steps.push_back(step); }, /*batch=*/100);
+  const auto report = claim::migrate_claim_schema(
+      c, [&](const std::string& step) { steps.push_back(step); }, /*batch=*/100);
   migrating = false;
   claimer.join();
 

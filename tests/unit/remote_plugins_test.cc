@@ -41,6 +41,22 @@ BOOST_AUTO_TEST_CASE(binary_values_travel_as_base64) {
   BOOST_TEST(order_payload(text.record()).dump() == "\"plain text\"");
 }
 
+// A JSON value goes out as the producer wrote it: a parse and re-write would
+// round a number beyond 64 bits (an amount in the smallest unit, an id) to a
+// double.
+BOOST_AUTO_TEST_CASE(a_json_value_is_sent_as_written) {
+  RecordBuilder big;
+  big.route("waybill").biz_key("K6").value("{\"amount\": 123456789012345678901234567890, \"id\": \"A\"}");
+  BOOST_TEST(order_json(big.record()) == "{\"amount\": 123456789012345678901234567890, \"id\": \"A\"}");
+  BOOST_TEST(order_payload(big.record()).dump() != order_json(big.record()));  // what a re-write did
+  RecordBuilder text;
+  text.route("waybill").biz_key("K7").value("plain \"text\"");
+  BOOST_TEST(order_json(text.record()) == "\"plain \\\"text\\\"\"");
+  RecordBuilder bad_utf8_in_json;
+  bad_utf8_in_json.route("waybill").biz_key("K8").value(std::string("{\"a\":\"\xC0\xAF\"}"));
+  BOOST_TEST(order_json(bad_utf8_in_json.record()) == "{\"value_base64\":\"eyJhIjoiwK8ifQ==\"}");
+}
+
 BOOST_AUTO_TEST_CASE(an_exception_reading_an_answer_is_that_calls_failure) {
   FakeHost host;
   RecordBuilder rec;
