@@ -21,6 +21,7 @@ class DevKafka {
   const std::string& bootstrap() const { return bootstrap_; }
   /// Sends one control command; throws unless the answer is "ok".
   void command(const std::string& line);
+  pid_t pid() const { return proc_->pid(); }
 
  private:
   ScratchDir dir_;
@@ -38,6 +39,7 @@ class FakeServices {
   /// The same services over HTTPS (started with --tls-cert and --tls-key).
   std::string tls_url() const { return "https://127.0.0.1:" + std::to_string(tls_port_); }
   int port() const { return port_; }
+  pid_t pid() const { return proc_->pid(); }
   /// GET /stats?detail=1
   nlohmann::json stats();
   /// POST /admin/reset: every count and effect forgotten, the faults kept.
