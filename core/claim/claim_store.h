@@ -34,7 +34,8 @@
 // day of the month of the record's Kafka timestamp. A redelivered record has
 // the same timestamp, so it always meets its own row, across month ends too.
 // A different record with the same biz_key may land in another bucket; the
-// read step looks across all buckets and the oldest row governs.
+// row the key directory names governs, and the read step finds it there
+// (ClaimRead).
 #pragma once
 
 #include <atomic>

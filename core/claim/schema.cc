@@ -136,26 +136,44 @@ void mark_directory_complete(db::Connection& c) {
             "', 'complete', NOW(3))");
 }
 
-// Directory rows for the claim rows of one batch of keys after `after` (in
-// primary-key order) that have none: the oldest month of a key governs, as
-// the all-months read decided. Returns the last key read, or nothing at the
-// end of the table.
-std::optional<std::pair<std::string, std::string>> backfill_batch(
-    db::Connection& c, const std::optional<std::pair<std::string, std::string>>& after, size_t batch, uint64_t& added) {
+// One batch of the key directory's fill: directory rows for the keys after
+// `after` whose claim rows have none. Rows are read in primary-key order
+// (each month's index merged in order: no sort, nothing read twice); a key's
+// rows are adjacent, so the last key of a full batch, whose rows may go on,
+// waits for the next batch. A key with rows in several months (two records
+// claimed at once by a version before the directory) gets the newest: its
+// directory row then lives as long as any of its rows, since retention drops
+// the oldest month first and deletes the directory rows of the month it
+// drops. Returns the last key done, or nothing at the end of the table.
+using Key = std::pair<std::string, std::string>;
+std::optional<Key> backfill_batch(db::Connection& c, const std::optional<Key>& after, size_t batch, uint64_t& added) {
   std::string where;
   if (after)
     where = " WHERE namespace > " + db::Connection::hex(after->first) +
             " OR (namespace = " + db::Connection::hex(after->first) + " AND biz_key > " +
             db::Connection::hex(after->second) + ")";
-  const auto rows = c.query("SELECT namespace, biz_key, MIN(bucket) FROM idemsink_claim" + where +
-                            " GROUP BY namespace, biz_key ORDER BY namespace, biz_key LIMIT " + std::to_string(batch));
+  const auto rows = c.query("SELECT namespace, biz_key, bucket FROM idemsink_claim" + where +
+                            " ORDER BY namespace, biz_key, bucket LIMIT " + std::to_string(batch));
   if (rows.empty()) return std::nullopt;
+  struct Newest {
+    Key key;
+    std::string bucket;
+  };
+  std::vector<Newest> keys;
+  for (const auto& r : rows) {
+    if (keys.empty() || keys.back().key.first != *r[0] || keys.back().key.second != *r[1]) {
+      keys.push_back(Newest{{*r[0], *r[1]}, *r[2]});
+    } else {
+      keys.back().bucket = *r[2];  // rows come oldest month first
+    }
+  }
+  if (rows.size() == batch && keys.size() > 1) keys.pop_back();
   std::string insert = "INSERT IGNORE INTO idemsink_claim_key (namespace, biz_key, bucket) VALUES ";
-  for (size_t i = 0; i < rows.size(); ++i)
-    insert += (i ? ", (" : "(") + db::Connection::hex(*rows[i][0]) + ", " + db::Connection::hex(*rows[i][1]) +
-              ", DATE'" + *rows[i][2] + "')";
+  for (size_t i = 0; i < keys.size(); ++i)
+    insert += (i ? ", (" : "(") + db::Connection::hex(keys[i].key.first) + ", " +
+              db::Connection::hex(keys[i].key.second) + ", DATE'" + keys[i].bucket + "')";
   added += c.execute(insert);
-  return std::make_pair(*rows.back()[0], *rows.back()[1]);
+  return keys.back().key;
 }
 
 }  // namespace
@@ -244,8 +262,12 @@ PartitionReport maintain_partitions(db::Connection& c, std::chrono::system_clock
   for (const auto& name : existing) {
     if (name < keep_from && name != newest) {
       // The month's directory rows first: a crash between leaves claim rows
-      // without a directory row (harmless: the claim read finds them) rather
-      // than directory rows without claims.
+      // without a directory row rather than directory rows without claims.
+      // Harmless: those rows are past retention, so their keys' records are
+      // refused (beyond the replay horizon) and the month goes at the next
+      // round; a key's directory row names its newest row (the fill picks
+      // the newest; a claim adds a row only for a key without one), so no
+      // row of a newer month loses its directory row here.
       const std::string month = "DATE'" + name.substr(1, 4) + "-" + name.substr(5, 2) + "-01'";
       while (c.execute("DELETE FROM idemsink_claim_key WHERE bucket = " + month + " LIMIT " +
                        std::to_string(kDirectoryDeleteBatch)) == kDirectoryDeleteBatch) {
@@ -290,11 +312,28 @@ MigrationReport migrate_claim_schema(db::Connection& c, const std::function<void
   }
   if (!key_directory_complete(c)) {
     progress("key directory: adding the rows of keys claimed by versions before it");
-    std::optional<std::pair<std::string, std::string>> after;
-    for (uint64_t batches = 1; (after = backfill_batch(c, after, batch, report.directory_rows_added)); ++batches)
+    // Each batch under the lock partition maintenance takes: a month is not
+    // dropped between a batch's read of its rows and its directory rows
+    // going in (which would leave directory rows naming a dropped month).
+    auto locked_batch = [&](const std::optional<Key>& from) {
+      if (c.query("SELECT GET_LOCK('idemsink_claim_partitions', 60)").at(0).at(0) != "1")
+        throw db::DbError(0,
+                          "schema migrate: partition maintenance held its lock for 60 s; the fill stopped where it "
+                          "was, run the command again");
+      try {
+        auto next = backfill_batch(c, from, batch, report.directory_rows_added);
+        c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+        return next;
+      } catch (...) {
+        c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+        throw;
+      }
+    };
+    std::optional<Key> after;
+    for (uint64_t batches = 1; (after = locked_batch(after)); ++batches)
       if (batches % 100 == 0)
-        progress("key directory: " + std::to_string(batches * batch) + " keys read, " +
-                 std::to_string(report.directory_rows_added) + " rows added");
+        progress("key directory: " + std::to_string(batches * batch) + " rows read, " +
+                 std::to_string(report.directory_rows_added) + " directory rows added");
     mark_directory_complete(c);
     report.directory_completed = true;
     progress("key directory: complete, " + std::to_string(report.directory_rows_added) +

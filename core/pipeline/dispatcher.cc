@@ -295,10 +295,15 @@ void Dispatcher::arm_deadlines(Lane& lane, std::chrono::steady_clock::time_point
   lane.deadline_armed = true;
   lane.deadline_timer->expires_at(std::max(lane.deadlines.front().at, not_before));
   lane.deadline_timer->async_wait([this, &lane](boost::system::error_code ec) {
-    if (ec) return;
-    lane.deadline_armed = false;
-    check_deadlines(lane);
+    if (!ec) check_deadlines(lane);  // still armed meanwhile: a call it ends and retries does not re-arm
   });
+}
+
+void Dispatcher::stop() {
+  for (auto& [route, lane] : lanes_) {
+    if (lane.deadline_timer) lane.deadline_timer->cancel();
+    if (lane.wake) lane.wake->cancel();
+  }
 }
 
 void Dispatcher::check_deadlines(Lane& lane) {
@@ -318,6 +323,7 @@ void Dispatcher::check_deadlines(Lane& lane) {
     on_result_(*rec, IDEMSINK_OUTCOME_UNCERTAIN,
                "no result within call_timeout " + std::to_string(rec->route->cfg.call_timeout.count()) + "ms");
   }
+  lane.deadline_armed = false;
   arm_deadlines(lane, now + kRoundEvery);
 }
 

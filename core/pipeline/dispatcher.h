@@ -55,6 +55,8 @@ class Dispatcher {
   void make_ready(Record& r);
   /// Starts calls while slots are free.
   void pump();
+  /// Shutdown: no deadline ends a call, no wake-up pumps, from now on.
+  void stop();
   /// Frees the slot of a call that ended (reported or timed out), or, with
   /// `observe_latency` false, of one that never went out (fenced, not confirmed).
   void end_call(Record& r, bool observe_latency = true);

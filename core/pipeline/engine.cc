@@ -450,6 +450,7 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
+    dispatcher_.stop();
     for (auto& route : routes_) health_.stop(*route);
     stopped.set_value();
   });

@@ -44,8 +44,8 @@ void CallRegistry::complete(void* call_ctx, idemsink_outcome outcome, const char
     self.calls_.erase(it);
   }
   if (outcome < IDEMSINK_OUTCOME_OK || outcome > IDEMSINK_OUTCOME_PERMANENT) {
-    spdlog::error("{}: plugin reported invalid outcome {}; treating it as uncertain", entry.what,
-                  static_cast<int>(outcome));
+    spdlog::error("{}: plugin reported invalid outcome {} for call {}; treating it as uncertain", entry.what,
+                  static_cast<int>(outcome), id);
     outcome = IDEMSINK_OUTCOME_UNCERTAIN;
   }
   entry.on_done(id, outcome, std::string(detail ? detail : "", detail ? len : 0));

@@ -94,10 +94,16 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
       if (!(std::isalnum(c) ||
             std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
         throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
+    // The body's framing is the client's: a length or transfer coding from
+    // the configuration would contradict the one it writes.
+    if (beast::iequals(name, "Content-Length") || beast::iequals(name, "Transfer-Encoding"))
+      throw std::invalid_argument("headers: " + name + " is set by the client from the body; leave it out");
     const std::string value = trim(entry.substr(colon + 1));
     for (unsigned char c : value)
       if (c == '\r' || c == '\n' || c == 0)
         throw std::invalid_argument("headers: the value of " + name + " holds a line break");
+    // A name given twice: the last value, as one header.
+    std::erase_if(out, [&](const auto& h) { return beast::iequals(h.first, name); });
     out.emplace_back(name, value);
   }
   return out;
@@ -105,10 +111,16 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
 
 namespace {
 
-bool has_header(const HttpClient::Headers& headers, std::string_view name) {
-  for (const auto& [k, v] : headers)
-    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return true;
+bool has_header(const HttpClient::Headers& headers, std::string_view name, size_t from = 0) {
+  for (size_t i = from; i < headers.size(); ++i)
+    if (beast::iequals(headers[i].first, beast::string_view(name.data(), name.size()))) return true;
   return false;
+}
+
+// Framing headers are the client's to write.
+bool framing(std::string_view name) {
+  const beast::string_view n(name.data(), name.size());
+  return beast::iequals(n, "Content-Length") || beast::iequals(n, "Transfer-Encoding");
 }
 
 void append_header(std::string& out, std::string_view name, std::string_view value) {
@@ -238,7 +250,12 @@ struct HttpClient::Impl {
     out.append(call.method).append(" ").append(opt.endpoint.base_path).append(call.target).append(" HTTP/1.1\r\n");
     for (const auto& [name, value] : fixed_headers)
       if (!has_header(call.headers, name)) append_header(out, name, value);
-    for (const auto& [name, value] : call.headers) append_header(out, name, value);
+    // A call's header replaces the client's of the same name, and a later one
+    // of the call an earlier one (what setting a header means).
+    for (size_t i = 0; i < call.headers.size(); ++i) {
+      const auto& [name, value] = call.headers[i];
+      if (!framing(name) && !has_header(call.headers, name, i + 1)) append_header(out, name, value);
+    }
     if (!call.body.empty() || call.method == "POST" || call.method == "PUT" || call.method == "PATCH")
       append_header(out, "Content-Length", std::to_string(call.body.size()));
     out.append("\r\n").append(call.body);

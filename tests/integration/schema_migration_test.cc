@@ -6,6 +6,8 @@
 #define BOOST_TEST_MODULE schema_migration
 #include <boost/test/unit_test.hpp>
 
+#include <time.h>
+
 #include <atomic>
 #include <set>
 #include <thread>
@@ -45,16 +47,17 @@ void create_older_claim_table(db::Connection& c) {
   c.execute(claim::meta_table());
 }
 
-// Done claims of keys <prefix>0 .. <prefix>n-1 in last month's partition, as
-// a version before the key directory wrote them: no directory rows.
+// Done claims of keys <prefix>0 .. <prefix>n-1 in `month`'s partition (last
+// month's by default), as a version before the key directory wrote them: no
+// directory rows.
 void insert_claims_without_directory(db::Connection& c, const std::string& ns, const std::string& prefix, int n,
-                                     const std::string& value) {
+                                     const std::string& value, const std::string& month = kLastMonth) {
   std::string sql =
       "INSERT INTO idemsink_claim (namespace, biz_key, bucket, status, attempt, idem_token, owner, payload_hash, "
       "receipt, calls, src_topic, src_partition, src_offset, created_at, updated_at) VALUES ";
   for (int i = 0; i < n; ++i)
-    sql += std::string(i ? ", (" : "(") + c.quote(ns) + ", " + c.quote(prefix + std::to_string(i)) + ", '" +
-           kLastMonth + "', " + std::to_string(static_cast<int>(Status::Done)) + ", 1, UUID(), 'old-host#1', " +
+    sql += std::string(i ? ", (" : "(") + c.quote(ns) + ", " + c.quote(prefix + std::to_string(i)) + ", '" + month +
+           "', " + std::to_string(static_cast<int>(Status::Done)) + ", 1, UUID(), 'old-host#1', " +
            db::Connection::hex(payload_hash(value)) + ", 'OLD-RECEIPT', 1, 'old-topic', 0, " + std::to_string(i) +
            ", NOW(3), NOW(3))";
   c.execute(sql);
@@ -70,11 +73,19 @@ std::set<std::string> claim_indexes(db::Connection& c) {
 
 int64_t count(db::Connection& c, const std::string& sql) { return std::stoll(*c.query(sql).at(0).at(0)); }
 
-// Claim rows without a directory row naming them.
-int64_t claims_without_directory_row(db::Connection& c) {
+// Keys with claim rows and no directory row.
+int64_t keys_without_directory_row(db::Connection& c) {
   return count(c,
                "SELECT COUNT(*) FROM idemsink_claim c LEFT JOIN idemsink_claim_key k ON k.namespace = c.namespace AND "
-               "k.biz_key = c.biz_key AND k.bucket = c.bucket WHERE k.namespace IS NULL");
+               "k.biz_key = c.biz_key WHERE k.namespace IS NULL");
+}
+
+// Days of retention that keep last month's partition and drop the one before.
+int retention_keeping_last_month() {
+  std::tm tm{};
+  strptime(kLastMonth.c_str(), "%Y-%m-%d", &tm);
+  const auto first_of_last_month = std::chrono::system_clock::from_time_t(timegm(&tm));
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::hours>(kNow - first_of_last_month).count() / 24) - 1;
 }
 
 ClaimRequest request(const std::string& key) {
@@ -152,7 +163,7 @@ BOOST_AUTO_TEST_CASE(an_older_claim_table_is_migrated_while_claims_run) {
   BOOST_TEST(report.directory_rows_added == 3000u);  // the old claims'; the new ones wrote their own
   BOOST_TEST((claim_indexes(c) == std::set<std::string>{"PRIMARY", "idx_status_owner", "idx_token"}));
   BOOST_TEST(claim::key_directory_complete(c));
-  BOOST_TEST(claims_without_directory_row(c) == 0);
+  BOOST_TEST(keys_without_directory_row(c) == 0);
   BOOST_TEST(count(c, "SELECT COUNT(*) FROM idemsink_claim_key WHERE biz_key LIKE 'OLD-%' AND bucket = '" + kLastMonth +
                           "'") == 3000);
 
@@ -174,6 +185,41 @@ BOOST_AUTO_TEST_CASE(an_older_claim_table_is_migrated_while_claims_run) {
   BOOST_TEST(!again.index_added);
   BOOST_TEST(!again.indexes_dropped);
   BOOST_TEST(!again.directory_completed);
+}
+
+// Two records of one key claimed at the same instant by a version before the
+// directory left a row in each of two months. The directory names the
+// newest: when retention drops the older month (deleting that month's
+// directory rows first), the key still has its directory row and its newer
+// row, so a later record of it is a duplicate, not a second effect.
+BOOST_AUTO_TEST_CASE(a_key_with_rows_in_two_months_stays_guarded_when_the_older_month_goes) {
+  const auto cfg = devkit::MariaDbServer::shared().fresh_database("migrate_two_months");
+  db::Connection c(cfg);
+  create_older_claim_table(c);
+  const std::string two_months_ago = claim::month_start(kNow, -2);
+  insert_claims_without_directory(c, "waybill", "TWO-", 20, "{}", two_months_ago);
+  insert_claims_without_directory(c, "waybill", "TWO-", 20, "{}", kLastMonth);
+  insert_claims_without_directory(c, "waybill", "GONE-", 20, "{}", two_months_ago);
+  claim::apply_schema(c, kNow, {});
+  claim::migrate_claim_schema(
+      c, [](const std::string&) {}, /*batch=*/7);  // batches end inside a key's rows
+  BOOST_TEST(count(c, "SELECT COUNT(*) FROM idemsink_claim_key WHERE biz_key LIKE 'TWO-%' AND bucket = '" + kLastMonth +
+                          "'") == 20);
+  BOOST_TEST(keys_without_directory_row(c) == 0);
+
+  // Retention drops two months ago (its directory rows first), keeps last month.
+  const auto report = claim::maintain_partitions(c, kNow, {retention_keeping_last_month(), 3});
+  BOOST_TEST(report.dropped.size() >= 1u);
+  BOOST_TEST(count(c, "SELECT COUNT(*) FROM idemsink_claim WHERE bucket = '" + two_months_ago + "'") == 0);
+
+  ClaimStore store("host-a", "host-a#1", 30s);
+  for (const auto& r : store.claim(c, requests("TWO-", 0, 20))) {
+    BOOST_TEST((r.verdict == Verdict::Done));
+    BOOST_TEST(r.row.bucket == kLastMonth);
+  }
+  // A key whose only row went with the month is claimed afresh: past
+  // retention is past de-duplication, as always.
+  for (const auto& r : store.claim(c, requests("GONE-", 0, 20))) BOOST_TEST((r.verdict == Verdict::Owned));
 }
 
 // A table this version makes is complete from the start, with the merged
@@ -227,7 +273,7 @@ BOOST_AUTO_TEST_CASE(a_running_host_is_migrated_under_it_and_claims_nothing_twic
   for (const auto& [key, n] : calls) BOOST_TEST(key.rfind("OLD-", 0) != 0, key << " called " << n << " time(s)");
   expect_each_key_called_once(calls, 1000);  // NEW- and LATER-, each once
   auto c = s.connect();
-  BOOST_TEST(claims_without_directory_row(*c) == 0);
+  BOOST_TEST(keys_without_directory_row(*c) == 0);
   BOOST_TEST(count(*c, "SELECT COUNT(*) FROM idemsink_claim") == 1500);
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);
