@@ -19,7 +19,12 @@
 // over --months M (default 13), and its rate compared with the empty
 // table's.
 //
-//   build/bench/throughput_bench [RECORDS] [--prefill N] [--months M]
+// Migration: with --migrate N, only `idemsink schema migrate` is timed, on a
+// claim table of the layout before (two status indexes) holding N old rows
+// over --months M with no key directory rows: seconds, rows/s and MariaDB's
+// CPU per row.
+//
+//   build/bench/throughput_bench [RECORDS] [--prefill N] [--months M] [--migrate N]
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
 
@@ -253,21 +258,50 @@ void line(const std::string& what, double value, int precision, const std::strin
   std::cout << "\n";
 }
 
+// `idemsink schema migrate` on `rows` rows of the layout before.
+int run_migration(int64_t rows, int months) {
+  auto& mariadb = MariaDbServer::shared();
+  db::Connection c(mariadb.fresh_database("bench_migrate"));
+  std::string ddl = claim::claim_table(std::chrono::system_clock::now(), {months * 31, 3});
+  const std::string merged = "  KEY idx_status_owner (status, owner, updated_at),\n";
+  ddl.replace(ddl.find(merged), merged.size(),
+              "  KEY idx_owner_status (owner, status),\n  KEY idx_status_updated (status, updated_at),\n");
+  c.execute(ddl);
+  c.execute(claim::key_directory_table());
+  c.execute(claim::meta_table());
+  prefill(c, rows, months);
+  c.execute("DELETE FROM idemsink_claim_key");  // written before the directory existed
+  const double db_cpu0 = bench::cpu_micros(mariadb.pid());
+  const auto t0 = Clock::now();
+  const auto report =
+      claim::migrate_claim_schema(c, [](const std::string& step) { std::cout << "  " << step << "\n"; });
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double db_cpu = bench::cpu_micros(mariadb.pid()) - db_cpu0;
+  std::cout << "schema migrate of " << rows << " claim rows over " << months << " months: " << std::fixed
+            << std::setprecision(1) << secs << " s, " << std::setprecision(0) << rows / secs << " rows/s, "
+            << std::setprecision(1) << db_cpu / rows << " us MariaDB CPU per row; " << report.directory_rows_added
+            << " directory rows added\n";
+  return report.directory_rows_added == static_cast<uint64_t>(rows) ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int records = 200000, months = 13;
-  int64_t prefill_rows = 0;
+  int64_t prefill_rows = 0, migrate_rows = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--prefill" && i + 1 < argc) {
       prefill_rows = std::stoll(argv[++i]);
     } else if (arg == "--months" && i + 1 < argc) {
       months = std::stoi(argv[++i]);
+    } else if (arg == "--migrate" && i + 1 < argc) {
+      migrate_rows = std::stoll(argv[++i]);
     } else {
       records = std::stoi(arg);
     }
   }
+  if (migrate_rows > 0) return run_migration(migrate_rows, months);
   const auto keys = bench_keys(records);
   std::map<std::string, int> seen;
   for (const auto& k : keys) ++seen[k];
