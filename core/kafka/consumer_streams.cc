@@ -7,6 +7,7 @@
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/watermarks.h"
 #include "core/kafka/librdkafka_fixes.h"
 
 namespace idemsink::kafka {
@@ -167,10 +168,9 @@ void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {
     if (paused_.count(tp) || now - s.last_progress < cfg_.stall_timeout) continue;
     if (!s.next && !s.from_beginning) continue;  // sought to the end: nothing is owed yet
     s.last_progress = now;
-    int64_t low = 0, high = 0;
-    if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &low, &high, 2000) !=
-        RD_KAFKA_RESP_ERR_NO_ERROR)
-      continue;
+    kafka::Watermarks marks;  // a query that keeps its deadline: the leader may be the broker that is down
+    if (query_watermarks(rk_.get(), tp.topic, tp.partition, 2000, marks) != RD_KAFKA_RESP_ERR_NO_ERROR) continue;
+    const int64_t low = marks.low, high = marks.high;
     const int64_t from = s.next ? *s.next : low;
     if (high <= from) continue;
     spdlog::error(

@@ -10,6 +10,7 @@
 #include "core/dlq/outbox.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/watermarks.h"
 #include "core/pipeline/key_extractor.h"
 
 namespace idemsink::offline {
@@ -120,9 +121,10 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     pa.topic = topic;
     pa.partition = p;
     pa.committed = std::max<int64_t>(0, committed->elems[p].offset);
-    int64_t hi = 0;
-    if (auto err = rd_kafka_query_watermark_offsets(group, topic.c_str(), p, &pa.low, &hi, 10000))
-      throw kafka::KafkaError("watermarks of " + topic + ": " + rd_kafka_err2str(err));
+    kafka::Watermarks marks;
+    if (auto err = kafka::query_watermarks(group, topic, p, 10000, marks))
+      throw kafka::KafkaError("watermarks of " + topic + "[" + std::to_string(p) + "]: " + rd_kafka_err2str(err));
+    pa.low = marks.low;
     if (pa.committed > pa.low) {
       rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
       index[p] = first + static_cast<size_t>(p);

@@ -1,5 +1,7 @@
 #include "tests/support/test_kafka.h"
 
+#include "core/kafka/watermarks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -139,10 +141,10 @@ std::map<int32_t, int32_t> TestKafka::leaders(const std::string& topic) {
 }
 
 int64_t TestKafka::low_watermark(const std::string& topic, int32_t partition) {
-  int64_t lo = 0, hi = 0;
-  if (auto err = rd_kafka_query_watermark_offsets(producer_, topic.c_str(), partition, &lo, &hi, 10000))
+  kafka::Watermarks w;
+  if (auto err = kafka::query_watermarks(producer_, topic, partition, 10000, w))
     throw std::runtime_error(std::string("watermarks: ") + rd_kafka_err2str(err));
-  return lo;
+  return w.low;
 }
 
 void TestKafka::set_topic_configs(const std::string& topic, const std::map<std::string, std::string>& configs) {
@@ -235,10 +237,10 @@ std::map<int32_t, int64_t> TestKafka::high_watermarks(const std::string& topic,
                                                       const std::vector<int32_t>& partitions) {
   std::map<int32_t, int64_t> out;
   for (int32_t p : partitions) {
-    int64_t lo = 0, hi = 0;
-    if (auto err = rd_kafka_query_watermark_offsets(producer_, topic.c_str(), p, &lo, &hi, 10000))
+    kafka::Watermarks w;
+    if (auto err = kafka::query_watermarks(producer_, topic, p, 10000, w))
       throw std::runtime_error(std::string("watermarks: ") + rd_kafka_err2str(err));
-    out[p] = hi;
+    out[p] = w.high;
   }
   return out;
 }
@@ -256,8 +258,10 @@ std::vector<ConsumedMessage> TestKafka::read_partitions(const std::string& topic
   rd_kafka_t* rk = make_consumer(bootstrap(), "idemsink-test-reader");
   std::map<int32_t, int64_t> hi;
   for (int32_t p : partitions) {
-    int64_t lo = 0;
-    if (auto err = rd_kafka_query_watermark_offsets(rk, topic.c_str(), p, &lo, &hi[p], 10000)) {
+    kafka::Watermarks w;
+    const auto err = kafka::query_watermarks(rk, topic, p, 10000, w);
+    hi[p] = w.high;
+    if (err) {
       rd_kafka_destroy(rk);
       throw std::runtime_error(std::string("watermarks: ") + rd_kafka_err2str(err));
     }
