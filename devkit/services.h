@@ -22,6 +22,10 @@ class DevKafka {
   /// Sends one control command; throws unless the answer is "ok".
   void command(const std::string& line);
   pid_t pid() const { return proc_->pid(); }
+  /// Whether the cluster's process still runs (librdkafka's mock can abort on
+  /// an assertion of its own); its stderr, for saying why not.
+  bool running() { return proc_->running(); }
+  std::string log() const { return proc_->err(); }
 
  private:
   ScratchDir dir_;

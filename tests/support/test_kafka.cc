@@ -79,6 +79,13 @@ boost::test_tools::assertion_result real_only(boost::unit_test::test_unit_id) {
   return r;
 }
 
+std::optional<std::string> TestKafka::mock_died() {
+  if (!mock_ || mock_->running()) return std::nullopt;
+  const std::string log = mock_->log();
+  const size_t at = log.find("Assertion");
+  return log.substr(at != std::string::npos ? at : (log.size() > 600 ? log.size() - 600 : 0), 600);
+}
+
 void TestKafka::create_topic(const std::string& name, int partitions,
                              const std::map<std::string, std::string>& configs) {
   if (mock_) {

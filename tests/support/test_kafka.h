@@ -61,6 +61,8 @@ class TestKafka {
   Backend backend() const { return real_ ? Backend::Real : Backend::Mock; }
   bool mock() const { return !real_; }
   const std::string& bootstrap() const { return real_ ? real_->bootstrap() : mock_->bootstrap(); }
+  /// On the mock: why its process ended (the end of its log), if it did.
+  std::optional<std::string> mock_died();
   /// The real cluster (kill and restart nodes), or nullptr on the mock.
   devkit::KafkaCluster* real() { return real_.get(); }
 
