@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "core/admin/console.h"
+#include "core/admin/url.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"

@@ -82,9 +82,4 @@ class Api {
   mutable std::map<std::string, Sample> rates_;
 };
 
-/// "a%20b" -> "a b"; in a query (`plus_is_space`) "+" is a space too.
-std::string percent_decode(std::string_view s, bool plus_is_space = false);
-/// The query string's parameters (a repeated name: the last).
-std::map<std::string, std::string> parse_query(std::string_view q);
-
 }  // namespace idemsink::admin
