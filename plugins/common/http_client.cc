@@ -73,6 +73,16 @@ Endpoint parse_url(const std::string& url) {
   return e;
 }
 
+namespace {
+
+// Framing headers are the client's to write.
+bool framing(std::string_view name) {
+  const beast::string_view n(name.data(), name.size());
+  return beast::iequals(n, "Content-Length") || beast::iequals(n, "Transfer-Encoding");
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
   auto trim = [](std::string s) {
@@ -96,7 +106,7 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
         throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
     // The body's framing is the client's: a length or transfer coding from
     // the configuration would contradict the one it writes.
-    if (beast::iequals(name, "Content-Length") || beast::iequals(name, "Transfer-Encoding"))
+    if (framing(name))
       throw std::invalid_argument("headers: " + name + " is set by the client from the body; leave it out");
     const std::string value = trim(entry.substr(colon + 1));
     for (unsigned char c : value)
@@ -115,12 +125,6 @@ bool has_header(const HttpClient::Headers& headers, std::string_view name, size_
   for (size_t i = from; i < headers.size(); ++i)
     if (beast::iequals(headers[i].first, beast::string_view(name.data(), name.size()))) return true;
   return false;
-}
-
-// Framing headers are the client's to write.
-bool framing(std::string_view name) {
-  const beast::string_view n(name.data(), name.size());
-  return beast::iequals(n, "Content-Length") || beast::iequals(n, "Transfer-Encoding");
 }
 
 void append_header(std::string& out, std::string_view name, std::string_view value) {
