@@ -321,10 +321,33 @@ void KafkaCluster::wait_listening(Node& n) {
 void KafkaCluster::kill(int id) { nodes_.at(static_cast<size_t>(id - 1)).proc->kill_now(); }
 
 void KafkaCluster::restart(int id) {
+  start_again(id);
+  wait_listening(nodes_.at(static_cast<size_t>(id - 1)));
+}
+
+void KafkaCluster::start_again(int id) {
   Node& n = nodes_.at(static_cast<size_t>(id - 1));
   if (n.proc && n.proc->running()) n.proc->kill_now();
   start(n);
-  wait_listening(n);
+}
+
+void KafkaCluster::wait_all_up(std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool all_up = true;
+    for (auto& n : nodes_) {
+      if (!n.proc || !n.proc->running()) {
+        std::cerr << "Kafka node " << n.id << " is not running; starting it again\n";
+        start(n);
+      }
+      all_up = all_up && port_accepts(n.client_port);
+    }
+    if (all_up) return;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("Kafka nodes not all up within " + std::to_string(timeout.count()) + "s\n" +
+                               nodes_report());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 bool KafkaCluster::running(int id) { return nodes_.at(static_cast<size_t>(id - 1)).proc->running(); }

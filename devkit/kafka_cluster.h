@@ -12,6 +12,7 @@
 // started again in place, with its data.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -54,6 +55,17 @@ class KafkaCluster {
   /// Starts a killed or stopped node again on its ports and data; returns
   /// once its client port accepts connections.
   void restart(int id);
+  /// Starts it again and returns at once. A KRaft node opens its client port
+  /// only after it has caught up with a quorum of controllers: with two of
+  /// three nodes down, the first one back waits for the second, so bringing
+  /// several back must not wait on each in turn.
+  void start_again(int id);
+  /// Returns once every node's client port accepts connections. A node that
+  /// exited meanwhile is started again, as a service manager would: a node
+  /// that finds no quorum within initial.broker.registration.timeout.ms
+  /// (60 s) exits. Throws std::runtime_error with every node's state after
+  /// `timeout`.
+  void wait_all_up(std::chrono::seconds timeout);
   bool running(int id);
   /// The node the KRaft quorum last named its leader (the active
   /// controller), read from the nodes' logs; 0 if none has been named yet.

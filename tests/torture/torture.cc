@@ -557,6 +557,10 @@ void apply_fault(World& w, const FaultEvent& f, bool begin) {
     case Fault::BrokerDown:
       if (begin) {
         w.kafka_.broker_down(f.target);
+      } else if (auto* real = w.kafka_.real()) {
+        // Not waiting for it to listen: with the others of its quorum down it
+        // cannot, until they are back too (settle() waits for all).
+        real->start_again(f.target);
       } else {
         w.kafka_.broker_up(f.target);
       }
@@ -600,6 +604,7 @@ void apply_fault(World& w, const FaultEvent& f, bool begin) {
 void settle(World& w, const Plan& plan) {
   const std::string healthy =
       R"({"error_5xx": 0, "timeout_after_apply": 0, "latency_mean_ms": 8, "latency_p99_ms": 60})";
+  if (auto* real = w.kafka_.real()) real->wait_all_up(180s);
   for (const char* svc : {"waybill", "inventory", "sms"}) w.set_faults(svc, healthy);
   for (const auto& r : kRoutes) w.cli({"route", "resume", r.name});
   for (int i = 0; i < plan.opt.hosts; ++i)
