@@ -1,5 +1,7 @@
 #include "core/claim/claim_store.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 
 #include <ctime>
@@ -58,9 +60,7 @@ std::string bucket_of(int64_t timestamp_ms) {
   std::time_t secs = static_cast<std::time_t>(timestamp_ms / 1000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-01", tm.tm_year + 1900, tm.tm_mon + 1);
-  return buf;
+  return fmt::format("{:04}-{:02}-01", tm.tm_year + 1900, tm.tm_mon + 1);
 }
 
 ClaimStore::ClaimStore(std::string host_id, std::string owner, std::chrono::milliseconds lease)

@@ -25,7 +25,9 @@ namespace idemsink::plugins {
        "https: CA file the service's certificate must chain to (default: the system's CAs)"},                     \
       {"tls_verify", IDEMSINK_OPTION_BOOL, "true", "https: check the service's certificate and host name"},       \
       {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"},    \
-      {"max_connections", IDEMSINK_OPTION_INT, "64", "keep-alive connections kept open to the service"}, {        \
+      {"max_connections", IDEMSINK_OPTION_INT, "64",                                                              \
+       "keep-alive connections to the service, one call each at a time"},                                         \
+  {                                                                                                               \
     "headers", IDEMSINK_OPTION_STRING, "",                                                                        \
         "extra request headers, \"Name: value\" separated by \";\" (e.g. \"Authorization: Bearer ${API_TOKEN}\")" \
   }

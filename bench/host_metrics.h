@@ -1,0 +1,48 @@
+// What a benchmark reads of the host it started, from its admin endpoint's
+// /metrics: the host's own counters, to the moment.
+//
+// A rate is timed to the last record's durable outcome (done mark written, or
+// the record found a duplicate), read every 20 ms. Committed offsets are the
+// wrong clock for it: they follow the outcomes by up to kafka.commit_interval
+// (1 s), and reading them starts a consumer and finds the coordinator each
+// time; a 6-second run timed that way moved in steps of about a second. The
+// benchmarks still wait for every offset to be committed, apart, and print
+// how long after the last outcome that was.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "devkit/services.h"
+
+namespace idemsink::bench {
+
+/// The value of one series (name with its labels, as the host writes it) in
+/// a /metrics scrape; throws if absent.
+inline double metric(const std::string& scrape, const std::string& series) {
+  const size_t at = scrape.find("\n" + series + " ");
+  if (at == std::string::npos) throw std::runtime_error("no series " + series + " in /metrics");
+  return std::stod(scrape.substr(at + series.size() + 2));
+}
+
+/// Polls the host's /metrics (admin port `admin`) until the sum of `series`
+/// reaches `target`; returns when it did. Throws naming `what` after `timeout`.
+inline std::chrono::steady_clock::time_point wait_for_outcomes(int admin, const std::vector<std::string>& series,
+                                                               double target, std::chrono::seconds timeout,
+                                                               const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const std::string scrape = devkit::http_request(admin, "GET", "/metrics").second;
+    const auto now = std::chrono::steady_clock::now();
+    double sum = 0;
+    for (const auto& s : series) sum += scrape.find("\n" + s + " ") == std::string::npos ? 0 : metric(scrape, s);
+    if (sum >= target) return now;
+    if (now > deadline) throw std::runtime_error("timed out waiting for " + what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace idemsink::bench
