@@ -178,9 +178,39 @@ void Consumer::poll_loop() {
   // Test fault: a close that hangs past the shutdown deadline (the host
   // names it in the log while it waits).
   if (fault::once("close_hangs")) std::this_thread::sleep_until(close_deadline_ + std::chrono::seconds(7));
-  // Leaving the group revokes everything through rebalance_cb on this thread.
+  revoke_before_close();
+  // Leaves the group; anything still assigned is revoked through rebalance_cb
+  // on this thread.
   if (auto err = rd_kafka_consumer_close(rk_.get())) spdlog::warn("kafka consumer close: {}", rd_kafka_err2str(err));
   flush();
+}
+
+void Consumer::revoke_before_close() {
+  // The assignment is given back while the group still runs, by
+  // unsubscribing and polling: rebalance_cb revokes it here (drain, commit,
+  // unassign), and the close that follows has nothing left to revoke. A
+  // revoke served inside rd_kafka_consumer_close() can wait for ever in
+  // librdkafka 2.0: when the group terminates meanwhile (this member dropped
+  // by a rebalance while it drained), the unassign the callback sends is
+  // purged unanswered, and the host never exits (seen as a SIGTERM'd host
+  // hanging, torture seed 8). Records still arriving belong to partitions
+  // being revoked: dropped, their offsets were never committed.
+  rd_kafka_topic_partition_list_t* held = nullptr;
+  const bool holds = rd_kafka_assignment(rk_.get(), &held) == RD_KAFKA_RESP_ERR_NO_ERROR && held->cnt > 0;
+  if (held != nullptr) rd_kafka_topic_partition_list_destroy(held);
+  if (!holds) return;
+  if (auto err = rd_kafka_unsubscribe(rk_.get())) {
+    spdlog::warn("kafka: unsubscribe before close failed ({}); the close revokes", rd_kafka_err2str(err));
+    return;
+  }
+  while (std::chrono::steady_clock::now() < close_deadline_) {
+    if (rd_kafka_message_t* m = rd_kafka_consume_queue(queue_, 100)) rd_kafka_message_destroy(m);
+    rd_kafka_topic_partition_list_t* left = nullptr;
+    const bool empty = rd_kafka_assignment(rk_.get(), &left) == RD_KAFKA_RESP_ERR_NO_ERROR && left->cnt == 0;
+    if (left != nullptr) rd_kafka_topic_partition_list_destroy(left);
+    if (empty) return;
+  }
+  spdlog::warn("kafka: partitions still assigned at the shutdown deadline; the close revokes them");
 }
 
 void Consumer::flush() {

@@ -163,6 +163,9 @@ class Consumer {
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
                         void* opaque);
   void poll_loop();
+  /// At shutdown: unsubscribes and polls until the assignment is revoked (or
+  /// the close deadline), so that rd_kafka_consumer_close() revokes nothing.
+  void revoke_before_close();
   /// Wakes the poll thread out of its wait for records; a no-op once the
   /// close has begun (see closing_).
   void wake();
