@@ -337,7 +337,8 @@ void KafkaCluster::wait_all_up(std::chrono::seconds timeout) {
     bool all_up = true;
     for (auto& n : nodes_) {
       if (!n.proc || !n.proc->running()) {
-        std::cerr << "Kafka node " << n.id << " is not running; starting it again\n";
+        std::cerr << "Kafka node " << n.id << " is not running (its log: " << (n.dir / "server.log").string()
+                  << "); starting it again\n";
         start(n);
       }
       all_up = all_up && port_accepts(n.client_port);

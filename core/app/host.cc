@@ -2,6 +2,7 @@
 
 #include <mysqld_error.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include "core/common/asio.h"
 #include <condition_variable>
@@ -322,6 +323,30 @@ class HostRun {
     spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
                  build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));
     metrics_.set_build_info(build);
+    raise_open_files_limit();
+  }
+
+  // Every call in flight holds a connection of its plugin (a file
+  // descriptor each), besides Kafka's and the databases' sockets: a host
+  // with max_in_flight in the thousands outgrows the common soft limit of
+  // 1024 open files, and its calls would fail to connect (EMFILE). The soft
+  // limit goes up to the hard one, as servers do.
+  void raise_open_files_limit() {
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+    const rlim_t before = lim.rlim_cur;
+    if (lim.rlim_cur < lim.rlim_max) {
+      rlimit raised = lim;
+      raised.rlim_cur = lim.rlim_max;
+      if (setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+    }
+    if (lim.rlim_cur != before) spdlog::info("open files: soft limit raised from {} to {}", before, lim.rlim_cur);
+    constexpr rlim_t kOwnSockets = 256;  // Kafka, databases, admin, logs
+    if (lim.rlim_cur < static_cast<rlim_t>(cfg_.host.max_in_flight) + kOwnSockets)
+      spdlog::warn(
+          "open files: the limit is {}, below host.max_in_flight ({}) plus the host's own sockets: calls may fail "
+          "to connect; raise it (systemd: LimitNOFILE=, the shipped unit sets 65536)",
+          lim.rlim_cur, cfg_.host.max_in_flight);
   }
 
   // The slice's routes, pool, engine, consumer (member `index` of the group)

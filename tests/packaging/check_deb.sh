@@ -32,7 +32,7 @@ grep -qx /etc/idemsink/idemsink.toml "$out/control/conffiles" || fail "the confi
 [ -x "$out/control/postinst" ] || fail "no executable postinst"
 grep -q "adduser --system" "$out/control/postinst" || fail "postinst does not create the service user"
 depends=$(dpkg-deb -f "$host" Depends)
-for lib in librdkafka1 libmariadb3 adduser; do
+for lib in librdkafka1 libmariadb3 libjemalloc2 adduser; do
   [[ $depends == *"$lib"* ]] || fail "Depends lacks $lib: $depends"
 done
 
