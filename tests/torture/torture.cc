@@ -331,7 +331,7 @@ class World {
   std::string faults(const std::string& svc) const { return svc + ":latency_mean_ms=8,latency_p99_ms=60"; }
 
   std::string config(int index) const {
-    std::string cfg = base_config(kafka_, db_, "host-" + std::to_string(index), "torture",
+    std::string cfg = base_config(kafka_, db_, "host-" + std::to_string(index), group_,
                                   "admin_listen = \"127.0.0.1:" + std::to_string(admin_port(index)) + "\"\n");
     cfg.replace(cfg.find("[claim]\n"), 8,
                 "[claim]\nreconcile_interval = \"2s\"\nreconcile_after = \"3s\"\nunknown_dlq_after = \"1h\"\n");
@@ -470,6 +470,12 @@ class World {
   }
 
   const Plan& plan_;
+  // Seeds run side by side on one machine: a cluster's port, free again
+  // after it died, may be taken by another seed's cluster while this seed's
+  // hosts still dial it. A group of its own keeps them out of the other's
+  // group (they could only be seen, as letters or topics that should not be
+  // there, never hide a loss).
+  const std::string group_ = "torture-" + std::to_string(plan_.opt.seed) + "-" + std::to_string(::getpid());
   ScratchDir& dir_;
   std::unique_ptr<MariaDbServer> second_;
   FakeServices services_;
@@ -506,6 +512,8 @@ void feed(World& w, const Plan& plan, std::chrono::seconds over) {
             w.kafka_.produce(topic, msgs);
             break;
           } catch (const std::exception&) {
+            // A dead mock cluster never comes back: the run ends as BACKEND DIED.
+            if (w.kafka_.mock_died()) return;
             std::this_thread::sleep_for(500ms);  // a broker down: the feed waits, like an upstream would
           }
         }
@@ -656,7 +664,7 @@ void check_progress(World& w, Verdict& v, std::chrono::seconds bound) {
     try {
       for (const auto& t : w.topics_) {
         const auto hi = w.kafka_.high_watermarks(t, w.plan_.partitions);
-        const auto c = w.kafka_.committed("torture", t, w.plan_.partitions);
+        const auto c = w.kafka_.committed(w.group_, t, w.plan_.partitions);
         for (const auto& [p, h] : hi)
           if (h > 0 && c.at(p) < h)
             behind += " " + t + "[" + std::to_string(p) + "] " + std::to_string(c.at(p)) + "/" + std::to_string(h);
