@@ -196,11 +196,11 @@ E2e run_host(DevKafka& kafka, const std::string& topic, const std::vector<std::s
   out.db_cpu_us = bench::cpu_micros(mariadb.pid()) - db_cpu0;
   const std::string scrape = http_request(admin, "GET", "/metrics").second;
   out.statements = bench::metric(scrape, "idemsink_db_statements_total") - statements0;
+  out.done = bench::metric(scrape, "idemsink_records_done_total{route=\"noop\"}");
+  out.duplicates = bench::metric(scrape, "idemsink_idempotent_hits_total{route=\"noop\"}");
   wait_until(
       [&] { return bench::committed_total(kafka.bootstrap(), group, topic, kPartitions) >= int64_t(keys.size()); },
       120s, "the host to commit every record");
-  out.done = bench::metric(scrape, "idemsink_records_done_total{route=\"noop\"}");
-  out.duplicates = bench::metric(scrape, "idemsink_idempotent_hits_total{route=\"noop\"}");
   out.peak_rss_mib = bench::peak_rss_mib(host.pid());
   host.signal(SIGTERM);
   host.wait(60s);

@@ -277,6 +277,7 @@ class HostRun {
     for (size_t i = 0; i < cfg_.routes.size(); ++i) lib_of_[cfg_.routes[i].name] = libs[i];
     const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg_);
     log_start();
+    raise_open_files_limit();
     // Blocked since main(): one that came meanwhile is delivered now, to
     // this thread, and caught from here on (queued until waited for below):
     // a SIGTERM while the host starts drains it instead of killing it, and a
@@ -323,7 +324,6 @@ class HostRun {
     spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
                  build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));
     metrics_.set_build_info(build);
-    raise_open_files_limit();
   }
 
   // Every call in flight holds a connection of its plugin (a file

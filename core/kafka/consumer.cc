@@ -195,22 +195,24 @@ void Consumer::revoke_before_close() {
   // purged unanswered, and the host never exits (seen as a SIGTERM'd host
   // hanging, torture seed 8). Records still arriving belong to partitions
   // being revoked: dropped, their offsets were never committed.
-  rd_kafka_topic_partition_list_t* held = nullptr;
-  const bool holds = rd_kafka_assignment(rk_.get(), &held) == RD_KAFKA_RESP_ERR_NO_ERROR && held->cnt > 0;
-  if (held != nullptr) rd_kafka_topic_partition_list_destroy(held);
-  if (!holds) return;
+  if (assigned_count() <= 0) return;
   if (auto err = rd_kafka_unsubscribe(rk_.get())) {
     spdlog::warn("kafka: unsubscribe before close failed ({}); the close revokes", rd_kafka_err2str(err));
     return;
   }
   while (std::chrono::steady_clock::now() < close_deadline_) {
     if (rd_kafka_message_t* m = rd_kafka_consume_queue(queue_, 100)) rd_kafka_message_destroy(m);
-    rd_kafka_topic_partition_list_t* left = nullptr;
-    const bool empty = rd_kafka_assignment(rk_.get(), &left) == RD_KAFKA_RESP_ERR_NO_ERROR && left->cnt == 0;
-    if (left != nullptr) rd_kafka_topic_partition_list_destroy(left);
-    if (empty) return;
+    if (assigned_count() == 0) return;
   }
   spdlog::warn("kafka: partitions still assigned at the shutdown deadline; the close revokes them");
+}
+
+int Consumer::assigned_count() {
+  rd_kafka_topic_partition_list_t* list = nullptr;
+  if (rd_kafka_assignment(rk_.get(), &list) != RD_KAFKA_RESP_ERR_NO_ERROR) return -1;
+  const int n = list->cnt;
+  rd_kafka_topic_partition_list_destroy(list);
+  return n;
 }
 
 void Consumer::flush() {

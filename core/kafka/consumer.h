@@ -166,6 +166,8 @@ class Consumer {
   /// At shutdown: unsubscribes and polls until the assignment is revoked (or
   /// the close deadline), so that rd_kafka_consumer_close() revokes nothing.
   void revoke_before_close();
+  /// Partitions assigned to this consumer now, or -1 if librdkafka cannot say.
+  int assigned_count();
   /// Wakes the poll thread out of its wait for records; a no-op once the
   /// close has begun (see closing_).
   void wake();
