@@ -242,6 +242,7 @@ idemsink_record Dispatcher::abi_record(const Record& r, std::vector<idemsink_hea
   rec.header_count = headers.size();
   rec.idem_token = r.token.c_str();
   rec.attempt = r.calls;
+  rec.timeout_ms = r.route->cfg.call_timeout.count();
   return rec;
 }
 

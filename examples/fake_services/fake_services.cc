@@ -19,7 +19,7 @@
 //                                  (its order's "produced_ms", if sent) P50/P99
 //   POST /admin/faults/SERVICE     JSON {"latency_mean_ms", "latency_p99_ms",
 //                                  "timeout_after_apply", "error_5xx", "reject_4xx",
-//                                  "record_delay_ms"}
+//                                  "record_delay_ms", "early_hints"}
 //   POST /admin/reset              forget everything
 // With --require-token T, the services answer 401 without "Authorization: Bearer T";
 // with --tls-cert/--tls-key they are also served over HTTPS on a second port.
@@ -67,6 +67,7 @@ struct Faults {
   double error_5xx = 0;
   double reject_4xx = 0;
   double record_delay_ms = 0;
+  double early_hints = 0;  // probability of a 103 Early Hints before the answer (legal HTTP/1.1)
 };
 
 void to_json(json& j, const Faults& f) {
@@ -75,7 +76,8 @@ void to_json(json& j, const Faults& f) {
            {"timeout_after_apply", f.timeout_after_apply},
            {"error_5xx", f.error_5xx},
            {"reject_4xx", f.reject_4xx},
-           {"record_delay_ms", f.record_delay_ms}};
+           {"record_delay_ms", f.record_delay_ms},
+           {"early_hints", f.early_hints}};
 }
 
 void update(Faults& f, const json& j) {
@@ -85,6 +87,7 @@ void update(Faults& f, const json& j) {
   f.error_5xx = j.value("error_5xx", f.error_5xx);
   f.reject_4xx = j.value("reject_4xx", f.reject_4xx);
   f.record_delay_ms = j.value("record_delay_ms", f.record_delay_ms);
+  f.early_hints = j.value("early_hints", f.early_hints);
 }
 
 struct Service {
@@ -122,6 +125,7 @@ struct Reply {
   std::chrono::milliseconds delay{0};
   std::vector<std::pair<std::string, std::string>> headers;
   std::optional<std::string> raw_body;  // sent as is instead of `body` (text that is not JSON)
+  bool early_hints = false;             // a 103 goes out at once, the answer after its delay
 };
 
 class World {
@@ -137,6 +141,21 @@ class World {
   }
 
   Reply handle(const http::request<http::string_body>& req) {
+    Reply r = answer(req);
+    const std::string target(req.target());
+    static const std::pair<const char*, const char*> kPrefixes[] = {
+        {"/waybills", "waybill"}, {"/inventory/", "inventory"}, {"/sms/", "sms"}, {"/payments", "payment"}};
+    for (const auto& [prefix, name] : kPrefixes)
+      if (target.rfind(prefix, 0) == 0 &&
+          std::uniform_real_distribution<double>(0, 1)(rng_) < services_[name].faults.early_hints)
+        r.early_hints = true;
+    return r;
+  }
+
+  std::chrono::milliseconds hold() const { return hold_; }
+
+ private:
+  Reply answer(const http::request<http::string_body>& req) {
     const std::string target(req.target());
     // Decoded as a web framework decodes them: %2F in a key is part of the key.
     const std::string path = percent_decode(target.substr(0, target.find('?')));
@@ -200,9 +219,6 @@ class World {
     return {http::status::not_found, {{"error", "no such endpoint: " + path}}};
   }
 
-  std::chrono::milliseconds hold() const { return hold_; }
-
- private:
   // A payment API as many are: a replayed Idempotency-Key gets 409 instead
   // of the first answer, and the receipt only from the look-up.
   Reply payment(const http::request<http::string_body>& req) {
@@ -373,7 +389,19 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     res->keep_alive(req_.keep_alive());
     res->body() = r.raw_body ? *r.raw_body : r.body.dump();
     res->prepare_payload();
-    timer_.expires_after(r.delay);
+    if (r.early_hints) {
+      // The interim answer at once, the final one after the service's delay.
+      static const std::string kEarlyHints = "HTTP/1.1 103 Early Hints\r\nLink: </receipt.css>; rel=preload\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(kEarlyHints),
+                        [self = this->shared_from_this(), res, delay = r.delay](beast::error_code ec, size_t) {
+                          if (!ec) self->answer_after(res, delay);
+                        });
+      return;
+    }
+    answer_after(res, r.delay);
+  }
+  void answer_after(std::shared_ptr<http::response<http::string_body>> res, std::chrono::milliseconds delay) {
+    timer_.expires_after(delay);
     timer_.async_wait([self = this->shared_from_this(), res](beast::error_code) {
       beast::get_lowest_layer(self->stream_).expires_after(std::chrono::minutes(1));
       http::async_write(self->stream_, *res, [self, res](beast::error_code ec, size_t) {

@@ -25,6 +25,7 @@ idemsink_outcome classify(const HttpResult& r) {
   switch (r.failure) {
     case HttpResult::Failure::BeforeSend: return IDEMSINK_OUTCOME_RETRYABLE;
     case HttpResult::Failure::AfterSend: return IDEMSINK_OUTCOME_UNCERTAIN;
+    case HttpResult::Failure::Invalid: return IDEMSINK_OUTCOME_PERMANENT;
     case HttpResult::Failure::None: break;
   }
   if (r.status >= 200 && r.status < 300) return IDEMSINK_OUTCOME_OK;
@@ -41,6 +42,7 @@ std::optional<std::string_view> HttpResult::header(std::string_view name) const 
 std::string describe(const HttpResult& r) {
   if (r.failure == HttpResult::Failure::BeforeSend) return "not sent: " + r.error;
   if (r.failure == HttpResult::Failure::AfterSend) return "no response after sending: " + r.error;
+  if (r.failure == HttpResult::Failure::Invalid) return "not sent, the request is malformed: " + r.error;
   return "HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
 }
 
@@ -131,6 +133,35 @@ void append_header(std::string& out, std::string_view name, std::string_view val
   out.append(name).append(": ").append(value).append("\r\n");
 }
 
+// What may stand in a request line's target: visible ASCII only. A space
+// would end the target, CR LF the line: text a record put there would add
+// headers, or a second request.
+bool valid_target(std::string_view target) {
+  for (unsigned char c : target)
+    if (c <= 0x20 || c >= 0x7F) return false;
+  return true;
+}
+
+// A header value may hold tabs and visible bytes (obs-text included), never
+// another control character: CR LF would start a header of the record's own.
+bool valid_header_value(std::string_view value) {
+  for (unsigned char c : value)
+    if ((c < 0x20 && c != '\t') || c == 0x7F) return false;
+  return true;
+}
+
+bool valid_header_name(std::string_view name) {
+  if (name.empty()) return false;
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
+      return false;
+  return true;
+}
+
+// Interim answers read past before a call's final one: a server sending more
+// is broken, and the call's answer is taken as lost.
+constexpr int kMaxInterimAnswers = 8;
+
 }  // namespace
 
 struct HttpClient::Impl {
@@ -139,7 +170,14 @@ struct HttpClient::Impl {
     std::string target;  // without the endpoint's base path
     std::string body;
     Headers headers;  // this call's; replace the client's of the same name
+    std::chrono::steady_clock::time_point send_by;
     std::function<void(HttpResult)> done;
+    // While it waits for a connection: fires at send_by.
+    std::unique_ptr<asio::steady_timer> queued;
+    // Queued: waiting for a connection; Abandoned: its timer reported it not
+    // sent (next() skips it); Taken: a connection came first.
+    enum class Wait { No, Queued, Abandoned, Taken } wait = Wait::No;
+    int interim = 0;  // 1xx answers read so far
   };
   // One connection: plain TCP, or TLS over it (https endpoints).
   struct Conn {
@@ -222,8 +260,12 @@ struct HttpClient::Impl {
     });
     io.stop();
     thread.join();
-    // Calls still queued never went out: report them so no completion is lost.
-    for (auto& c : waiting) c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
+    // Calls still queued never went out: report them so no completion is
+    // lost. Their timers go while the io_context they belong to is alive.
+    for (auto& c : waiting) c->queued.reset();
+    for (auto& c : waiting)
+      if (c->wait == Call::Wait::Queued)
+        c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
     for (auto& c : inbox) c->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, "client shutting down"});
   }
 
@@ -265,7 +307,27 @@ struct HttpClient::Impl {
     out.append("\r\n").append(call.body);
   }
 
+  /// Why `call` cannot be written as a request at all, or nothing.
+  std::optional<std::string> malformed(const Call& call) const {
+    if (!valid_target(opt.endpoint.base_path + call.target))
+      return "its target holds a space or control character: " + call.target.substr(0, 200);
+    for (const auto& [name, value] : call.headers) {
+      if (!valid_header_name(name)) return "\"" + name.substr(0, 64) + "\" is not a header name";
+      if (!valid_header_value(value)) return "the value of " + name + " holds a control character";
+    }
+    return std::nullopt;
+  }
+
+  static bool past(const Call& call) { return std::chrono::steady_clock::now() >= call.send_by; }
+
+  static void report_not_sent(const std::shared_ptr<Call>& call) {
+    call->done(HttpResult{
+        HttpResult::Failure::BeforeSend, 0, {}, "no connection was free before the call's deadline; abandoned unsent"});
+  }
+
   void start(std::shared_ptr<Call> call) {
+    if (auto why = malformed(*call)) return call->done(HttpResult{HttpResult::Failure::Invalid, 0, {}, *why});
+    if (past(*call)) return report_not_sent(call);
     if (!idle.empty()) {
       auto conn = idle.back();
       idle.pop_back();
@@ -274,8 +336,21 @@ struct HttpClient::Impl {
       ++open;
       connect(call);
     } else {
-      waiting.push_back(std::move(call));
+      queue(std::move(call));
     }
+  }
+
+  // Waits for a connection until its send_by, then is reported not sent and
+  // never sent: the host has given up on it by then.
+  void queue(std::shared_ptr<Call> call) {
+    call->wait = Call::Wait::Queued;
+    call->queued = std::make_unique<asio::steady_timer>(io, call->send_by);
+    call->queued->async_wait([call](beast::error_code ec) {
+      if (ec || call->wait != Call::Wait::Queued) return;
+      call->wait = Call::Wait::Abandoned;
+      report_not_sent(call);
+    });
+    waiting.push_back(std::move(call));
   }
 
   void failed_before_send(const std::shared_ptr<Call>& call, const std::string& what) {
@@ -314,6 +389,14 @@ struct HttpClient::Impl {
   }
 
   void send(std::shared_ptr<Conn> conn, std::shared_ptr<Call> call, bool reused) {
+    // The one place a request goes on the wire: never past its deadline (a
+    // connection that took long to open, or came free late).
+    if (past(*call)) {
+      release(conn);
+      report_not_sent(call);
+      next();
+      return;
+    }
     conn->tcp().expires_after(opt.timeout);
     serialize(*call, conn->out);
     conn->with_stream([&](auto& stream) {
@@ -348,13 +431,27 @@ struct HttpClient::Impl {
           next();
           return;
         }
-        HttpResult r{HttpResult::Failure::None, conn->res.result_int(), std::move(conn->res.body()), {}, {}};
+        const unsigned status = conn->res.result_int();
+        // An interim answer (103 Early Hints, 100 Continue, 102 Processing)
+        // is not the call's: its final answer follows on this connection.
+        // Taking it for the answer would leave the final one unread, for the
+        // next call on the connection to take as its own.
+        if (status >= 100 && status < 200 && status != 101 && ++call->interim <= kMaxInterimAnswers)
+          return receive(conn, call);
+        if (status >= 100 && status < 200) {
+          // A protocol switch nobody asked for, or answers that never end:
+          // nothing on this connection can be trusted to be this call's.
+          close(conn);
+          call->done(HttpResult{
+              HttpResult::Failure::AfterSend, 0, {}, "HTTP " + std::to_string(status) + " and no final answer"});
+          next();
+          return;
+        }
+        HttpResult r{HttpResult::Failure::None, status, std::move(conn->res.body()), {}, {}};
         for (const auto& field : conn->res)
           r.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-        const bool keep = conn->res.keep_alive();
-        if (keep) {
-          conn->tcp().expires_never();
-          idle.push_back(conn);
+        if (conn->res.keep_alive()) {
+          release(conn);
         } else {
           close(conn);
         }
@@ -362,6 +459,12 @@ struct HttpClient::Impl {
         next();
       });
     });
+  }
+
+  // A connection free for the next call.
+  void release(const std::shared_ptr<Conn>& conn) {
+    conn->tcp().expires_never();
+    idle.push_back(conn);
   }
 
   void close(const std::shared_ptr<Conn>& conn) {
@@ -372,10 +475,14 @@ struct HttpClient::Impl {
   }
 
   void next() {
-    if (waiting.empty()) return;
-    auto call = waiting.front();
-    waiting.pop_front();
-    start(call);
+    while (!waiting.empty()) {
+      auto call = std::move(waiting.front());
+      waiting.pop_front();
+      if (call->wait == Call::Wait::Abandoned) continue;  // already reported not sent
+      call->wait = Call::Wait::Taken;                     // its timer, even if already due, reports nothing
+      call->queued.reset();
+      return start(std::move(call));
+    }
   }
 };
 
@@ -385,12 +492,13 @@ HttpClient::~HttpClient() = default;
 const Endpoint& HttpClient::endpoint() const { return impl_->opt.endpoint; }
 
 void HttpClient::request(const std::string& method, const std::string& target, std::string body, Headers headers,
-                         std::function<void(HttpResult)> done) {
+                         SendBy send_by, std::function<void(HttpResult)> done) {
   auto call = std::make_shared<Impl::Call>();
   call->method = method;
   call->target = target;
   call->body = std::move(body);
   call->headers = std::move(headers);
+  call->send_by = send_by.value_or(std::chrono::steady_clock::now() + impl_->opt.timeout);
   // Nothing a callback throws may leave the client's thread (it would end
   // the host); the plugins' callbacks catch their own (remote.h: guarded),
   // and a completion dropped here is reported uncertain by the SDK.

@@ -20,8 +20,10 @@ struct HttpResult {
   /// Where a failure happened, which decides retryable vs uncertain.
   enum class Failure {
     None,        ///< a response arrived
-    BeforeSend,  ///< no connection, or the request could not be written: not applied
+    BeforeSend,  ///< no connection, the request could not be written, or none was free before the call's deadline: not
+                 ///< applied
     AfterSend,   ///< sent, then timeout or reset before the response: may be applied
+    Invalid,     ///< the request itself is malformed (control characters in its target or a header): never sent
   };
   Failure failure = Failure::None;
   unsigned status = 0;
@@ -36,7 +38,8 @@ struct HttpResult {
 /// The classification every remote plugin uses:
 ///   2xx ok · 4xx except 408/429 permanent · 408/429/5xx retryable (the
 ///   server says it did not process the request) · failure before sending
-///   retryable · timeout or reset after sending uncertain.
+///   retryable · timeout or reset after sending uncertain · a malformed
+///   request permanent (the record made it; sending it again makes it again).
 idemsink_outcome classify(const HttpResult& r);
 /// A short text for logs and last_error: "HTTP 503: body..." or the failure.
 std::string describe(const HttpResult& r);
@@ -67,6 +70,12 @@ class HttpClient {
     std::string tls_ca;
   };
   using Headers = std::vector<std::pair<std::string, std::string>>;
+  /// The last moment a request may go on the wire. A request still waiting
+  /// for a connection then is abandoned and reported not sent (BeforeSend),
+  /// and is never sent later: by then the host has taken the call as
+  /// uncertain, and may have asked the remote about it and been told "never
+  /// sent". Nothing: the client's own timeout from the request.
+  using SendBy = std::optional<std::chrono::steady_clock::time_point>;
 
   explicit HttpClient(Options opt);
   ~HttpClient();
@@ -74,7 +83,8 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   /// Queues one request; `done` runs exactly once on the client's thread.
-  void request(const std::string& method, const std::string& target, std::string body, Headers headers,
+  /// Interim answers (1xx) are read past: `done` gets the final one.
+  void request(const std::string& method, const std::string& target, std::string body, Headers headers, SendBy send_by,
                std::function<void(HttpResult)> done);
 
   const Endpoint& endpoint() const;

@@ -88,6 +88,17 @@ inline std::optional<std::string> unsendable(const sdk::Record& rec) {
   return std::nullopt;
 }
 
+/// The last moment this call's request may go on the wire: the host's
+/// deadline (ABI v1.1), a little early so that "not sent" reaches the host
+/// before it gives up on the call; nothing (the client's own timeout) from a
+/// host that does not say.
+inline HttpClient::SendBy send_by(const sdk::Record& rec) {
+  const auto timeout = rec.timeout();
+  if (!timeout) return std::nullopt;
+  const auto margin = std::min<std::chrono::milliseconds>(*timeout / 10, std::chrono::milliseconds(100));
+  return std::chrono::steady_clock::now() + *timeout - margin;
+}
+
 /// The record value as JSON text: the value itself when it is JSON (as the
 /// producer wrote it, numbers and all), else as order_payload() makes it.
 inline std::string order_json(const sdk::Record& rec);
@@ -169,7 +180,7 @@ inline void report(const sdk::SharedCompletion& done, const HttpResult& r, const
 /// `field`), anything else = cannot tell now.
 inline void lookup_receipt(const sdk::Host& host, HttpClient& http, const sdk::Record& rec, const std::string& target,
                            const char* field, const std::string& not_found, sdk::Completion done) {
-  http.request("GET", target, "", {},
+  http.request("GET", target, "", {}, send_by(rec),
                guarded_question(host, rec, std::move(done),
                                 [field, not_found](const sdk::SharedCompletion& done, const HttpResult& r) {
                                   if (r.failure == HttpResult::Failure::None && r.status == 404)

@@ -264,6 +264,11 @@ class Http {
       throw std::invalid_argument("method: '" + method_ + "' is not one of POST, PUT, PATCH, DELETE, GET");
     if (o.str("path").empty() || o.str("path")[0] != '/') throw std::invalid_argument("path: must start with /");
     if (lookup_ && o.str("lookup_path")[0] != '/') throw std::invalid_argument("lookup_path: must start with /");
+    for (const auto& [option, t] :
+         {std::pair<const char*, const Template*>{"path", &path_}, {"lookup_path", lookup_ ? &*lookup_ : nullptr}})
+      if (t && std::any_of(t->skeleton().begin(), t->skeleton().end(),
+                           [](unsigned char c) { return c <= 0x20 || c >= 0x7F; }))
+        throw std::invalid_argument(std::string(option) + ": holds a space or control character (percent-encode it)");
     if (body_ && body_escape() == Escape::Json && json::parse(body_->skeleton(), nullptr, false).is_discarded())
       throw std::invalid_argument(
           "body: is not JSON once filled in ({{name}} inserts escaped text: quote it; {{{json.name}}} inserts a "
@@ -309,13 +314,16 @@ class Http {
       return done.permanent("the body built for this record is not JSON: " + body.substr(0, 200));
     HttpClient::Headers headers{{"Content-Type", content_type_}};
     if (!token_header_.empty()) headers.emplace_back(token_header_, std::string(rec.idem_token()));
-    http_.request(method_, target, std::move(body), std::move(headers),
-                  guarded(
-                      host_, rec, sdk::SharedCompletion(std::move(done)),
-                      [this, lookup = std::move(lookup)](const sdk::SharedCompletion& done, const HttpResult& r) {
-                        answer(done, r, lookup);
-                      },
-                      on_unreadable));
+    // The look-up after a 409 belongs to the same call: the same deadline.
+    const HttpClient::SendBy deadline = send_by(rec);
+    http_.request(
+        method_, target, std::move(body), std::move(headers), deadline,
+        guarded(
+            host_, rec, sdk::SharedCompletion(std::move(done)),
+            [this, lookup = std::move(lookup), deadline](const sdk::SharedCompletion& done, const HttpResult& r) {
+              answer(done, r, lookup, deadline);
+            },
+            on_unreadable));
   }
 
   // Did the call with this token happen? Without a look-up nobody can say
@@ -324,6 +332,8 @@ class Http {
     if (!lookup_) return done.retryable("no lookup_path configured for this route: settle it with idemsink resolve");
     std::string target;
     try {
+      // record_data refuses a value nested too deep to walk: "cannot tell",
+      // the host alive (the look-up runs on the engine thread).
       target = lookup_->render(record_data(rec));
     } catch (const std::invalid_argument& e) {
       return done.retryable(std::string("cannot build the look-up for this record: ") + e.what());
@@ -340,7 +350,8 @@ class Http {
     return Escape::None;
   }
 
-  void answer(const sdk::SharedCompletion& done, const HttpResult& r, const std::string& lookup) {
+  void answer(const sdk::SharedCompletion& done, const HttpResult& r, const std::string& lookup,
+              HttpClient::SendBy deadline) {
     if (r.failure != HttpResult::Failure::None) return done.report(classify(r), explain(r));
     const auto pause = retry_after(r);
     switch (table_.of(r.status, pause.has_value())) {
@@ -354,7 +365,7 @@ class Http {
       case Meaning::Lookup:
         // "Already done" without the first answer (or "in progress"): the
         // look-up has the receipt; if it cannot tell, the call stays uncertain.
-        return ask_after(done, lookup, explain(r));
+        return ask_after(done, lookup, explain(r), deadline);
     }
   }
 
@@ -369,8 +380,9 @@ class Http {
 
   /// The look-up after an answer that says "already done": found → ok;
   /// anything else → uncertain (nothing here says for sure it was not done).
-  void ask_after(const sdk::SharedCompletion& done, const std::string& target, const std::string& first) {
-    http_.request("GET", target, "", {}, [this, done, first](HttpResult r) {
+  void ask_after(const sdk::SharedCompletion& done, const std::string& target, const std::string& first,
+                 HttpClient::SendBy deadline) {
+    http_.request("GET", target, "", {}, deadline, [this, done, first](HttpResult r) {
       try {
         if (auto found = found_in(r)) return done.ok(*found);
         done.uncertain(first + "; look-up: " + explain(r));
@@ -385,7 +397,7 @@ class Http {
   /// permanent; anything else, an unreadable answer included → cannot tell.
   void ask(const sdk::Record& rec, const std::string& target, sdk::Completion done) {
     http_.request(
-        "GET", target, "", {},
+        "GET", target, "", {}, send_by(rec),
         guarded_question(host_, rec, std::move(done), [this](const sdk::SharedCompletion& done, const HttpResult& r) {
           if (r.failure == HttpResult::Failure::None) {
             if (not_found_.count(r.status))

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <set>
 #include <stdexcept>
 #include <string_view>
@@ -82,9 +84,12 @@ std::vector<Tag> tags_of(const std::string& option, const std::string& text) {
     if (close == std::string::npos) throw std::invalid_argument(option + ": a tag is not closed");
     t.end = close + (triple ? 3 : 2);
     std::string inner = text.substr(at + (triple ? 3 : 2), close - at - (triple ? 3 : 2));
+    // Trimmed as the renderer trims (std::isspace): the check must read the
+    // tags the renderer will, or a name led by a line break would hide a
+    // sigil from it ({{\n&x}} unescaped, {{\n=<% %>=}} new delimiters).
     auto trim = [](std::string& x) {
-      x.erase(0, x.find_first_not_of(" \t"));
-      x.erase(x.find_last_not_of(" \t") + 1);
+      while (!x.empty() && std::isspace(static_cast<unsigned char>(x.front()))) x.erase(0, 1);
+      while (!x.empty() && std::isspace(static_cast<unsigned char>(x.back()))) x.pop_back();
     };
     trim(inner);
     t.raw = triple;
@@ -95,6 +100,10 @@ std::vector<Tag> tags_of(const std::string& option, const std::string& text) {
       trim(inner);
     }
     t.name = inner;
+    for (unsigned char c : t.sigil == '!' || t.sigil == '=' ? std::string() : t.name)
+      if (std::isspace(c) || std::iscntrl(c))
+        throw std::invalid_argument(option + ": the tag {{" + t.name +
+                                    "}} has a space or control character in its name");
     if (t.sigil == '/') --depth;
     t.depth = depth;
     if (t.sigil == '#' || t.sigil == '^') ++depth;
@@ -167,6 +176,10 @@ std::string Template::render(const mustache::data& d) {
       throw std::invalid_argument("the template renders more than " + std::to_string(kMaxRendered) + " bytes");
     out += piece;
   });
+  if (escape_ == Escape::Url &&
+      std::any_of(out.begin(), out.end(), [](unsigned char c) { return c <= 0x20 || c >= 0x7F; }))
+    throw std::invalid_argument("the URL " + json_string_content(out.substr(0, 200)) +
+                                " holds a space or control character; a request line cannot carry it");
   if (escape_ == Escape::Url && odd_segments(out) > odd_segments(skeleton_))
     throw std::invalid_argument("the URL " + out.substr(0, 200) + " has an empty or dot segment the template has not");
   return out;
@@ -201,6 +214,12 @@ void Template::check(const std::string& option, const std::vector<Tag>& tags, bo
 }
 
 mustache::data record_data(const sdk::Record& rec) {
+  // The one walk of a record's value, for every template (call, look-up):
+  // the tree is built recursively, so a value nested deeper than the JSON
+  // writer can take is refused here, before anything walks it.
+  if (const size_t depth = json_depth(rec.value()); depth > kMaxJsonDepth)
+    throw std::invalid_argument("the record value nests " + std::to_string(depth) + " levels deep (at most " +
+                                std::to_string(kMaxJsonDepth) + ")");
   const json value = order_payload(rec);
   mustache::data d;
   d.set("value", to_data(value, false));

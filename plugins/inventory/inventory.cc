@@ -17,7 +17,7 @@ class Inventory {
     if (auto why = unsendable(rec)) return done.permanent(*why);
     std::string body = "{\"request_id\":" + json_string(rec.idem_token()) +
                        ",\"order_id\":" + json_string(rec.biz_key()) + ",\"order\":" + order_json(rec) + "}";
-    http_.request("POST", "/inventory/reserve", std::move(body), {},
+    http_.request("POST", "/inventory/reserve", std::move(body), {}, send_by(rec),
                   guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
                     report(done, r, "reservation_id");
                   }));

@@ -35,7 +35,7 @@ class Sms {
                                   : "";
     nlohmann::json body{
         {"client_ref", std::string(rec.idem_token())}, {"order_id", order}, {"to", phone}, {"text", text}};
-    http_.request("POST", "/sms/send", body.dump(), {},
+    http_.request("POST", "/sms/send", body.dump(), {}, send_by(rec),
                   guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
                     report(done, r, "message_id");
                   }));
@@ -43,7 +43,7 @@ class Sms {
 
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
     http_.request(
-        "GET", "/sms/messages?client_ref=" + std::string(rec.idem_token()), "", {},
+        "GET", "/sms/messages?client_ref=" + std::string(rec.idem_token()), "", {}, send_by(rec),
         guarded_question(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
           if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
           auto j = nlohmann::json::parse(r.body, nullptr, false);

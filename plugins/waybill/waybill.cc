@@ -19,10 +19,10 @@ class Waybill {
   void invoke(const sdk::Record& rec, sdk::Completion done) {
     if (auto why = unsendable(rec)) return done.permanent(*why);
     std::string body = "{\"order_id\":" + json_string(rec.biz_key()) + ",\"order\":" + order_json(rec) + "}";
-    http_.request("POST", "/waybills", std::move(body), {{"Idempotency-Key", std::string(rec.idem_token())}},
-                  guarded_call(host_, rec, std::move(done), [](const sdk::SharedCompletion& done, const HttpResult& r) {
-                    report(done, r, "waybill_no");
-                  }));
+    http_.request(
+        "POST", "/waybills", std::move(body), {{"Idempotency-Key", std::string(rec.idem_token())}}, send_by(rec),
+        guarded_call(host_, rec, std::move(done),
+                     [](const sdk::SharedCompletion& done, const HttpResult& r) { report(done, r, "waybill_no"); }));
   }
 
   // Did a waybill with this idempotency key get created?

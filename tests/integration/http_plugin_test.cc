@@ -239,6 +239,110 @@ BOOST_AUTO_TEST_CASE(answers_that_may_hide_an_effect_stay_uncertain) {
   BOOST_TEST(cut.detail.find("renders more than") != std::string::npos, cut.detail);
 }
 
+// A payment API that sends 103 Early Hints before its answer (legal
+// HTTP/1.1: a client must read past an interim answer it did not ask for).
+// Taken for the answer, the 103 left the real one unread on a kept-alive
+// connection, and the next call on it read the previous call's receipt.
+BOOST_AUTO_TEST_CASE(an_interim_answer_is_read_past_and_every_receipt_is_its_own) {
+  FakeServices services(fake_services_binary(), {"--faults", "payment:early_hints=1"});
+  const auto http = load("http");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/payments"},
+                    {"body", R"({"order_id": "{{biz_key}}"})"},
+                    {"receipt", "/payment/id"},
+                    {"lookup_path", "/payments/by-key/{{idem_token}}"},
+                    {"max_connections", "1"}});
+  int own = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto pay = order("P-" + std::to_string(i), "pay-early-" + std::to_string(i), "{}");
+    const Call paid = call(p, pay);
+    const Call asked = call(p, pay, true);  // what the API holds for this token
+    BOOST_TEST((paid.outcome == IDEMSINK_OUTCOME_OK), paid.detail);
+    BOOST_TEST((asked.outcome == IDEMSINK_OUTCOME_OK), asked.detail);
+    own += paid.detail == asked.detail;
+  }
+  BOOST_TEST(own == 20);
+  BOOST_TEST(services.stats()["payment"]["applied"].get<int>() == 20);
+  BOOST_TEST(services.stats()["payment"]["requests"].get<int>() == 20);
+}
+
+// The look-up walks the record's value too (its template data): a value
+// nested too deep is refused there as before a call, "cannot tell", and the
+// host (here: the test process) lives.
+BOOST_AUTO_TEST_CASE(a_value_nested_too_deep_is_refused_by_the_look_up_too) {
+  FakeServices services(fake_services_binary());
+  const auto http = load("http_at_most_once");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/sms/send"},
+                    {"receipt", "/message_id"},
+                    {"lookup_path", "/sms/messages?client_ref={{idem_token}}"},
+                    {"lookup_receipt", "/messages/0"}});
+  auto deep = order("D-1", "tok-deep", std::string(200000, '[') + std::string(200000, ']'));
+  const Call asked = call(p, deep, true);
+  BOOST_TEST((asked.outcome == IDEMSINK_OUTCOME_RETRYABLE));
+  BOOST_TEST(asked.detail.find("200000 levels") != std::string::npos, asked.detail);
+  const Call sent = call(p, deep);
+  BOOST_TEST((sent.outcome == IDEMSINK_OUTCOME_PERMANENT));
+  BOOST_TEST(services.stats()["sms"]["requests"].get<int>() == 0);
+}
+
+// A call waiting for a connection past the host's deadline is reported not
+// sent, and never sent later: by then the host took it for uncertain, and
+// may have asked the gateway, been told "never sent", and sent it again.
+BOOST_AUTO_TEST_CASE(a_call_not_on_the_wire_by_its_deadline_is_never_sent) {
+  FakeServices services(fake_services_binary(), {"--faults", "sms:latency_mean_ms=1500,latency_p99_ms=1501"});
+  const auto http = load("http_at_most_once");
+  FakeHost host;
+  PluginInstance p(http.desc(), host,
+                   {{"endpoint", services.url()},
+                    {"path", "/sms/send"},
+                    {"body", R"({"client_ref": "{{idem_token}}", "order_id": "{{biz_key}}"})"},
+                    {"token_header", ""},
+                    {"receipt", "/message_id"},
+                    {"timeout", "10s"},
+                    {"max_connections", "1"}});
+  auto first = order("Q-1", "tok-q1", "{}");
+  auto second = order("Q-2", "tok-q2", "{}");
+  first.timeout_ms(1000);
+  second.timeout_ms(1000);
+  RecordingCompletion first_done, second_done;
+  p.invoke(first, first_done);
+  p.invoke(second, second_done);  // waits for the one connection
+  BOOST_REQUIRE(second_done.wait(5s));
+  BOOST_TEST((*second_done.outcome() == IDEMSINK_OUTCOME_RETRYABLE));
+  BOOST_TEST(second_done.detail().find("before the call's deadline") != std::string::npos, second_done.detail());
+  BOOST_REQUIRE(first_done.wait(10s));  // the connection comes free: the abandoned call stays unsent
+  BOOST_TEST((*first_done.outcome() == IDEMSINK_OUTCOME_OK), first_done.detail());
+  // One more call on the freed connection shows it was not taken by the abandoned one.
+  auto third = order("Q-3", "tok-q3", "{}");
+  BOOST_TEST((call(p, third).outcome == IDEMSINK_OUTCOME_OK));
+  BOOST_TEST(services.stats()["sms"]["per_order"].value("Q-2", 0) == 0);
+  BOOST_TEST(services.stats()["sms"]["requests"].get<int>() == 2);
+}
+
+// The template check reads tags as the renderer does: a name led by a line
+// break hides no sigil from it; and a request line never carries a space or
+// a control character, whatever a record holds.
+BOOST_AUTO_TEST_CASE(a_template_cannot_put_raw_text_or_line_breaks_in_the_request_line) {
+  const auto http = load("http");
+  for (const std::string& path : {std::string("/o/{{#value.ids}}{{\n&.}}{{/value.ids}}"),
+                                  std::string("/o/{{#value.ids}}{{\n=<% %>=}}<%& . %>{{/value.ids}}"),
+                                  std::string("/o/{{value. id}}"), std::string("/o /{{biz_key}}")}) {
+    const std::string why = create_error(http, {{"endpoint", "http://127.0.0.1:1"}, {"path", path}});
+    BOOST_TEST(!why.empty(), path);
+  }
+  FakeServices services(fake_services_binary());
+  FakeHost host;
+  PluginInstance p(http.desc(), host, {{"endpoint", services.url()}, {"path", "/scripted/200/{{value.to}}"}});
+  auto smuggled = order("R-1", "tok-r", R"({"to": "x HTTP/1.1\r\nX-Forwarded-User: admin\r\n\r\nDELETE /accounts/1"})");
+  const Call c = call(p, smuggled);  // percent-encoded: one request, its own
+  BOOST_TEST((c.outcome == IDEMSINK_OUTCOME_OK), c.detail);
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_are_refused_naming_the_option) {
   const auto http = load("http");
   const auto refused = [&](PluginInstance::OptionValues o, const std::string& option, const std::string& why) {

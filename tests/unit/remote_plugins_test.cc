@@ -7,6 +7,8 @@
 #include <boost/test/unit_test.hpp>
 #include <idemsink/testing.h>
 
+#include <future>
+
 #include "plugins/common/remote.h"
 
 using namespace idemsink;
@@ -108,4 +110,25 @@ BOOST_AUTO_TEST_CASE(extra_headers_parse_and_bad_ones_are_refused_without_their_
       BOOST_TEST(std::string(e.what()).find("Injected") == std::string::npos);  // the value is not echoed
     }
   }
+}
+
+// The client writes no request whose target or header could end its line:
+// such a request is malformed (permanent: the record made it), never sent,
+// never even connected for.
+BOOST_AUTO_TEST_CASE(the_client_refuses_control_characters_in_the_request_line_and_headers) {
+  HttpClient::Options o;
+  o.endpoint = parse_url("http://127.0.0.1:1");  // nothing listens: a request that went out would fail to connect
+  HttpClient client(o);
+  const auto result = [&](const std::string& target, HttpClient::Headers headers) {
+    std::promise<HttpResult> p;
+    client.request("GET", target, "", std::move(headers), std::nullopt, [&p](HttpResult r) { p.set_value(r); });
+    return p.get_future().get();
+  };
+  const HttpResult smuggled = result("/x HTTP/1.1\r\nX-Forwarded-User: admin\r\n\r\nDELETE /accounts/1", {});
+  BOOST_TEST((smuggled.failure == HttpResult::Failure::Invalid));
+  BOOST_TEST((classify(smuggled) == IDEMSINK_OUTCOME_PERMANENT));
+  const HttpResult header = result("/x", {{"X-Ref", "a\r\nX-Forwarded-User: admin"}});
+  BOOST_TEST((header.failure == HttpResult::Failure::Invalid));
+  const HttpResult fine = result("/x?a=%20b", {{"X-Ref", "a\tb"}});
+  BOOST_TEST((fine.failure == HttpResult::Failure::BeforeSend));  // well-formed: it tried to connect
 }

@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define IDEMSINK_ABI_MAJOR 1
-#define IDEMSINK_ABI_MINOR 0
+#define IDEMSINK_ABI_MINOR 1
 
 /** The exported entry function of this ABI major version, as an identifier
  *  (to define it) and as a string (to look it up). */
@@ -200,6 +200,14 @@ typedef struct idemsink_record {
   const char* idem_token;
   /** 1 for the first call of this record, 2 for the first retry, ... */
   uint32_t attempt;
+  /* --- ABI v1.1: present when struct_size covers it --- */
+  /** How long the host waits for this call's report, in milliseconds from
+   *  the moment invoke/reconcile is called; 0 when not given. Past it the
+   *  host takes the call as uncertain. A request not yet on the wire by then
+   *  must never be sent later (report it RETRYABLE: it certainly did not
+   *  happen): the host may already have asked the remote about it, been told
+   *  "never sent" and sent it again. */
+  int64_t timeout_ms;
 } idemsink_record;
 
 /**

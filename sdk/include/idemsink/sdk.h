@@ -24,6 +24,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -112,6 +113,14 @@ class Record {
   std::string_view biz_key() const { return detail::view(r_->biz_key); }
   std::string_view idem_token() const { return r_->idem_token; }
   uint32_t attempt() const { return r_->attempt; }
+  /// How long the host waits for this call's report, from invoke (ABI v1.1;
+  /// nothing from an older host). A request not sent by then must never be
+  /// sent: report it retryable.
+  std::optional<std::chrono::milliseconds> timeout() const {
+    if (r_->struct_size < offsetof(idemsink_record, timeout_ms) + sizeof r_->timeout_ms || r_->timeout_ms <= 0)
+      return std::nullopt;
+    return std::chrono::milliseconds(r_->timeout_ms);
+  }
   std::optional<std::string_view> header(std::string_view name) const {
     for (size_t i = 0; i < r_->header_count; ++i)
       if (name == r_->headers[i].name && r_->headers[i].value.data) return detail::view(r_->headers[i].value);

@@ -258,6 +258,8 @@ class RecordBuilder {
   RecordBuilder& biz_key(std::string v) { return set(biz_key_, std::move(v)); }
   RecordBuilder& idem_token(std::string v) { return set(idem_token_, std::move(v)); }
   RecordBuilder& attempt(uint32_t v) { return set(attempt_, v); }
+  /// The host's deadline for the call (0: none given, as an older host).
+  RecordBuilder& timeout_ms(int64_t v) { return set(timeout_ms_, v); }
   /// Adds a header; nullopt is a header with a null value.
   RecordBuilder& header(std::string name, std::optional<std::string> value) {
     headers_.emplace_back(std::move(name), std::move(value));
@@ -283,6 +285,7 @@ class RecordBuilder {
     rec_.header_count = raw_headers_.size();
     rec_.idem_token = idem_token_.c_str();
     rec_.attempt = attempt_;
+    rec_.timeout_ms = timeout_ms_;
     return &rec_;
   }
   /// The view a handler receives, when driving the class directly.
@@ -306,6 +309,7 @@ class RecordBuilder {
   std::string biz_key_;
   std::string idem_token_ = "00000000-0000-4000-8000-000000000001";
   uint32_t attempt_ = 1;
+  int64_t timeout_ms_ = 0;
   std::vector<std::pair<std::string, std::optional<std::string>>> headers_;
   std::vector<idemsink_header> raw_headers_;
   idemsink_record rec_{};
