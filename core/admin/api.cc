@@ -162,7 +162,7 @@ struct Api::Call {
   }
 
   json route_json(const config::RouteConfig& rc, const SliceView& s, const std::map<std::string, int64_t>& unknown,
-                  const std::map<std::string, int64_t>& letters, int64_t lag) const;
+                  const std::map<std::string, int64_t>& letters, const json& lag) const;
   json routes();
   json partitions() const;
   json route_action();
@@ -179,7 +179,7 @@ struct Api::Call {
 
 json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
                            const std::map<std::string, int64_t>& unknown, const std::map<std::string, int64_t>& letters,
-                           int64_t lag) const {
+                           const json& lag) const {
   metrics::RouteMetrics& m = api.metrics_.route(rc.name);
   json j = {{"name", rc.name},
             {"topic", rc.topic},
@@ -241,9 +241,12 @@ json Api::Call::routes() {
       letters[*r[0]] = std::stoll(*r[1]);
     for (const auto& rc : s.cfg->routes) {
       if (parts.size() > 1 && parts[1] != rc.name) continue;
-      int64_t lag = 0;
+      // The route's lag: null while a partition's is not known yet.
+      json lag = 0;
       for (const auto& p : parts_now)
-        if (p.value("route", "") == rc.name) lag += p.value("lag", int64_t{0});
+        if (p.value("route", "") == rc.name)
+          lag =
+              lag.is_null() || p["lag"].is_null() ? json(nullptr) : json(lag.get<int64_t>() + p["lag"].get<int64_t>());
       json j = route_json(rc, s, unknown, letters, lag);
       if (parts.size() > 1) {
         j["partitions"] = json::array();
@@ -424,10 +427,23 @@ json Api::Call::unknown() {
       {"key", bytes_json(key)},
       {"value", bytes_json(value)},
       {"hook", nullptr}};
+  // Asking makes the host call the remote: only for an operator of the
+  // route (a viewer reads the claim and its record), and a few at a time
+  // (each question holds one of the port's request slots).
+  if (s->reconciler == nullptr) return j;
+  if (!api.auth_.check(Need::Route, req.authorization, req.origin, req.host, req.scheme, claim->row.ns).caller) {
+    j["hook"] = {{"answer", "not_asked"}, {"detail", "asking the remote needs an operator of route " + claim->row.ns}};
+    return j;
+  }
+  if (api.hook_questions_.fetch_add(1) >= Api::kMaxHookQuestions) {
+    api.hook_questions_.fetch_sub(1);
+    j["hook"] = {{"answer", "not_asked"},
+                 {"detail", std::to_string(Api::kMaxHookQuestions) + " questions to remotes are running; ask again"}};
+    return j;
+  }
   auto answer = std::make_shared<std::promise<std::pair<idemsink_outcome, std::string>>>();
   auto asked = answer->get_future();
-  if (s->reconciler != nullptr &&
-      s->reconciler->ask_hook(*claim, key, value, timestamp_ms, [answer](idemsink_outcome o, std::string detail) {
+  if (s->reconciler->ask_hook(*claim, key, value, timestamp_ms, [answer](idemsink_outcome o, std::string detail) {
         answer->set_value({o, std::move(detail)});
       })) {
     const auto deadline = s->cfg->route_by_name(claim->row.ns)->call_timeout + std::chrono::seconds(2);
@@ -436,6 +452,7 @@ json Api::Call::unknown() {
       j["hook"] = {{"answer", answer_name(o)}, {"detail", sanitize_utf8(detail, 1024)}};
     }
   }
+  api.hook_questions_.fetch_sub(1);
   return j;
 }
 

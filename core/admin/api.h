@@ -12,6 +12,8 @@
 // connection to the database of what it touches.
 #pragma once
 
+#include <atomic>
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -80,6 +82,10 @@ class Api {
     double rate = 0;
   };
   mutable std::map<std::string, Sample> rates_;
+  /// Reconcile hooks being asked for GET /unknowns/{token} now: each holds a
+  /// request slot of the port for up to the route's call_timeout.
+  static constexpr int kMaxHookQuestions = 4;
+  mutable std::atomic<int> hook_questions_{0};
 };
 
 }  // namespace idemsink::admin

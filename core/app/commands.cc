@@ -149,7 +149,8 @@ int reconcile_ask(const config::Config& cfg) {
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
   db::Pool pool(cfg.database, 2);
-  pipeline::Reconciler reconciler(io, pool, cfg, handlers, nullptr,
+  pipeline::LimitsGate gate(cfg);
+  pipeline::Reconciler reconciler(io, pool, cfg, handlers, gate, nullptr,
                                   cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
   pipeline::ReconcileSummary summary;
   reconciler.run_once([&](pipeline::ReconcileSummary s) {
@@ -160,10 +161,11 @@ int reconcile_ask(const config::Config& cfg) {
   pool.stop(std::chrono::steady_clock::now() + std::chrono::seconds(10));
   std::cout << "reconcile: " << summary.examined << " examined, " << summary.applied << " applied -> done, "
             << summary.redriven_done << " re-driven -> done, " << summary.failed << " failed, " << summary.undecided
-            << " undecided, " << summary.left_stuck << " stuck left for an operator\n";
+            << " undecided, " << summary.left_stuck << " stuck left for an operator, " << summary.deferred
+            << " deferred (no budget)\n";
   db::Connection c(cfg.database);
   operate::record_round(c, operate::cli_actor(), "", pipeline::describe(summary), "");
-  return summary.undecided + summary.left_stuck == 0 ? 0 : 1;
+  return summary.undecided + summary.left_stuck + summary.deferred == 0 ? 0 : 1;
 }
 
 int reconcile_resolve(const config::Config& cfg, const std::string& token, const std::string& as,

@@ -377,7 +377,8 @@ class HostRun {
     });
     s.consumer = std::make_unique<kafka::Consumer>(kafka::slice_consumer_config(s.cfg.kafka, index), topics, engine);
     engine.slice().kafka = &s.consumer->health();
-    s.reconciler = std::make_unique<Reconciler>(io_, *s.pool, s.cfg, engine.handlers(), &engine.slice(), owner_);
+    s.reconciler =
+        std::make_unique<Reconciler>(io_, *s.pool, s.cfg, engine.handlers(), engine, &engine.slice(), owner_);
     engines_.push_back(&engine);
   }
 

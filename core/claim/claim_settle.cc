@@ -131,16 +131,22 @@ bool ClaimStore::record_redrive(Connection& c, const RowKey& row, uint32_t taken
                    " AND attempt = " + std::to_string(taken_attempt)) == 1;
 }
 
-bool ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token, Status as,
-                                     std::string_view note) const {
+ClaimStore::OperatorResolution ClaimStore::resolve_by_operator(Connection& c, std::string_view idem_token, Status as,
+                                                               std::string_view note) const {
   if (as != Status::Done && as != Status::Failed)
     throw std::invalid_argument("resolve_by_operator takes done or failed");
-  if (!plausible_token(idem_token)) return false;
-  // Only rows the pipeline has let go of: unknown, or pending with nobody's lease.
-  return c.execute("UPDATE idemsink_claim SET " + sql_status_is(as) +
-                   ", last_error = " + c.quote(fit_error("resolved by operator: " + std::string(note))) +
-                   ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) + " AND (" +
-                   sql_status_is(Status::Unknown) + " OR (" + pending_unowned() + "))") > 0;
+  if (!plausible_token(idem_token)) return {};
+  // Only rows the pipeline has let go of: unknown with no re-drive holding
+  // it, or pending with nobody's lease.
+  if (c.execute("UPDATE idemsink_claim SET " + sql_status_is(as) +
+                ", last_error = " + c.quote(fit_error("resolved by operator: " + std::string(note))) +
+                ", lease_until = NULL, updated_at = NOW(3) WHERE idem_token = " + c.quote(idem_token) + " AND " +
+                let_go()) > 0)
+    return {true, std::nullopt};
+  for (auto& r : c.query("SELECT IFNULL(owner, ''), lease_until FROM idemsink_claim WHERE idem_token = " +
+                         c.quote(idem_token) + " AND " + sql_status_is(Status::Unknown) + " AND lease_until >= NOW(3)"))
+    return {false, *r[0] + " until " + r[1].value_or("?")};
+  return {};
 }
 
 std::vector<ClaimStore::Settled> ClaimStore::read_settled(Connection& c, std::span<const std::string> tokens) const {

@@ -273,8 +273,16 @@ class ClaimStore {
   /// if the row is no longer failed with this token.
   bool reopen_failed(db::Connection& c, const RowKey& row, std::string_view idem_token, std::string_view note) const;
   /// An operator's decision (done or failed) for the unknown or stuck row
-  /// with this token. False if no such row.
-  bool resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as, std::string_view note) const;
+  /// with this token, unless a re-drive holds it: the re-drive's result is
+  /// the truth (an effect it applies must not be recorded failed, one it is
+  /// refused must not be recorded done).
+  struct OperatorResolution {
+    bool resolved = false;
+    /// Not resolved because a re-drive holds the row: "<owner> until <time>".
+    std::optional<std::string> redrive;
+  };
+  OperatorResolution resolve_by_operator(db::Connection& c, std::string_view idem_token, Status as,
+                                         std::string_view note) const;
 
   /// A claim as its outcome event tells it (dlq/outcome_event.h).
   struct Settled {

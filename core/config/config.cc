@@ -174,9 +174,18 @@ void read_admin_tokens(HostConfig& h, const SourcePos& setting) {
       fail(setting, "host.admin_tokens_file", where + ": an admin acts on every route: ROUTES must be *");
     AdminToken t{name, role, {}, secret};
     if (routes != "*") {
+      // An empty list means every route to the role check, so a list that
+      // names none (",", "a,,b") is a mistake, never a grant of all.
       std::istringstream list(routes);
-      for (std::string r; std::getline(list, r, ',');)
-        if (!r.empty()) t.routes.push_back(r);
+      for (std::string r; std::getline(list, r, ',');) {
+        if (r.empty())
+          fail(setting, "host.admin_tokens_file",
+               where + ": ROUTES \"" + routes + "\" has an empty name (a comma-separated list, or * for every route)");
+        t.routes.push_back(r);
+      }
+      if (t.routes.empty() || routes.back() == ',')
+        fail(setting, "host.admin_tokens_file",
+             where + ": ROUTES \"" + routes + "\" names no route (a comma-separated list, or * for every route)");
     }
     h.admin_tokens.push_back(std::move(t));
   }

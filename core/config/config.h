@@ -172,7 +172,8 @@ struct OrderByConfig {
   KeySource source{};
   std::string header;
   std::string json_path;
-  std::string on_dead;  // "go_on" or "hold"
+  std::string on_dead;          // "go_on" or "hold"
+  int64_t max_waiting = 10000;  // records waiting for holds, kept apart from the host's buffer
   bool enabled() const { return !from.empty(); }
   /// An earlier record of the entity that ended failed or unknown keeps
   /// holding the later ones until a person settles it.

@@ -440,6 +440,15 @@ constexpr Setting kSettings[] = {
          .doc = "When an earlier record of an entity ends failed or unknown: \"go_on\" (the later ones run) or "
                 "\"hold\" (they wait until a person replays or settles it, or releases the entity: "
                 "`idemsink order-holds`)."}),
+    field<&OrderByConfig::max_waiting>(
+        {.path = "route.order_by.max_waiting",
+         .default_value = "10000",
+         .min = 1,
+         .max = 10000000,
+         .doc = "Records of the route kept in memory while they wait for an entity's hold (an earlier record in a "
+                "retry topic, or dead with on_dead = \"hold\"). They do not count toward "
+                "host.max_buffered_records, so a held entity never pauses other routes; at this many the route's "
+                "own topic stops fetching, until half as many wait."}),
     declare(Type::Options,
             {.path = "route.options",
              .doc = "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."}),

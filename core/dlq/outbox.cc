@@ -104,8 +104,9 @@ const char* Outbox::schema() {
   held_until      DATETIME(3)     NULL COMMENT 'an unknown record left to reconciliation: published only if still unknown after this',
   discarded_at    DATETIME(3)     NULL COMMENT 'an operator decided it needs nothing more',
   discard_note    VARCHAR(1024)   NULL,
+  event_id        VARBINARY(128)  NOT NULL DEFAULT '' COMMENT 'an outcome event: its idemsink.event_id; empty for any other row',
   PRIMARY KEY (id),
-  UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset),
+  UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset, event_id),
     KEY idx_unpublished (published_at, unpublishable_at, lease_until),
   KEY idx_token (idem_token)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
@@ -124,15 +125,31 @@ void Outbox::migrate(Connection& c) {
       "ADD COLUMN IF NOT EXISTS discarded_at DATETIME(3) NULL COMMENT 'an operator decided it needs nothing more' "
       "AFTER held_until, "
       "ADD COLUMN IF NOT EXISTS discard_note VARCHAR(1024) NULL AFTER discarded_at, "
+      "ADD COLUMN IF NOT EXISTS event_id VARBINARY(128) NOT NULL DEFAULT '' COMMENT 'an outcome event: its "
+      "idemsink.event_id; empty for any other row' AFTER discard_note, "
       "ADD KEY IF NOT EXISTS idx_token (idem_token)");
+  // Before event ids were part of the key, a record's second event of one
+  // outcome (failed, replayed, failed again) was dropped by INSERT IGNORE.
+  const auto key_has_event_id = [&c] {
+    return !c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_letter' AND Column_name = 'event_id'")
+                .empty();
+  };
   // The first version's unique key (source position only) dropped a second
   // row for the same record: a forward and its later dead letter.
   if (!c.query("SHOW INDEX FROM idemsink_dlq_outbox WHERE Key_name = 'uk_source'").empty()) {
     c.execute("UPDATE idemsink_dlq_outbox SET " + sql_purpose_is(Purpose::Forward) + " WHERE reason = 'retry'");
     c.execute(
         "ALTER TABLE idemsink_dlq_outbox DROP INDEX uk_source, "
-        "ADD UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset), "
+        "ADD UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset, event_id), "
         "DROP INDEX idx_unpublished, ADD KEY idx_unpublished (published_at, unpublishable_at, lease_until)");
+  }
+  if (!key_has_event_id()) {
+    // Event rows written before keep an empty id: a repeat of one of them
+    // after the upgrade is a new row, published once more, carrying the
+    // same idemsink.event_id a consumer drops repeats by.
+    c.execute(
+        "ALTER TABLE idemsink_dlq_outbox DROP INDEX uk_letter, "
+        "ADD UNIQUE KEY uk_letter (route, purpose, src_topic, src_partition, src_offset, event_id)");
   }
 }
 
@@ -149,7 +166,7 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
   const std::string head =
       "INSERT IGNORE INTO idemsink_dlq_outbox (route, purpose, dlq_topic, biz_key, reason, error, src_topic, "
       "src_partition, src_offset, msg_key, msg_value, msg_headers, msg_timestamp, idem_token, calls, first_failure, "
-      "last_failure, host, owner, lease_until, held_until, created_at) VALUES ";
+      "last_failure, host, owner, lease_until, held_until, event_id, created_at) VALUES ";
   const std::string owner = c.quote(owner_);
   const std::string lease = "NOW(3) + INTERVAL " + std::to_string(lease_.count() * 1000) + " MICROSECOND";
   std::string sql;
@@ -164,7 +181,7 @@ void Outbox::insert(Connection& c, std::span<const Letter> letters) const {
         "), FROM_UNIXTIME(" + std::to_string(d.last_failure_ms / 1000.0) + "), " + c.quote(sanitize_utf8(d.host, 128)) +
         ", " + owner + ", " + lease + ", " +
         (d.hold.count() > 0 ? "NOW(3) + INTERVAL " + std::to_string(d.hold.count() * 1000) + " MICROSECOND" : "NULL") +
-        ", NOW(3))";
+        ", " + Connection::hex(d.event_id) + ", NOW(3))";
     // Sized by bytes, not rows: a statement above the server's packet size
     // would never be sent, however often it is retried.
     if (!sql.empty() && sql.size() + row.size() + 2 > c.statement_budget()) {
@@ -285,6 +302,14 @@ uint64_t Outbox::settle_held(Connection& c, std::span<const std::string> tokens)
       "UPDATE idemsink_dlq_outbox SET published_at = NOW(3), publish_error = 'settled by reconciliation: not "
       "published', owner = NULL, lease_until = NULL WHERE idem_token IN (" +
       list + ") AND held_until IS NOT NULL AND published_at IS NULL");
+}
+
+uint64_t Outbox::publish_settled_failure(Connection& c, std::string_view idem_token, std::string_view reason,
+                                         std::string_view error) {
+  return c.execute("UPDATE idemsink_dlq_outbox SET held_until = NULL, reason = " + c.quote(reason) +
+                   ", error = " + c.quote(sanitize_utf8(error, 1024)) +
+                   ", owner = NULL, lease_until = NULL WHERE idem_token = " + c.quote(idem_token) + " AND " +
+                   sql_purpose_is(Purpose::DeadLetter) + " AND held_until IS NOT NULL AND published_at IS NULL");
 }
 
 std::map<std::string, std::pair<uint64_t, uint64_t>> Outbox::backlog_by_route(Connection& c) const {

@@ -21,9 +21,10 @@
 // Kafka can never take (too large, topic unknown, not authorised) is set
 // aside as unpublishable, so the rows after it flow; an operator lists,
 // retries or discards it (`idemsink outbox`). Published rows are purged after
-// claim.outbox_retention. One row per route, purpose and source record, so
-// re-running a job or redelivering the record never adds a second entry,
-// while a record forwarded and later dead-lettered keeps both.
+// claim.outbox_retention. One row per route, purpose and source record (and
+// event id, for outcome events), so re-running a job or redelivering the
+// record never adds a second entry, while a record forwarded and later
+// dead-lettered keeps both, and each of a record's outcomes keeps its event.
 #pragma once
 
 #include <chrono>
@@ -93,6 +94,10 @@ struct Letter {
   std::string host;
   /// Held back from publishing this long (0: publish at once).
   std::chrono::milliseconds hold{0};
+  /// An outcome event's id: one row per event, as a record may have several
+  /// events of one purpose at one position (failed, replayed, failed again).
+  /// Empty for every other row: one per route, purpose and position.
+  std::string event_id;
 };
 
 std::string encode_headers(const std::vector<StoredHeader>& headers);
@@ -120,7 +125,7 @@ class Outbox {
   /// Brings a table created by an earlier version up to schema().
   static void migrate(db::Connection& c);
 
-  /// Inserts rows (INSERT IGNORE on route, purpose and source position),
+  /// Inserts rows (INSERT IGNORE on route, purpose, source position and event id),
   /// owned by us so no other host's relay publishes them while ours is about
   /// to; as many statements as the server's packet size needs.
   void insert(db::Connection& c, std::span<const Letter> letters) const;
@@ -148,9 +153,14 @@ class Outbox {
   /// Unpublished rows waiting for the relay, all hosts (held ones only once
   /// their hold is over).
   uint64_t pending(db::Connection& c) const;
-  /// The held rows of these claims (settled by reconciliation) are stamped
-  /// and never published. Returns rows stamped.
+  /// The held rows of these claims, settled done (by reconciliation or an
+  /// operator), are stamped and never published. Returns rows stamped.
   static uint64_t settle_held(db::Connection& c, std::span<const std::string> idem_tokens);
+  /// A claim settled failed: its held dead letter is published now, with the
+  /// settlement's reason and error, like every failed record's. One already
+  /// published (its hold ran out while it was unknown) is left as it is.
+  static uint64_t publish_settled_failure(db::Connection& c, std::string_view idem_token, std::string_view reason,
+                                          std::string_view error);
   /// Rows set aside as unpublishable, all hosts.
   uint64_t unpublishable(db::Connection& c) const;
   /// Both counts by route: {pending, unpublishable} (routes with neither left out).

@@ -87,6 +87,7 @@ Letter outcome_event(const config::OutputConfig& out, const OutcomeFacts& f, con
   d.first_failure_ms = at;
   d.last_failure_ms = at;
   d.host = host;
+  d.event_id = id;
   return d;
 }
 

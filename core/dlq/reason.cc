@@ -6,7 +6,7 @@
 namespace idemsink::dlq {
 namespace {
 
-constexpr std::array<std::pair<Reason, const char*>, 19> kNames{{
+constexpr std::array<std::pair<Reason, const char*>, 20> kNames{{
     {Reason::RecordTooLarge, "record_too_large"},
     {Reason::MissingKey, "missing_key"},
     {Reason::UndecodableValue, "undecodable_value"},
@@ -22,6 +22,7 @@ constexpr std::array<std::pair<Reason, const char*>, 19> kNames{{
     {Reason::OwnerVanished, "owner_vanished"},
     {Reason::CrashLoop, "crash_loop"},
     {Reason::MaybeApplied, "maybe_applied"},
+    {Reason::NotApplied, "not_applied"},
     {Reason::DbRejected, "db_rejected"},
     {Reason::DeletedByRetention, "deleted_by_retention"},
     {Reason::NoClaimPartition, "no_claim_partition"},

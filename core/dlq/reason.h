@@ -26,6 +26,7 @@ enum class Reason {
   OwnerVanished,     ///< at-most-once claim taken over from a dead owner (unknown)
   CrashLoop,         ///< taken over claim.max_takeovers times: it may be killing its host (unknown)
   MaybeApplied,      ///< out of attempts, but an earlier call may have applied it (unknown)
+  NotApplied,        ///< an unknown settled failed: the remote never applied it, and its attempts are spent
   DbRejected,        ///< the database refused the record's row (idemsink.db_error says why)
   NoClaimPartition,  ///< the record's month has no claim partition and schema changes are off
   // Not a dead letter: the record moves on to its next retry topic

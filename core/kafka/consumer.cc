@@ -1,11 +1,13 @@
 #include "core/kafka/consumer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/kafka/librdkafka_fixes.h"
+#include "core/kafka/watermarks.h"
 
 namespace idemsink::kafka {
 namespace {
@@ -435,11 +437,39 @@ std::vector<TopicPartitionOffset> Consumer::read_committed(const std::vector<Top
 
 std::optional<Consumer::Watermarks> Consumer::watermarks(const TopicPartition& tp) {
   Watermarks w;
-  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &w.low, &w.high) !=
-          RD_KAFKA_RESP_ERR_NO_ERROR ||
-      w.high < 0)
-    return std::nullopt;
-  return w;
+  if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &w.low, &w.high) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR &&
+      w.high >= 0 && w.low >= 0)
+    return w;
+  std::lock_guard lk(asked_marks_mu_);
+  auto it = asked_marks_.find(tp);
+  if (it == asked_marks_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Consumer::ask_unknown_watermarks(std::chrono::steady_clock::time_point now) {
+  if (now - marks_asked_at_ < kAskMarksEvery) return;
+  marks_asked_at_ = now;
+  std::vector<std::pair<std::string, int32_t>> unknown;
+  for (const auto& [tp, s] : streams_) {
+    Watermarks w;
+    if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &w.low, &w.high) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        w.high >= 0 && w.low >= 0)
+      continue;
+    unknown.emplace_back(tp.topic, tp.partition);
+  }
+  std::map<TopicPartition, Watermarks> asked;
+  if (!unknown.empty())
+    for (const auto& [tp, w] : query_watermarks(rk_.get(), unknown, kAskMarksWithin))
+      asked[TopicPartition{tp.first, tp.second}] = Watermarks{w.low, w.high};
+  // Only partitions still assigned and still unknown to librdkafka: the rest
+  // go (a revoked partition's, or one a fetch has told about since).
+  std::lock_guard lk(asked_marks_mu_);
+  for (const auto& [tp, w] : asked) asked_marks_[tp] = w;
+  std::erase_if(asked_marks_, [&](const auto& e) {
+    return std::find(unknown.begin(), unknown.end(), std::pair{e.first.topic, e.first.partition}) == unknown.end();
+  });
 }
 
 std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPartition>& tps, int timeout_ms) {

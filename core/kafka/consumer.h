@@ -113,7 +113,8 @@ class Consumer {
   uint64_t seek(const TopicPartitionOffset& tpo);
 
   /// Last known low and high watermarks of a partition (cached by librdkafka
-  /// from fetches; never blocks), or nullopt if not known yet.
+  /// from fetches, or, before a fetch has told, asked of the brokers by the
+  /// poll thread; never blocks), or nullopt if not known yet.
   struct Watermarks {
     int64_t low = 0;
     int64_t high = 0;
@@ -163,6 +164,16 @@ class Consumer {
   static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
                         void* opaque);
   void poll_loop();
+  /// Poll thread: asks the brokers for the ends of assigned partitions that
+  /// no fetch has told librdkafka about yet (paused from the start, a seek
+  /// refused, or simply not fetched yet), so that their lag is known from
+  /// the assignment on. At most every kAskMarksEvery, within kAskMarksWithin.
+  void ask_unknown_watermarks(std::chrono::steady_clock::time_point now);
+  static constexpr auto kAskMarksEvery = std::chrono::seconds(2);
+  static constexpr int kAskMarksWithin = 500;  // ms: it blocks the poll thread
+  std::chrono::steady_clock::time_point marks_asked_at_{};
+  mutable std::mutex asked_marks_mu_;
+  std::map<TopicPartition, Watermarks> asked_marks_;  // until librdkafka's own are known
   /// At shutdown: unsubscribes and polls until the assignment is revoked (or
   /// the close deadline), so that rd_kafka_consumer_close() revokes nothing.
   void revoke_before_close();

@@ -153,6 +153,7 @@ void Consumer::check_streams() {
     }
   }
   check_stalls(now);
+  ask_unknown_watermarks(now);
 }
 
 void Consumer::check_stalls(std::chrono::steady_clock::time_point now) {

@@ -31,4 +31,33 @@ rd_kafka_resp_err_t query_watermarks(rd_kafka_t* rk, const std::string& topic, i
   return query_end(rk, topic, partition, RD_KAFKA_OFFSET_BEGINNING, left, out.low);
 }
 
+std::map<std::pair<std::string, int32_t>, Watermarks> query_watermarks(
+    rd_kafka_t* rk, const std::vector<std::pair<std::string, int32_t>>& partitions, int timeout_ms) {
+  std::map<std::pair<std::string, int32_t>, Watermarks> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  // One request per end for every partition: ends[0] the log's end, ends[1] its start.
+  std::map<std::pair<std::string, int32_t>, std::pair<int64_t, int64_t>> ends;
+  for (const int64_t which : {RD_KAFKA_OFFSET_END, RD_KAFKA_OFFSET_BEGINNING}) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return out;
+    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(static_cast<int>(partitions.size()));
+    for (const auto& [topic, partition] : partitions)
+      rd_kafka_topic_partition_list_add(list, topic.c_str(), partition)->offset = which;
+    // A leader that did not answer in time fails the call; the partitions
+    // answered are kept (one not answered still holds its negative ask).
+    (void)rd_kafka_offsets_for_times(rk, list, static_cast<int>(left));
+    for (int i = 0; i < list->cnt; ++i) {
+      const auto& e = list->elems[i];
+      if (e.err || e.offset < 0) continue;
+      auto& [high, low] = ends.try_emplace({e.topic, e.partition}, -1, -1).first->second;
+      (which == RD_KAFKA_OFFSET_END ? high : low) = e.offset;
+    }
+    rd_kafka_topic_partition_list_destroy(list);
+  }
+  for (const auto& [tp, e] : ends)
+    if (e.first >= 0 && e.second >= 0) out[tp] = Watermarks{e.second, e.first};
+  return out;
+}
+
 }  // namespace idemsink::kafka

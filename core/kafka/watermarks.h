@@ -9,7 +9,10 @@
 #include <librdkafka/rdkafka.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace idemsink::kafka {
 
@@ -22,5 +25,10 @@ struct Watermarks {
 /// (ERR__TIMED_OUT when the leader did not answer in time) otherwise.
 rd_kafka_resp_err_t query_watermarks(rd_kafka_t* rk, const std::string& topic, int32_t partition, int timeout_ms,
                                      Watermarks& out);
+
+/// Both ends of many partitions, asked together within `timeout_ms` in
+/// all: those whose leaders answered in time.
+std::map<std::pair<std::string, int32_t>, Watermarks> query_watermarks(
+    rd_kafka_t* rk, const std::vector<std::pair<std::string, int32_t>>& partitions, int timeout_ms);
 
 }  // namespace idemsink::kafka

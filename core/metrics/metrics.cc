@@ -1,5 +1,6 @@
 #include "core/metrics/metrics.h"
 
+#include <cmath>
 #include <fmt/format.h>
 #include <string_view>
 #include <nlohmann/json.hpp>
@@ -132,7 +133,12 @@ namespace {
 
 std::string value_text(uint64_t v) { return std::to_string(v); }
 std::string value_text(int64_t v) { return std::to_string(v); }
-std::string value_text(double v) { return fmt::format("{:g}", v); }
+std::string value_text(double v) { return std::isnan(v) ? "NaN" : fmt::format("{:g}", v); }
+
+/// A count held as a double (NaN while unknown), as /status shows it: a whole number, or null.
+nlohmann::json count_or_null(double v) {
+  return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(static_cast<int64_t>(v));
+}
 
 void family(std::string& out, const char* name, const char* type, const char* help) {
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -245,7 +251,8 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   std::lock_guard lk(mu_);
   // The host as a whole (summed over its databases), then each database.
   bool paused = false, healthy = true;
-  int64_t buffered = 0, assigned = 0, lag = 0, dlq_pending = 0, dlq_unpublishable = 0, stuck = 0;
+  int64_t buffered = 0, assigned = 0, dlq_pending = 0, dlq_unpublishable = 0, stuck = 0;
+  double lag = 0;  // NaN (null) while any partition's is unknown
   j["databases"] = nlohmann::json::array();
   for (const auto& s : slices_) {
     paused = paused || s->paused.load() != 0;
@@ -260,7 +267,7 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                               {"fetch_paused", s->paused.load() != 0},
                               {"buffered", s->buffered.load()},
                               {"assigned_partitions", s->assigned_partitions.load()},
-                              {"lag", s->lag.load()}});
+                              {"lag", count_or_null(s->lag.load())}});
   }
   for (const auto& [name, m] : routes_) {
     dlq_pending += m->dlq_pending.load();
@@ -269,7 +276,7 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["fetch_paused"] = paused;
   j["buffered"] = buffered;
   j["assigned_partitions"] = assigned;
-  j["lag"] = lag;
+  j["lag"] = count_or_null(lag);
   j["dlq_pending"] = dlq_pending;
   j["dlq_unpublishable"] = dlq_unpublishable;
   j["stuck_pending"] = stuck;
@@ -281,7 +288,7 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                                {"partition", tp.second},
                                {"committed", p->committed.load()},
                                {"high_watermark", p->high_watermark.load()},
-                               {"lag", p->lag.load()},
+                               {"lag", count_or_null(p->lag.load())},
                                {"stalled", p->stalled.load() != 0},
                                {"fetching", p->fetching.load() != 0},
                                {"in_pipeline", p->in_pipeline.load()},

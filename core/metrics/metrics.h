@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <limits>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -38,6 +39,9 @@ class Histogram {
 //   M(field, value type, initial value, counter|gauge, "name", "help")
 
 /// Per route; every series carries route="...".
+/// A gauge's value while it cannot be known (rendered NaN, null in /status).
+inline constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+
 #define IDEMSINK_ROUTE_METRICS(M)                                                                                   \
   M(consumed, uint64_t, 0, counter, "idemsink_records_consumed_total", "Records taken from Kafka.")                 \
   M(claimed, uint64_t, 0, counter, "idemsink_claims_total", "Claims won (new or taken over).")                      \
@@ -97,9 +101,9 @@ class Histogram {
 #define IDEMSINK_PARTITION_METRICS(M)                                                                            \
   M(committed, int64_t, -1, gauge, "idemsink_partition_committed_offset",                                        \
     "Offset the group last committed for the partition.")                                                        \
-  M(lag, int64_t, 0, gauge, "idemsink_partition_lag",                                                            \
+  M(lag, double, kUnknown, gauge, "idemsink_partition_lag",                                                      \
     "Records between the partition's commit point (its committed offset before any record) and its high "        \
-    "watermark.")                                                                                                \
+    "watermark; NaN until the partition's ends are known (never 0 by default).")                                 \
   M(fetching, int64_t, 0, gauge, "idemsink_partition_fetching",                                                  \
     "1 while the partition fetches; 0 while a pause holds it (operator, backpressure, circuit, a retry "         \
     "tier not due, its start being read).")                                                                      \
@@ -130,8 +134,8 @@ class Histogram {
   M(buffered, int64_t, 0, gauge, "idemsink_buffered_records", "Consumed records not yet durable.")               \
   M(paused, int64_t, 0, gauge, "idemsink_fetch_paused", "1 while fetching is paused.")                           \
   M(assigned_partitions, int64_t, 0, gauge, "idemsink_assigned_partitions", "Partitions assigned to this host.") \
-  M(lag, int64_t, 0, gauge, "idemsink_consumer_lag",                                                             \
-    "Records between the commit point and the high watermark, summed.")                                          \
+  M(lag, double, kUnknown, gauge, "idemsink_consumer_lag",                                                       \
+    "Records between the commit point and the high watermark, summed; NaN while a partition's is unknown.")      \
   M(stuck_pending, int64_t, 0, gauge, "idemsink_stuck_pending",                                                  \
     "Pending claims nobody holds, untouched for claim.stuck_after (all hosts).")                                 \
   M(reconciled_done, uint64_t, 0, counter, "idemsink_reconciled_done_total",                                     \

@@ -125,7 +125,13 @@ Done resolve(db::Connection& c, const config::Config& cfg, const Actor& who, con
       c, who, {"unknown.resolve", route, nlohmann::json::array({{{"idem_token", token}, {"as", as}}}), note, ""},
       [&](LogEntry&) {
         const claim::Status status = as == "done" ? claim::Status::Done : claim::Status::Failed;
-        if (!store.resolve_by_operator(c, token, status, note))
+        const auto resolution = store.resolve_by_operator(c, token, status, note);
+        if (resolution.redrive)
+          return Done{false,
+                      "claim " + token + " is being re-driven by reconciliation (" + *resolution.redrive +
+                          "): its result settles it; resolve it after that if it is still unknown",
+                      nullptr};
+        if (!resolution.resolved)
           return Done{false,
                       "no unknown or stuck claim has token " + token +
                           " (it may be done, failed, or still held by a live host)",

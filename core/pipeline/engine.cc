@@ -383,6 +383,9 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
       line_up_by_key(r);
     } else {
       r.move_to(Stage::Waiting);
+      // Behind an entity's record that waits for a hold: waits for it too.
+      if (const Record* first = find(entities_.line(r.entity_id).front()); first && first->on_hold)
+        health_.put_on_hold(r);
     }
   }
   gate_.buffered_delta(kept - static_cast<int64_t>(batch.messages.size()));
@@ -401,8 +404,9 @@ void Engine::end_record(Record& r, bool durable) {
   const bool keep_place = !durable && !entity_id.empty() && !part->revoked;
   const uint64_t id = r.id;
   Route& route = *r.route;
+  const bool on_hold = r.on_hold;
   records_.erase(id);  // r is gone from here on
-  health_.record_left(route);
+  health_.record_left(route, on_hold);
   if (in_key_line)
     if (auto next = keys_.remove(key_id, id))
       if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
@@ -455,6 +459,26 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     stopped.set_value();
   });
   fut.wait();
+}
+
+// ---------------------------------------------------------------- the gate
+
+RemoteGate::Answer Engine::try_call(const std::string& name) {
+  Route* route = nullptr;
+  for (auto& r : routes_)
+    if (r->cfg.name == name) route = r.get();
+  if (route == nullptr) return {};
+  // The circuit first: a remote that is down is not asked (its probes are
+  // the pipeline's); then the route's budget, as the dispatcher takes it.
+  if (!route->circuit.closed()) return {Pass::Closed, {}};
+  const auto now = std::chrono::steady_clock::now();
+  if (!route->limiter.try_call(now)) return {Pass::Wait, route->limiter.next_call(now)};
+  return {};
+}
+
+void Engine::hold(const std::string& name, std::chrono::milliseconds pause) {
+  for (auto& r : routes_)
+    if (r->cfg.name == name) health_.hold_route(*r, pause, "a reconcile call");
 }
 
 }  // namespace idemsink::pipeline

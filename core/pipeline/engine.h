@@ -52,12 +52,13 @@
 #include "core/pipeline/partitions.h"
 #include "core/pipeline/periodic.h"
 #include "core/pipeline/record.h"
+#include "core/pipeline/remote_gate.h"
 #include "core/pipeline/route_control.h"
 #include "core/pipeline/route_health.h"
 
 namespace idemsink::pipeline {
 
-class Engine : public kafka::Consumer::Listener {
+class Engine : public kafka::Consumer::Listener, public RemoteGate {
  public:
   Engine(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
          std::vector<std::unique_ptr<Route>> routes, metrics::Metrics& metrics, std::string owner);
@@ -97,6 +98,10 @@ class Engine : public kafka::Consumer::Listener {
   /// The DLQ relay, for the host to give it its producer.
   dlq::Relay& relay() { return relay_; }
 
+  // RemoteGate (engine thread): reconciliation's calls keep to the routes' budgets
+  Answer try_call(const std::string& route) override;
+  void hold(const std::string& route, std::chrono::milliseconds pause) override;
+
   // kafka::Consumer::Listener (poll thread)
   void on_messages(kafka::Consumer::Batch batch) override;
   void on_gap(const kafka::Consumer::Gap& gap) override;
@@ -121,6 +126,10 @@ class Engine : public kafka::Consumer::Listener {
   void next_of_entity(const std::string& entity_id, uint64_t id);
   // claims
   void on_claimed(const Claimer::Claimed& claimed);
+  /// A record's claim answered Held (its entity waits for a hold), or no
+  /// longer does: it and the records behind it in its entity's line wait
+  /// for the hold, out of the backpressure count (route_health.h), or not.
+  void set_entity_on_hold(Record& r, bool held);
   /// The claim is ours: the record goes on to its call (or ends, or is looked up first).
   void on_owned(Record& r, const claim::ClaimResult& res, std::chrono::steady_clock::time_point sent);
   void claim_without_partition(std::vector<uint64_t> ids);

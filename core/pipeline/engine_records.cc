@@ -29,6 +29,8 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const claim::ClaimResult& res = results[i];
     Record* r = find(ids[i]);
+    const bool held = refused.find(ids[i]) == refused.end() && res.verdict == Verdict::Held;
+    if (r != nullptr) set_entity_on_hold(*r, held);
     if (auto it = refused.find(ids[i]); it != refused.end()) {
       if (r == nullptr) continue;
       r->db_error = sanitize_utf8(it->second, 512);
@@ -76,6 +78,16 @@ void Engine::on_claimed(const Claimer::Claimed& claimed) {
   release_claims(std::move(to_release));
   if (!no_partition.empty()) claim_without_partition(std::move(no_partition));
   dispatcher_.pump();
+}
+
+void Engine::set_entity_on_hold(Record& r, bool held) {
+  if (r.on_hold == held) return;
+  // The record, and every record waiting in its entity's line behind it.
+  const auto set = [&](Record& w) { held ? health_.put_on_hold(w) : health_.take_off_hold(w); };
+  set(r);
+  if (r.entity_id.empty()) return;
+  for (uint64_t id : entities_.line(r.entity_id))
+    if (Record* w = find(id)) set(*w);
 }
 
 void Engine::on_owned(Record& r, const claim::ClaimResult& res, std::chrono::steady_clock::time_point sent) {
@@ -278,7 +290,7 @@ void Engine::hold(Record& r, int64_t ms, std::string detail) {
   ++r.held_calls;
   ++r.uncounted_calls;
   r.note_failure(std::move(detail));
-  if (route_wide) health_.hold_route(route, pause, r);
+  if (route_wide) health_.hold_route(route, pause, "key " + printable(r.biz_key) + ": " + r.last_error);
   if (!hand_back_if_revoked(r)) {
     if (route_wide)
       dispatcher_.make_ready(r);

@@ -8,7 +8,10 @@
 //   - it is a retry-topic partition held until its next record is due, or
 //   - it was just assigned and its start is being read from the database, or
 //   - its route's circuit is open (the remote is down), or
-//   - an operator paused its route (persisted; every host obeys).
+//   - an operator paused its route (persisted; every host obeys), or
+//   - its route holds route.order_by.max_waiting records waiting for
+//     entities' holds (counted apart from the buffer, so that a held entity
+//     never pauses another route).
 // The host stays in its group throughout: the consumer keeps polling.
 //
 // Thread-safe: the consumer's poll thread reports new records (so a pause
@@ -58,7 +61,7 @@ class FetchGate {
   void hold(const kafka::TopicPartition& tp, Hold reason);
   void release(const kafka::TopicPartition& tp, Hold reason);
   /// Why a route's topics stop fetching; each reason is set and cleared on its own.
-  enum class TopicPause : unsigned { Circuit = 1, Operator = 2 };
+  enum class TopicPause : unsigned { Circuit = 1, Operator = 2, Holds = 4 };
   /// The partitions of these topics stop (or resume, once no reason is left) fetching.
   void set_topics_paused(const std::vector<std::string>& topics, TopicPause reason, bool paused);
   /// Whether the partition should be receiving records now.

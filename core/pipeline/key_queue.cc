@@ -29,4 +29,10 @@ bool KeyQueue::first(const std::string& key, uint64_t id) const {
   return it != lines_.end() && !it->second.empty() && it->second.front() == id;
 }
 
+std::span<const uint64_t> KeyQueue::line(const std::string& key) const {
+  auto it = lines_.find(key);
+  if (it == lines_.end()) return {};
+  return {it->second.data(), it->second.size()};
+}
+
 }  // namespace idemsink::pipeline

@@ -8,6 +8,7 @@
 #include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -22,6 +23,8 @@ class KeyQueue {
   std::optional<uint64_t> remove(const std::string& key, uint64_t id);
   /// Whether the record is first in its key's line.
   bool first(const std::string& key, uint64_t id) const;
+  /// The records in the key's line, first first (empty when none).
+  std::span<const uint64_t> line(const std::string& key) const;
   /// Keys with at least one record in line.
   size_t keys() const { return lines_.size(); }
 

@@ -66,6 +66,7 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
     p->tp = tp;
     p->metrics = &metrics_.partition(tp.topic, tp.partition);
     p->metrics->assigned.store(true);
+    p->metrics->lag.store(metrics::kUnknown);  // until its ends are known (update_gauges)
     p->metrics->committed.store(offset);
     p->metrics->stalled.store(0);
     p->kafka_start = offset >= 0 ? offset : -1;
@@ -466,16 +467,20 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
 }
 
 void Partitions::update_gauges() {
-  int64_t total = 0;
+  double total = 0;
   for (const auto& [tp, part] : parts_) {
     part->metrics->fetching.store(gate_.fetching(tp) ? 1 : 0);
     part->metrics->in_pipeline.store(static_cast<int64_t>(part->in_pipeline));
     const auto w = consumer_ ? consumer_->watermarks(tp) : std::nullopt;
-    if (!w) continue;
-    // Before a record arrives the commit point is the group's committed
-    // offset; with neither, everything Kafka still has is behind.
-    const int64_t lag = std::max<int64_t>(0, w->high - part->tracker.commit_point().value_or(w->low));
-    part->metrics->high_watermark.store(w->high);
+    // Not known yet (no fetch answered, and the brokers not asked yet):
+    // unknown, never 0, which would read "caught up" while records wait.
+    double lag = metrics::kUnknown;
+    if (w) {
+      // Before a record arrives the commit point is the group's committed
+      // offset; with neither, everything Kafka still has is behind.
+      lag = static_cast<double>(std::max<int64_t>(0, w->high - part->tracker.commit_point().value_or(w->low)));
+      part->metrics->high_watermark.store(w->high);
+    }
     part->metrics->lag.store(lag);
     total += lag;
   }

@@ -9,6 +9,7 @@
 #include "core/dlq/outbox.h"
 #include "core/dlq/reason.h"
 #include "core/pipeline/plugin_call.h"
+#include "core/pipeline/rate_limiter.h"
 
 namespace idemsink::pipeline {
 
@@ -30,6 +31,7 @@ struct Reconciler::Candidate {
   // filled in by the rounds
   idemsink_outcome answer = IDEMSINK_OUTCOME_RETRYABLE;
   std::string detail;
+  bool deferred = false;  // not asked: the route's circuit was open, or its budget left no room
 };
 
 namespace {
@@ -37,10 +39,10 @@ namespace {
 // The record handed to reconcile/invoke: what the claim row and the outbox
 // still know about it.
 template <class C>
-idemsink_record record_of(const C& c, const std::string& route, uint32_t attempt) {
+idemsink_record record_of(const C& c, const config::RouteConfig& route, uint32_t attempt) {
   idemsink_record r{};
   r.struct_size = sizeof r;
-  r.route = route.c_str();
+  r.route = route.name.c_str();
   r.topic = c.src_topic.c_str();
   r.partition = c.src_partition;
   r.offset = c.src_offset;
@@ -50,17 +52,30 @@ idemsink_record record_of(const C& c, const std::string& route, uint32_t attempt
   r.biz_key = {c.row.biz_key.data(), c.row.biz_key.size()};
   r.idem_token = c.token.c_str();
   r.attempt = attempt;
+  r.timeout_ms = route.call_timeout.count();
   return r;
+}
+
+// The longest a round waits for a route's budget before it leaves a row to
+// a later round (a host that owns none of the route's partitions has no
+// share of a group-wide limit, and would wait for ever).
+constexpr auto kLongestGateWait = std::chrono::seconds(30);
+
+// A retryable answer asking for a pause (Retry-After): the remote is busy,
+// which says nothing of this record.
+bool throttled(idemsink_outcome o, const std::string& detail) {
+  return o == IDEMSINK_OUTCOME_RETRYABLE && retry_after_ms(detail) > 0;
 }
 
 }  // namespace
 
 Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                       std::map<std::string, plugin::Instance*> handlers, metrics::SliceMetrics* metrics,
-                       std::string owner)
+                       std::map<std::string, plugin::Instance*> handlers, RemoteGate& gate,
+                       metrics::SliceMetrics* metrics, std::string owner)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
+      gate_(gate),
       metrics_(metrics),
       store_(cfg.host.id, owner, cfg.claim.lease),
       outbox_(std::move(owner), cfg.claim.lease),
@@ -80,8 +95,8 @@ void Reconciler::start(std::chrono::milliseconds first_delay) {
           if (s.examined)
             spdlog::info(
                 "reconcile: {} examined, {} applied -> done, {} re-driven -> done, {} failed, {} undecided, {} "
-                "stuck left for an operator",
-                s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck);
+                "stuck left for an operator, {} deferred (circuit open or no budget)",
+                s.examined, s.applied, s.redriven_done, s.failed, s.undecided, s.left_stuck, s.deferred);
           // A full round that settled some means more are waiting: go again
           // at once. A round of rows nobody can tell about waits its period.
           const bool progress = s.applied + s.redriven_done + s.failed > 0;
@@ -99,11 +114,13 @@ void Reconciler::stop() {
 // One reconcile round in its steps, each run once the one before has
 // answered; the callbacks it hands out keep it alive:
 //   scan ─▶ ask every plugin ─▶ sort the answers ─▶ settle them (one
-//   transaction), take the rows to re-drive ─▶ re-drive each once ─▶ record
+//   transaction) ─▶ re-drive each row once (taken, then called) ─▶ record
 //   the results ─▶ finish
 // Steps on the engine thread and on a database worker alternate, never
 // overlap. A database step may be re-run by the pool after a failure: it
 // works on locals and touches the round only once its transaction commits.
+// Every call (look-up or re-drive) first passes the route's gate; the
+// routes' lines of calls run side by side, each in its own order.
 class Reconciler::Round : public std::enable_shared_from_this<Round> {
  public:
   Round(Reconciler& reconciler, std::function<void(ReconcileSummary)> done) : r_(reconciler), done_(std::move(done)) {}
@@ -138,7 +155,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       for (auto& r :
            c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp, reason FROM idemsink_dlq_outbox WHERE "
                    "idem_token IN (" +
-                   tokens + ") ORDER BY id")) {
+                   tokens + ") AND " + dlq::sql_purpose_is(dlq::Purpose::DeadLetter) + " ORDER BY id")) {
         Candidate& cand = found[by_token[*r[0]]];
         cand.key = r[1];
         cand.value = r[2];
@@ -151,25 +168,98 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   }
 
  private:
-  /// Engine thread: every plugin asked about its rows, each with the route's
-  /// call deadline.
+  using Clock = std::chrono::steady_clock;
+  using Line = std::shared_ptr<std::vector<size_t>>;  // one route's candidates, in order
+
+  /// Engine thread: `then(true)` once a call to `route` may start, or
+  /// `then(false)` when its circuit is open or the wait would pass `until`.
+  void through_gate(const std::string& route, Clock::time_point until, std::function<void(bool)> then) {
+    const RemoteGate::Answer a = r_.gate_.try_call(route);
+    if (a.pass == RemoteGate::Pass::Go) return then(true);
+    if (a.pass == RemoteGate::Pass::Closed || a.until > until) return then(false);
+    auto timer = std::make_shared<asio::steady_timer>(r_.io_, a.until);
+    timer->async_wait(
+        [self = shared_from_this(), timer, route, until, then = std::move(then)](boost::system::error_code ec) mutable {
+          if (ec) return then(false);
+          self->through_gate(route, until, std::move(then));
+        });
+  }
+
+  /// The candidates `pick` selects, one line per route.
+  template <class Pick>
+  std::vector<Line> lines_of(const std::vector<size_t>& indexes, Pick pick) const {
+    std::map<std::string, Line> by_route;
+    for (size_t i : indexes) {
+      if (!pick(cands_[i])) continue;
+      Line& line = by_route[cands_[i].row.ns];
+      if (!line) line = std::make_shared<std::vector<size_t>>();
+      line->push_back(i);
+    }
+    std::vector<Line> out;
+    for (auto& [route, line] : by_route) out.push_back(std::move(line));
+    return out;
+  }
+
+  const config::RouteConfig& route_of(const Candidate& c) const { return *r_.cfg_.route_by_name(c.row.ns); }
+  idemsink_kind kind_of(const Candidate& c) const { return r_.handlers_.at(c.row.ns)->kind(); }
+
+  /// The calls a record may have had when "never applied" settles it failed:
+  /// the route's attempts; twice as many on an idempotent route, whose
+  /// remote de-duplicates the token, so a re-drive is never an effect twice.
+  uint32_t calls_allowed(const Candidate& c) const {
+    const auto n = static_cast<uint32_t>(route_of(c).retry.max_attempts);
+    return kind_of(c) == IDEMSINK_KIND_REMOTE_IDEMPOTENT ? 2 * n : n;
+  }
+  /// Whether a row never applied may be called once more.
+  bool may_redrive(const Candidate& c) const {
+    // One that kept killing its hosts may be what kills them.
+    if (c.reason == dlq::to_string(dlq::Reason::CrashLoop)) return false;
+    // An at-most-once record out of attempts had its chances.
+    if (kind_of(c) == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE && c.reason == dlq::to_string(dlq::Reason::MaybeApplied))
+      return false;
+    return c.calls < calls_allowed(c);
+  }
+
+  /// Engine thread: every plugin asked about its rows, each through its
+  /// route's gate and with the route's call deadline.
   void ask() {
     if (cands_.empty()) return finish();
+    std::vector<size_t> all(cands_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
     unanswered_ = cands_.size();
-    for (size_t i = 0; i < cands_.size(); ++i) {
-      Candidate& c = cands_[i];
-      const std::string route = c.row.ns;
-      const uint64_t call_id =
-          call_with_deadline(r_.io_, r_.cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
-                             {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
-                             [self = shared_from_this(), i](idemsink_outcome o, std::string detail) {
-                               self->cands_[i].answer = o;
-                               self->cands_[i].detail = std::move(detail);
-                               if (--self->unanswered_ == 0) self->sort_answers();
-                             });
-      const idemsink_record rec = record_of(c, route, c.calls);
-      r_.handlers_.at(route)->reconcile(rec, call_id);
-    }
+    const auto until = Clock::now() + kLongestGateWait;
+    for (auto& line : lines_of(all, [](const Candidate&) { return true; })) ask_next(line, 0, until);
+  }
+
+  void ask_next(const Line& line, size_t at, Clock::time_point until) {
+    if (at == line->size()) return;
+    const size_t i = (*line)[at];
+    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](bool go) {
+      Candidate& c = self->cands_[i];
+      if (go) {
+        const config::RouteConfig& route = self->route_of(c);
+        const uint64_t call_id =
+            call_with_deadline(self->r_.io_, route.call_timeout, "reconcile " + route.name,
+                               {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+                               [self, i](idemsink_outcome o, std::string detail) {
+                                 Candidate& c = self->cands_[i];
+                                 if (throttled(o, detail))
+                                   self->r_.gate_.hold(c.row.ns, std::chrono::milliseconds(retry_after_ms(detail)));
+                                 c.answer = o;
+                                 c.detail = std::move(detail);
+                                 self->answered();
+                               });
+        self->r_.handlers_.at(c.row.ns)->reconcile(record_of(c, route, c.calls), call_id);
+      } else {
+        c.deferred = true;
+        self->answered();
+      }
+      self->ask_next(line, at + 1, until);
+    });
+  }
+
+  void answered() {
+    if (--unanswered_ == 0) sort_answers();
   }
 
   /// Engine thread, once every plugin answered (or its deadline passed).
@@ -177,19 +267,14 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     summary_.examined = cands_.size();
     for (size_t i = 0; i < cands_.size(); ++i) {
       const Candidate& c = cands_[i];
-      // Unknown because its attempts ran out (or it kept killing hosts)
-      // after a call that may have applied it, or its re-drives have used up
-      // the route's attempts (a remote that refuses it every time): the
-      // record has had its chances, so "never happened" settles it as failed.
-      const config::RouteConfig* rc = r_.cfg_.route_by_name(c.row.ns);
-      const bool spent = c.reason == dlq::to_string(dlq::Reason::MaybeApplied) ||
-                         c.reason == dlq::to_string(dlq::Reason::CrashLoop) ||
-                         (rc != nullptr && c.calls >= static_cast<uint32_t>(rc->retry.max_attempts));
-      if (c.answer == IDEMSINK_OUTCOME_OK) {
+      const bool unknown = c.status == claim::Status::Unknown;
+      if (c.deferred) {
+        ++summary_.deferred;
+      } else if (c.answer == IDEMSINK_OUTCOME_OK) {
         resolve_.push_back(i);
-      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && spent) {
+      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && unknown && !may_redrive(c)) {
         not_applied_.push_back(i);
-      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && c.status == claim::Status::Unknown && c.value) {
+      } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT && unknown && c.value) {
         redrive_.push_back(i);
       } else if (c.answer == IDEMSINK_OUTCOME_PERMANENT) {
         ++summary_.left_stuck;
@@ -199,102 +284,147 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
             c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
       } else {
         ++summary_.undecided;
-        if (c.status == claim::Status::Unknown) undecided_.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
+        if (unknown) undecided_.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
       }
     }
     r_.pool_.submit("reconcile resolve", [self = shared_from_this()](Connection& c) { self->settle(c); });
   }
 
-  /// Database worker. 1. Applied: done, with the receipt the remote
-  /// returned; never applied and spent: failed. 2. Not applied: the unknown
-  /// row taken (CAS on attempt, plus a lease so no other host re-drives it
-  /// meanwhile) to run it once more. The row stays `unknown` until the
-  /// re-drive reports: a host that dies on the way leaves it unknown, to be
-  /// reconciled again, never half-done.
+  /// A failed settlement's dead letter, published (never stamped away).
+  struct Failure {
+    std::string token;
+    dlq::Reason reason;
+    std::string error;
+  };
+
+  /// In the caller's transaction: the outcome events of the settled claims,
+  /// the held letters of those done stamped, of those failed published.
+  void write_settled(Connection& c, const std::vector<std::string>& done, const std::vector<Failure>& failed) {
+    std::vector<std::string> settled = done;
+    for (const auto& f : failed) settled.push_back(f.token);
+    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
+    dlq::Outbox::settle_held(c, done);
+    for (const auto& f : failed) dlq::Outbox::publish_settled_failure(c, f.token, dlq::to_string(f.reason), f.error);
+  }
+
+  /// Database worker. Applied: done, with the receipt the remote returned;
+  /// never applied and not to be called again: failed, its letter published.
+  /// In one transaction: a resolution and its letter's fate commit together
+  /// (a host killed in between would leave the letter held). Counted once
+  /// committed, so a re-run counts once.
   void settle(Connection& c) {
-    // One transaction: a resolution and the stamp of its held DLQ row commit
-    // together (a host killed in between would leave the row unstamped).
-    // Counted once committed, so a re-run counts once.
-    std::vector<std::string> settled;  // their held DLQ rows are never sent
-    size_t applied = 0, failed = 0;
+    std::vector<std::string> done;
+    std::vector<Failure> failed;
     c.begin();
     for (size_t i : resolve_) {
       const Candidate& cand = cands_[i];
-      if (r_.store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) {
-        ++applied;
-        settled.push_back(cand.token);
-      }
+      if (r_.store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) done.push_back(cand.token);
     }
     for (size_t i : not_applied_) {
       const Candidate& cand = cands_[i];
-      if (r_.store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail)) {
-        ++failed;
-        settled.push_back(cand.token);
-      }
+      if (r_.store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail))
+        failed.push_back({cand.token, dlq::Reason::NotApplied,
+                          "settled by reconciliation: the remote never applied it (" + cand.detail +
+                              "), and its attempts are spent (" + std::to_string(cand.calls) + " calls)"});
     }
-    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
-    dlq::Outbox::settle_held(c, settled);
+    write_settled(c, done, failed);
     r_.store_.note_undecided(c, undecided_);
     c.commit();
-    summary_.applied += applied;
-    summary_.failed += failed;
-    std::vector<size_t> owned;
+    summary_.applied += done.size();
+    summary_.failed += failed.size();
+    asio::post(r_.io_, [self = shared_from_this()] { self->redrive_all(); });
+  }
+
+  /// Engine thread: each row never applied, called once more (same token),
+  /// a line per route through its gate. A row is taken (attempt+1, leased to
+  /// us, call mark written) only once its call may start, so the lease
+  /// covers the call and not a wait for the limiter.
+  void redrive_all() {
+    if (redrive_.empty()) return finish();
+    redrives_left_ = redrive_.size();
+    const auto until = Clock::now() + kLongestGateWait;
+    for (auto& line : lines_of(redrive_, [](const Candidate&) { return true; })) redrive_next(line, 0, until);
+  }
+
+  void redrive_next(const Line& line, size_t at, Clock::time_point until) {
+    if (at == line->size()) return;
+    const size_t i = (*line)[at];
+    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](bool go) {
+      if (!go) {
+        ++self->summary_.deferred;
+        self->redriven();
+      } else {
+        self->r_.pool_.submit("reconcile take for re-drive", [self, i](Connection& c) { self->take_and_call(c, i); });
+      }
+      self->redrive_next(line, at + 1, until);
+    });
+  }
+
+  /// Database worker, then the engine thread: the row taken, then called.
+  void take_and_call(Connection& c, size_t i) {
+    const Candidate& cand = cands_[i];
     const auto lease = std::max<std::chrono::milliseconds>(r_.cfg_.claim.lease, std::chrono::seconds(10));
-    for (size_t i : redrive_) {
-      const Candidate& cand = cands_[i];
-      if (r_.store_.take_for_redrive(c, cand.row, cand.attempt,
-                                     lease + r_.cfg_.route_by_name(cand.row.ns)->call_timeout))
-        owned.push_back(i);
-    }
-    owned_ = std::move(owned);
-    asio::post(r_.io_, [self = shared_from_this()] { self->redrive_owned(); });
-  }
-
-  /// Engine thread: each row taken run once more, same token.
-  void redrive_owned() {
-    if (owned_.empty()) return finish();
-    redrives_left_ = owned_.size();
-    for (size_t i : owned_) {
-      Candidate& cand = cands_[i];
-      const std::string route = cand.row.ns;
-      spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route,
+    const bool taken = r_.store_.take_for_redrive(c, cand.row, cand.attempt, lease + route_of(cand).call_timeout);
+    asio::post(r_.io_, [self = shared_from_this(), i, taken] {
+      if (!taken) return self->redriven();  // another host took it, or it moved on
+      Candidate& cand = self->cands_[i];
+      const config::RouteConfig& route = self->route_of(cand);
+      spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route.name,
                    printable(cand.row.biz_key), cand.token);
-      const uint64_t call_id = call_with_deadline(
-          r_.io_, r_.cfg_.route_by_name(route)->call_timeout, "re-drive " + route,
-          {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
-          [self = shared_from_this(), i](idemsink_outcome o, std::string detail) {
-            self->redriven_.push_back({i, o, std::move(detail)});
-            if (--self->redrives_left_ > 0) return;
-            self->r_.pool_.submit("reconcile re-drive results", [self](Connection& c) { self->record_redrives(c); });
-          });
-      const idemsink_record rec = record_of(cand, route, cand.calls + 1);
-      r_.handlers_.at(route)->invoke(rec, call_id);
-    }
+      const uint64_t call_id = call_with_deadline(self->r_.io_, route.call_timeout, "re-drive " + route.name,
+                                                  {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
+                                                  [self, i](idemsink_outcome o, std::string detail) {
+                                                    self->results_.push_back({i, o, std::move(detail)});
+                                                    self->redriven();
+                                                  });
+      self->r_.handlers_.at(cand.row.ns)->invoke(record_of(cand, route, cand.calls + 1), call_id);
+    });
   }
 
-  /// Database worker. 3. The re-drives' results, under the epoch we took.
+  void redriven() {
+    if (--redrives_left_ > 0) return;
+    if (results_.empty()) return finish();
+    r_.pool_.submit("reconcile re-drive results",
+                    [self = shared_from_this()](Connection& c) { self->record_redrives(c); });
+  }
+
+  /// Database worker: the re-drives' results, under the epoch we took.
+  ///   ok                 done
+  ///   permanent          failed (rejected), its letter published
+  ///   retryable          certainly not applied: failed once the record's
+  ///                      calls are spent (letter published), else left
+  ///                      unknown for the next round
+  ///   paused             (a retry-after answer) left unknown, not counted
+  ///   uncertain          left unknown
   void record_redrives(Connection& c) {
     using Result = claim::ClaimStore::RedriveResult;
-    std::vector<std::string> settled;
+    std::vector<std::string> done;
+    std::vector<Failure> failed;
     ReconcileSummary counted;
-    c.begin();  // results and their held rows' stamps commit together
-    for (const Redriven& d : redriven_) {
+    c.begin();  // results and their letters' fates commit together
+    for (const Redriven& d : results_) {
       const Candidate& cand = cands_[d.index];
-      const Result result = d.outcome == IDEMSINK_OUTCOME_OK          ? Result::Applied
-                            : d.outcome == IDEMSINK_OUTCOME_PERMANENT ? Result::Rejected
-                                                                      : Result::Undecided;
+      const bool paused = throttled(d.outcome, d.detail);
+      if (paused) r_.gate_.hold(cand.row.ns, std::chrono::milliseconds(retry_after_ms(d.detail)));
+      const uint32_t calls = paused ? cand.calls : cand.calls + 1;
+      const bool spent = d.outcome == IDEMSINK_OUTCOME_RETRYABLE && !paused && calls >= calls_allowed(cand);
+      const Result result = d.outcome == IDEMSINK_OUTCOME_OK                   ? Result::Applied
+                            : d.outcome == IDEMSINK_OUTCOME_PERMANENT || spent ? Result::Rejected
+                                                                               : Result::Undecided;
       // False: our lease ran out and another host took it; its result counts.
-      if (!r_.store_.record_redrive(c, cand.row, cand.attempt + 1, cand.calls + 1, result, d.detail)) continue;
-      if (result == Result::Applied)
+      if (!r_.store_.record_redrive(c, cand.row, cand.attempt + 1, calls, result, d.detail)) continue;
+      if (result == Result::Applied) {
         ++counted.redriven_done;
-      else if (result == Result::Rejected)
+        done.push_back(cand.token);
+      } else if (result == Result::Rejected) {
         ++counted.failed;
-      else
+        failed.push_back({cand.token, spent ? dlq::Reason::RetriesExhausted : dlq::Reason::Permanent,
+                          "re-driven after reconcile: " + d.detail});
+      } else {
         ++counted.undecided;
-      if (result != Result::Undecided) settled.push_back(cand.token);
+      }
     }
-    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
-    dlq::Outbox::settle_held(c, settled);
+    write_settled(c, done, failed);
     c.commit();
     summary_.redriven_done += counted.redriven_done;
     summary_.failed += counted.failed;
@@ -326,9 +456,8 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   size_t unanswered_ = 0;
   std::vector<size_t> resolve_, not_applied_, redrive_;  // indexes into cands_, by the answer
   std::vector<claim::Outcome> undecided_;
-  std::vector<size_t> owned_;  // of redrive_, the rows taken
   size_t redrives_left_ = 0;
-  std::vector<Redriven> redriven_;
+  std::vector<Redriven> results_;
 };
 
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
@@ -349,9 +478,9 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;
   asio::post(io_, [this, cand, plugin = handler->second, answered = std::move(answered)]() mutable {
-    const std::string& route = cand->row.ns;
+    const config::RouteConfig& route = *cfg_.route_by_name(cand->row.ns);
     const uint64_t call_id =
-        call_with_deadline(io_, cfg_.route_by_name(route)->call_timeout, "reconcile " + route,
+        call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,
                            {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
                            [cand, answered = std::move(answered)](idemsink_outcome o, std::string detail) {
                              answered(o, std::move(detail));
@@ -364,7 +493,7 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
 std::string describe(const ReconcileSummary& s) {
   return std::to_string(s.examined) + " examined, " + std::to_string(s.applied + s.redriven_done) + " done, " +
          std::to_string(s.failed) + " failed, " + std::to_string(s.undecided) + " undecided, " +
-         std::to_string(s.left_stuck) + " stuck left";
+         std::to_string(s.left_stuck) + " stuck left, " + std::to_string(s.deferred) + " deferred";
 }
 
 void Reconciler::run_once_on_engine(std::function<void(ReconcileSummary)> done, std::string route) {

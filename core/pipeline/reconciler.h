@@ -7,14 +7,29 @@
 // For each, the route's plugin is asked through its reconcile hook whether
 // the effect happened (by idem_token):
 //   applied            -> the row becomes done with the receipt
-//   not applied        -> an unknown row that already spent its attempts
-//                         (maybe_applied, crash_loop) becomes failed; any
-//                         other unknown row is re-driven once (same token,
-//                         the payload kept in the DLQ outbox) while it stays
-//                         `unknown` under a lease, then becomes done or
-//                         failed; a stuck row is left for its record or an
-//                         operator (logged)
+//   not applied        -> an unknown row is re-driven once (same token, the
+//                         payload kept in the DLQ outbox) while it stays
+//                         `unknown` under a lease, then becomes done, failed
+//                         (rejected, or refused with its attempts spent) or
+//                         stays unknown; one that has spent its attempts
+//                         becomes failed instead. A record's attempts are the
+//                         route's retry.max_attempts; an idempotent route's
+//                         record gets as many again from reconciliation (the
+//                         remote de-duplicates the token: re-sending is
+//                         safe), so attempts spent on an outage do not make
+//                         a dead letter of a record the remote never saw.
+//                         A crash_loop record is never re-driven (it may be
+//                         what kills its hosts), nor a maybe_applied one of an
+//                         at-most-once route. A stuck row is left for its
+//                         record or an operator (logged)
 //   cannot tell        -> left as it is, counted, asked again after the others
+//
+// Failed is a dead record like any other: its held DLQ row is published at
+// once with reason not_applied (or the re-drive's), never stamped away.
+// Look-ups and re-drives keep to what the route's calls keep to (RemoteGate):
+// its rate limit, the pause its remote asked for, its open circuit (then the
+// row waits for a later round); an answer asking for a pause holds the
+// route and is never counted as an attempt.
 //
 // An unknown row is asked about only claim.reconcile_after after its newest
 // call began (a re-drive is a call too), so a call still on its way is never
@@ -36,6 +51,7 @@
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/metrics/metrics.h"
+#include "core/pipeline/remote_gate.h"
 #include "core/plugin/plugin.h"
 
 namespace idemsink::pipeline {
@@ -51,12 +67,14 @@ struct ReconcileSummary {
   size_t failed = 0;         // re-driven and rejected for good
   size_t undecided = 0;      // the plugin could not tell, or the re-drive was uncertain again
   size_t left_stuck = 0;     // stuck pending, not applied: waits for its record or an operator
+  size_t deferred = 0;       // not asked this round: the route's circuit is open, or its limit left no room
 };
 
 class Reconciler {
  public:
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-             std::map<std::string, plugin::Instance*> handlers, metrics::SliceMetrics* metrics, std::string owner);
+             std::map<std::string, plugin::Instance*> handlers, RemoteGate& gate, metrics::SliceMetrics* metrics,
+             std::string owner);
 
   static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
@@ -85,6 +103,7 @@ class Reconciler {
   db::Pool& pool_;
   const config::Config& cfg_;
   std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
+  RemoteGate& gate_;
   metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;
   dlq::Outbox outbox_;  // the outcome events of settled claims ([route.output])

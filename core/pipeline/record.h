@@ -45,6 +45,10 @@ struct Route {
   RateLimiter limiter{cfg.rate_limit};
   // Records of this route in the pipeline.
   int64_t live = 0;
+  // Of those, records waiting for an entity's hold (route_health.h): out of
+  // the host's backpressure count, bounded by order_by.max_waiting instead.
+  int64_t waiting_on_hold = 0;
+  bool paused_for_holds = false;
   /// What the circuit's state does to the route (route_health.h alone
   /// changes it). While the circuit is not closed the route's records leave
   /// the host's backpressure count (held for the remote, they must not pause
@@ -119,6 +123,9 @@ struct Record {
   std::optional<std::string> order_key;
   std::string entity_id;
   bool in_key_line = false;  // in its biz_key's line (an entity's record joins it once first of its entity)
+  // Waits for an entity's hold (its claim answered Held, or it waits in the
+  // line of an entity whose first record does): not in the backpressure count.
+  bool on_hold = false;
   std::string payload_hash;
   // The claim we hold (valid from Ready on).
   claim::RowKey row;

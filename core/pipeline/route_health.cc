@@ -46,12 +46,12 @@ bool RouteHealth::wait_over(Record& r) {
   return true;
 }
 
-void RouteHealth::hold_route(Route& route, std::chrono::milliseconds pause, const Record& r) {
+void RouteHealth::hold_route(Route& route, std::chrono::milliseconds pause, std::string_view what) {
   const auto now = std::chrono::steady_clock::now();
   if (!route.limiter.held(now)) {
     route.metrics->holds.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("route {}: the remote asked for a pause of {}ms (key {}: {}); holding the route's calls until then",
-                 route.cfg.name, pause.count(), printable(r.biz_key), r.last_error);
+    spdlog::warn("route {}: the remote asked for a pause of {}ms ({}); holding the route's calls until then",
+                 route.cfg.name, pause.count(), what);
   }
   route.limiter.hold(now + pause, now);
   route.metrics->held.store(1, std::memory_order_relaxed);
@@ -66,10 +66,48 @@ bool RouteHealth::record_arrived(Route& route) {
   return counted;
 }
 
-void RouteHealth::record_left(Route& route) {
+void RouteHealth::record_left(Route& route, bool on_hold) {
   --route.live;
-  if (!route.health.buffer_exempt) gate_.buffered_delta(-1);
+  if (on_hold) {
+    --route.waiting_on_hold;
+    follow_holds(route);
+  } else if (!route.health.buffer_exempt) {
+    gate_.buffered_delta(-1);
+  }
   if (!route.circuit.closed()) follow(route);
+}
+
+void RouteHealth::put_on_hold(Record& r) {
+  if (r.on_hold) return;
+  r.on_hold = true;
+  Route& route = *r.route;
+  ++route.waiting_on_hold;
+  if (!route.health.buffer_exempt) gate_.buffered_delta(-1);
+  follow_holds(route);
+}
+
+void RouteHealth::take_off_hold(Record& r) {
+  if (!r.on_hold) return;
+  r.on_hold = false;
+  Route& route = *r.route;
+  --route.waiting_on_hold;
+  if (!route.health.buffer_exempt) gate_.buffered_delta(1);
+  follow_holds(route);
+}
+
+void RouteHealth::follow_holds(Route& route) {
+  const int64_t bound = route.cfg.order_by.max_waiting;
+  const bool pause = route.paused_for_holds ? route.waiting_on_hold > bound / 2 : route.waiting_on_hold >= bound;
+  if (pause == route.paused_for_holds) return;
+  route.paused_for_holds = pause;
+  if (pause)
+    spdlog::warn(
+        "route {}: {} records wait for entities' holds (route.order_by.max_waiting {}); its topic stops "
+        "fetching until half as many wait (other routes go on)",
+        route.cfg.name, route.waiting_on_hold, bound);
+  else
+    spdlog::info("route {}: {} records wait for holds; its topic fetches again", route.cfg.name, route.waiting_on_hold);
+  gate_.set_topics_paused({route.cfg.topic}, FetchGate::TopicPause::Holds, pause);
 }
 
 void RouteHealth::want_fresh_probe(Route& route) {
@@ -129,7 +167,9 @@ void RouteHealth::follow(Route& route) {
   // closed, and come back to it when it closes.
   const bool exempt = state != CircuitBreaker::State::Closed;
   if (exempt != health.buffer_exempt) {
-    gate_.buffered_delta(exempt ? -route.live : route.live);
+    // Records waiting for holds are out of the count either way.
+    const int64_t counted = route.live - route.waiting_on_hold;
+    gate_.buffered_delta(exempt ? -counted : counted);
     health.buffer_exempt = exempt;
   }
   // Not closed: no fetching, but for a record to probe with: when the route

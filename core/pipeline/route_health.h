@@ -38,16 +38,27 @@ class RouteHealth {
   /// A record of the route was applied without a call (a local_tx write).
   void healthy(Route& route, uint64_t record_id);
 
-  /// The remote asked for a pause of `pause` (Retry-After) on `r`'s call:
-  /// the route's calls are held until then.
-  void hold_route(Route& route, std::chrono::milliseconds pause, const Record& r);
+  /// The remote asked for a pause of `pause` (Retry-After) on a call
+  /// (`what`: whose, and its answer, for the log): the route's calls are held
+  /// until then.
+  void hold_route(Route& route, std::chrono::milliseconds pause, std::string_view what);
 
   /// A record of the route entered the pipeline: it is a candidate probe.
   /// Whether it counts toward the host's backpressure (not while the
   /// circuit holds the route's records).
   bool record_arrived(Route& route);
-  /// A record of the route left the pipeline; its backpressure count goes.
-  void record_left(Route& route);
+  /// A record of the route left the pipeline; its backpressure count goes
+  /// (or its place among those waiting for holds).
+  void record_left(Route& route, bool on_hold);
+
+  /// `r` waits for an entity's hold, which may take until a person acts:
+  /// it leaves the host's backpressure count (a held entity must not pause
+  /// every route) and counts against its route's order_by.max_waiting,
+  /// at which the route's own topic stops fetching (until half as many
+  /// wait). Its retry topics keep fetching: their records release holds.
+  void put_on_hold(Record& r);
+  /// `r` no longer waits for a hold: back in the backpressure count.
+  void take_off_hold(Record& r);
   /// Every record the route holds has been a probe since the circuit opened
   /// (the dispatcher found no fresh one): fetch until one arrives.
   void want_fresh_probe(Route& route);
@@ -55,6 +66,8 @@ class RouteHealth {
   /// The route's fetching and backpressure accounting, as its circuit's
   /// state wants them.
   void follow(Route& route);
+  /// The route's fetching as its records waiting for holds want it.
+  void follow_holds(Route& route);
   /// Stops the route's probe timer (the engine is stopping).
   void stop(Route& route);
 

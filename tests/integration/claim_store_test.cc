@@ -395,7 +395,7 @@ BOOST_AUTO_TEST_CASE(a_replayed_claim_settled_failed_from_unknown_is_called_agai
   a.confirm_calls(*db.conn, std::vector{outcome(first[0])}, true);  // the call mark, then a timeout
   BOOST_TEST(a.mark_terminal(*db.conn, Status::Unknown,
                              std::vector{claim::Outcome{first[0].row, first[0].attempt, 1, 1, {}, "timeout"}})[0]);
-  BOOST_TEST(a.resolve_by_operator(*db.conn, first[0].idem_token, Status::Failed, "gateway: never sent"));
+  BOOST_TEST(a.resolve_by_operator(*db.conn, first[0].idem_token, Status::Failed, "gateway: never sent").resolved);
   BOOST_TEST(a.reopen_failed(*db.conn, first[0].row, first[0].idem_token, "replayed"));
   ClaimStore b("host-b", "host-b#1", 30s);
   auto again = b.claim(*db.conn, std::vector{req("sms-1")});
@@ -403,6 +403,34 @@ BOOST_AUTO_TEST_CASE(a_replayed_claim_settled_failed_from_unknown_is_called_agai
   BOOST_TEST(again[0].idem_token == first[0].idem_token);
   BOOST_TEST(again[0].uncertain_calls == 0u);
   BOOST_TEST(!again[0].maybe_called);
+}
+
+// An operator's resolve must not race the reconciler's re-drive: resolving
+// "failed" while the re-drive is sending would record an applied effect as
+// never having happened (a replay then sends it again), "done" while it is
+// rejected the mirror. The re-drive's lease refuses it, naming the re-drive.
+BOOST_AUTO_TEST_CASE(an_operator_cannot_resolve_a_claim_being_re_driven) {
+  Db db("claim_resolve_redrive");
+  ClaimStore a("host-a", "host-a#1", 30s);
+  auto first = a.claim(*db.conn, std::vector{req("sms-2")});
+  BOOST_TEST(a.mark_terminal(*db.conn, Status::Unknown,
+                             std::vector{claim::Outcome{first[0].row, first[0].attempt, 1, 1, {}, "timeout"}})[0]);
+  ClaimStore reconciler("host-b", "host-b#1", 30s);
+  BOOST_TEST(reconciler.take_for_redrive(*db.conn, first[0].row, first[0].attempt, 30s));
+  ClaimStore operator_store("host-c", "host-c#operator", 30s);
+  for (const Status as : {Status::Failed, Status::Done}) {
+    const auto refused = operator_store.resolve_by_operator(*db.conn, first[0].idem_token, as, "looked it up");
+    BOOST_TEST(!refused.resolved);
+    BOOST_TEST(refused.redrive.value_or("").find("host-b#1") != std::string::npos, refused.redrive.value_or(""));
+  }
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + claim::sql_status_is(Status::Unknown)) == 1);
+  // The re-drive reports: its result is the row's.
+  BOOST_TEST(reconciler.record_redrive(*db.conn, first[0].row, first[0].attempt + 1, 2,
+                                       ClaimStore::RedriveResult::Applied, "SMS-1"));
+  const auto late = operator_store.resolve_by_operator(*db.conn, first[0].idem_token, Status::Failed, "too late");
+  BOOST_TEST(!late.resolved);
+  BOOST_TEST(!late.redrive.has_value());
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + claim::sql_status_is(Status::Done)) == 1);
 }
 
 // Partition maintenance behind a long transaction (a mysqldump

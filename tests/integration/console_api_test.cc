@@ -177,7 +177,11 @@ BOOST_AUTO_TEST_CASE(the_api_serves_each_role_refuses_the_rest_and_logs_every_ac
   const auto [gs, unknown] = w.call("GET", "/unknowns/" + token, kViewer);
   BOOST_TEST(gs == 200);
   BOOST_TEST(unknown["status"] == "unknown");
-  BOOST_TEST(unknown["hook"]["answer"] == "applied", unknown.dump());  // the gateway did send it
+  // Asking makes the host call the remote: an operator's, of the route.
+  BOOST_TEST(unknown["hook"]["answer"] == "not_asked", unknown.dump());
+  BOOST_TEST(w.call("GET", "/unknowns/" + token, kOperator).second["hook"]["answer"] == "not_asked");  // waybill's
+  const json asked = w.call("GET", "/unknowns/" + token, kConsoleOperator).second;
+  BOOST_TEST(asked["hook"]["answer"] == "applied", asked.dump());  // the gateway did send it
   BOOST_TEST(w.call("POST", "/unknowns/" + token + "/resolve", kOperator, json{{"as", "done"}, {"note", "x"}}).first ==
              403);
   BOOST_TEST(w.call("POST", "/unknowns/" + token + "/resolve", kAdmin, json{{"as", "maybe"}, {"note", "x"}}).first ==

@@ -207,6 +207,53 @@ BOOST_AUTO_TEST_CASE(a_partition_read_from_its_beginning_that_delivers_nothing_i
   BOOST_TEST(host.stop() == 0);
 }
 
+// A partition that never fetches (its route paused by an operator before
+// the host started) still shows its lag: the host asks the brokers for its
+// ends. Until they answer the lag is unknown (null, NaN), never 0, which
+// would read "caught up" while 500 records wait.
+BOOST_AUTO_TEST_CASE(the_lag_of_a_partition_that_never_fetches_is_asked_of_the_brokers) {
+  Scenario s("offsets_lag_unfetched");
+  s.topic("orders", 2);
+  std::set<std::string> keys;
+  s.kafka.produce("orders", orders(500, 2, keys));
+  const auto route = s.scripted("waybill", "orders");
+  const auto cli_config = s.dir / "cli.toml";
+  write_file(cli_config, s.config("cli", {route}));
+  for (std::vector<std::string> args : {std::vector<std::string>{"schema", "apply"},
+                                        {"route", "pause", "waybill", "--note", "before the host starts"}}) {
+    args.insert(args.end(), {"--config", cli_config.string()});
+    const auto [rc, out] = run_cli(s.dir, args[0], args);
+    BOOST_REQUIRE_MESSAGE(rc == 0, out);
+  }
+  auto& host = s.host("host-a", {route}, {.admin = true});
+  const int admin_port = s.admin_port(host);
+  int zero_samples = 0, samples = 0;
+  nlohmann::json status;
+  wait_until(
+      [&] {
+        if (!host.running()) throw std::runtime_error(host.log());
+        try {
+          status = nlohmann::json::parse(http_request(admin_port, "GET", "/status").second);
+        } catch (const std::exception&) {
+          return false;  // admin not listening yet
+        }
+        int known = 0;
+        for (const auto& p : status["partitions"]) {
+          ++samples;
+          if (p["lag"].is_number() && p["lag"].get<int64_t>() == 0) ++zero_samples;
+          known += p["lag"].is_number();
+        }
+        return known == 2 && status["lag"].is_number() && status["lag"].get<int64_t>() == 500;
+      },
+      30s, "both partitions' lag known in /status");
+  BOOST_TEST(samples > 0);
+  BOOST_TEST(zero_samples == 0, status.dump());
+  BOOST_TEST(http_request(admin_port, "GET", "/metrics").second.find("\nidemsink_consumer_lag 500\n") !=
+             std::string::npos);
+  BOOST_TEST(s.calls_per_key().empty());  // paused: nothing was called
+  BOOST_TEST(host.stop() == 0);
+}
+
 // Right after an assignment, before any record of a partition arrives, its
 // lag is measured from the group's committed offset, never reported as 0.
 BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offset) {

@@ -221,6 +221,46 @@ BOOST_AUTO_TEST_CASE(a_dead_event_holds_its_entity_until_released) {
   s.audit_clean(host);
 }
 
+// A held entity's records wait for a person, maybe for hours: they must not
+// fill the host's buffer and pause every route. They count apart, bounded
+// per route by order_by.max_waiting (at which only that route's topic stops
+// fetching), so another route of the same database goes on meanwhile.
+BOOST_AUTO_TEST_CASE(a_held_entity_never_stalls_the_other_routes) {
+  Scenario s("ordering_held_apart");
+  s.topic("events", 1).topic("events.dlq", 1).topic("plain", 2).topic("plain.dlq", 1);
+  std::vector<TestMessage> held;
+  for (int seq = 0; seq < 300; ++seq)
+    held.push_back({"A", "{\"id\":\"" + std::string(seq == 0 ? "perm-" : "") + "A#" + std::to_string(seq) + "\"}"});
+  s.kafka.produce("events", held);
+  RouteSpec ordered = s.scripted("fulfil", "events", kOrderByKey + "on_dead = \"hold\"\nmax_waiting = 50\n");
+  ordered.key_toml = kById;
+  const RouteSpec plain = s.scripted("plain", "plain");
+  auto& host = s.host("h1", {ordered, plain}, Scenario::HostOptions{.host_lines = "max_buffered_records = 100\n"});
+  wait_claimed(s, "fulfil");
+  s.kafka.produce("plain", keyed_messages("p-", 0, 500));
+  wait_done(s, 500, "plain", 60s);  // while A waits for a person
+  BOOST_TEST(s.calls_per_key().count("A#1") == 0u, "A#1 ran past its entity's dead event");
+  BOOST_TEST(host.log().find("wait for entities' holds (route.order_by.max_waiting 50)") != std::string::npos);
+  const auto [rc, out] = run_cli(s.dir, "release",
+                                 {"order-holds", "release", "A", "--route", "fulfil", "--config",
+                                  host.config_path().string(), "--note", "settled by hand"});
+  BOOST_TEST(rc == 0, out);
+  wait_done(s, 299, "fulfil", 120s);
+  s.wait_committed(host, {"events", "plain"});
+  int last_seq = -1, out_of_order = 0;
+  for (const auto& cols : read_call_log(s.calls_log())) {
+    const std::string id = unhex(cols.at(1));
+    if (id.find('#') == std::string::npos) continue;  // the plain route's
+    const int seq = entity_and_seq(id.starts_with("perm-") ? id.substr(5) : id).second;
+    out_of_order += seq < last_seq;
+    last_seq = std::max(last_seq, seq);
+  }
+  BOOST_TEST(out_of_order == 0);
+  expect_each_key_called_once(s.calls_per_key(), 800);
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
+}
+
 // What ordering costs: the same 20,000 events of 2,000 entities through a
 // route without and with order_by, on the same host in the same run, timed
 // from the first claim to the last done. The ratio of the two times is

@@ -214,3 +214,51 @@ BOOST_AUTO_TEST_CASE(a_settlement_publishes_the_done_event) {
   BOOST_TEST(events.by_id.size() == 3u);
   BOOST_TEST(host.stop() == 0);
 }
+
+// A settlement's event names the claim's first position: a record settled
+// failed, replayed, unknown again and settled failed again has two failed
+// events (two epochs of its claim), and both are published. Keyed by
+// position alone in the outbox, the second was dropped: downstream's last
+// word on the record stayed "unknown".
+BOOST_AUTO_TEST_CASE(each_settlement_of_a_replayed_record_publishes_its_event) {
+  Scenario s("outputs_settled_twice");
+  s.topic("sms", 1).topic("sms.dlq", 1).topic("orders.events", 1);
+  s.kafka.produce("sms", {{"uncertain-2", "{}"}});
+  const auto route =
+      s.scripted("sms", "sms", kOutput + "include_unknown = true\ninclude_failed = true\n", "scripted_at_most_once.so");
+  auto& host = s.host("h1", {route});
+  s.wait_committed(host, {"sms"});
+  auto c = s.connect();
+  const std::string token = *c->query("SELECT idem_token FROM idemsink_claim WHERE biz_key = 'uncertain-2'")[0][0];
+  const auto resolve_failed = [&](const std::string& note) {
+    const auto [code, out] = run_cli(
+        s.dir, "resolve-" + note,
+        {"reconcile", "--config", host.config_path().string(), "--resolve", token, "--as", "failed", "--note", note});
+    BOOST_TEST(code == 0, out);
+  };
+  resolve_failed("first");
+  const auto [code, out] = run_cli(s.dir, "replay",
+                                   {"replay", "--config", host.config_path().string(), "--route", "sms", "--key",
+                                    "uncertain-2", "--note", "the gateway is fixed"});
+  BOOST_TEST(code == 0, out);
+  wait_until(
+      [&] { return s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(Status::Unknown)) == 1; }, 60s,
+      "the replayed record unknown again");
+  resolve_failed("second");
+  wait_events_published(s);
+  const Events events = read_events(s, "orders.events", 1);
+  std::map<std::string, int> outcomes;
+  int64_t last_at = 0;
+  std::string last;
+  for (const auto& [id, j] : events.by_id) {
+    ++outcomes[j.at("outcome").get<std::string>()];
+    if (j.at("at_ms").get<int64_t>() >= last_at) {
+      last_at = j.at("at_ms").get<int64_t>();
+      last = j.at("outcome").get<std::string>();
+    }
+  }
+  BOOST_TEST(outcomes["unknown"] == 2);
+  BOOST_TEST(outcomes["failed"] == 2);
+  BOOST_TEST(last == "failed");
+  BOOST_TEST(host.stop() == 0);
+}

@@ -715,16 +715,10 @@ void check_classes(World& w, const Plan& plan, Verdict& v) {
   for (const auto& r : plan.records)
     if (!r.order.empty() && r.expect != Expect::Duplicate) first.emplace(std::pair{r.route, r.order}, &r);
   std::map<std::pair<std::string, std::string>, int> status;
-  // Settled by reconciliation (found never applied): failed, its letter held
-  // back and never published, by design (docs/dlq.md).
-  std::set<std::pair<std::string, std::string>> settled;
   for (const auto* cfg : {&w.db_, &w.db2_}) {
     db::Connection c(*cfg);
     for (auto& row : c.query("SELECT namespace, biz_key, status FROM idemsink_claim"))
       status[{*row[0], *row[1]}] = std::stoi(*row[2]);
-    for (auto& row : c.query("SELECT c.namespace, c.biz_key FROM idemsink_claim c JOIN idemsink_dlq_outbox o ON "
-                             "o.idem_token = c.idem_token WHERE o.publish_error LIKE 'settled by reconciliation%'"))
-      settled.insert({*row[0], *row[1]});
   }
   std::map<std::string, int> letters;  // reason -> count, all DLQ topics
   std::set<std::pair<std::string, std::string>> dead_orders;
@@ -733,6 +727,8 @@ void check_classes(World& w, const Plan& plan, Verdict& v) {
   // (records failing alone must not open it), so a thin stream's records
   // may spend their attempts on an outage and become dead letters. That is
   // the configured retry policy at work, not a loss: replayable, no effect.
+  // Whatever the path: spent at once (retries_exhausted), or timed out,
+  // parked unknown and settled failed by reconciliation (not_applied).
   std::set<std::pair<std::string, std::string>> spent_on_outage;
   auto in_remote_fault = [&](const std::string& service, int64_t first_ms, int64_t last_ms) {
     for (auto [it, end] = w.remote_faults_.equal_range(service); it != end; ++it) {
@@ -755,8 +751,8 @@ void check_classes(World& w, const Plan& plan, Verdict& v) {
       const auto failure_ms = [&](const char* header) {
         return m.headers.count(header) ? std::stoll(m.headers.at(header)) : int64_t{0};
       };
-      if (!order.empty() && m.headers.count("idemsink.reason") &&
-          m.headers.at("idemsink.reason") == "retries_exhausted" &&
+      const std::string reason = m.headers.count("idemsink.reason") ? m.headers.at("idemsink.reason") : "";
+      if (!order.empty() && (reason == "retries_exhausted" || reason == "not_applied") &&
           in_remote_fault(r.name, failure_ms("idemsink.first_failure_ms"), failure_ms("idemsink.last_failure_ms")))
         spent_on_outage.insert({r.name, order});
     }
@@ -782,7 +778,8 @@ void check_classes(World& w, const Plan& plan, Verdict& v) {
       if (!dead_orders.count(key)) problem += " no dead letter";
     } else {
       if (st != 3) problem = "status " + std::to_string(st) + ", expected failed";
-      if (!dead_orders.count(key) && !settled.count(key)) problem += " no dead letter";
+      // Every failed record is published, a settlement's too (nothing ends failed unpublished).
+      if (!dead_orders.count(key)) problem += " no dead letter";
       if (route == "sms" && stats["sms"]["per_order"].value(order, 0) != 0) problem += " sent";
     }
     if (!problem.empty() && ++wrong <= 10) v.fail("accounted", route + "/" + order + ": " + problem);

@@ -1,5 +1,7 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -448,4 +450,20 @@ BOOST_AUTO_TEST_CASE(a_rebalance_protocol_librdkafka_cannot_report_is_the_config
   BOOST_TEST(!cooperative_rebalance("NONE", false));
   BOOST_TEST(cooperative_rebalance(nullptr, true));
   BOOST_TEST(!cooperative_rebalance(nullptr, false));
+}
+
+// An empty route list means "every route" to the role check: a line whose
+// list names no route (",", "a,,b", "a,") must be refused, never a grant of all.
+BOOST_AUTO_TEST_CASE(a_tokens_file_route_list_that_names_no_route_is_refused) {
+  const std::string file = "/tmp/idemsink_config_test_tokens_" + std::to_string(::getpid());
+  for (const std::string routes : {",", "waybill,,sms", "waybill,"}) {
+    std::ofstream(file) << "# name role routes secret\nolga operator " << routes << " operator-secret-0123456789\n";
+    expect_error("[host]\nadmin_tokens_file = \"" + file + "\"\n" + kMinimal,
+                 {"test.toml", "host.admin_tokens_file", file + ":2", "ROUTES \"" + routes + "\""});
+  }
+  std::ofstream(file) << "olga operator waybill operator-secret-0123456789\n";
+  const Config ok = load_string("[host]\nadmin_tokens_file = \"" + file + "\"\n" + kMinimal, "test.toml");
+  BOOST_REQUIRE(ok.host.admin_tokens.size() == 1u);
+  BOOST_TEST(ok.host.admin_tokens[0].routes == std::vector<std::string>{"waybill"});
+  std::remove(file.c_str());
 }

@@ -69,7 +69,7 @@ async function routesPage() {
       h('td', {}, h('a', {href: '#/route/' + encodeURIComponent(r.name)}, r.name)), h('td', {}, r.topic),
       h('td', {class: r.paused || r.circuit_open ? 'bad' : 'good'},
         r.paused ? 'paused by ' + r.paused_by : r.circuit_open ? 'circuit open' : 'running'),
-      h('td', {class: 'num'}, r.rate.toFixed(1)), h('td', {class: 'num'}, r.in_flight), h('td', {class: 'num'}, r.lag),
+      h('td', {class: 'num'}, r.rate.toFixed(1)), h('td', {class: 'num'}, r.in_flight), h('td', {class: 'num'}, r.lag ?? 'unknown'),
       h('td', {class: 'num'}, r.counters.done),
       h('td', {class: 'num'}, h('a', {href: '#/letters?route=' + encodeURIComponent(r.name)}, r.dead_letters)),
       h('td', {class: 'num'}, h('a', {href: '#/unknowns?route=' + encodeURIComponent(r.name)}, r.unknown_now)),
@@ -94,7 +94,7 @@ async function routePage(name) {
     table(['partition', 'committed', 'high watermark', 'lag', 'fetching', 'in memory', 'stalled'],
       (r.partitions || []).map((p) => h('tr', {},
         h('td', {}, `${p.topic}[${p.partition}]`), h('td', {class: 'num'}, p.committed),
-        h('td', {class: 'num'}, p.high_watermark), h('td', {class: 'num'}, p.lag), h('td', {}, p.fetching ? 'yes' : 'no'),
+        h('td', {class: 'num'}, p.high_watermark), h('td', {class: 'num'}, p.lag ?? 'unknown'), h('td', {}, p.fetching ? 'yes' : 'no'),
         h('td', {class: 'num'}, p.in_pipeline), h('td', {class: p.stalled ? 'bad' : ''}, p.stalled ? 'yes' : 'no')))));
 }
 

@@ -1,0 +1,49 @@
+// What reconciliation (and anything else calling a route's remote outside
+// the dispatcher) asks first, so that its calls keep to what the route's own
+// calls keep to: the rate limit, a pause the remote asked for, the circuit.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "core/config/config.h"
+#include "core/pipeline/rate_limiter.h"
+
+namespace idemsink::pipeline {
+
+/// What reconciliation asks before calling a route's remote, so that its
+/// look-ups and re-drives keep to what the route's own calls keep to. The
+/// engine that owns the routes answers, on its thread.
+class RemoteGate {
+ public:
+  virtual ~RemoteGate() = default;
+  enum class Pass {
+    Go,      ///< a call may start now (its token is taken)
+    Wait,    ///< not before `until`: the rate limit, or a pause the remote asked for
+    Closed,  ///< the route's circuit is open: the remote is down
+  };
+  struct Answer {
+    Pass pass = Pass::Go;
+    std::chrono::steady_clock::time_point until{};
+  };
+  virtual Answer try_call(const std::string& route) = 0;
+  /// The remote answered asking for a pause (a retry-after detail).
+  virtual void hold(const std::string& route, std::chrono::milliseconds pause) = 0;
+};
+
+/// The gate of a process that runs no routes (`idemsink reconcile --ask`):
+/// each route's own rate limit, whole (this process's share of a group's
+/// limit is unknown; a manual round is short), and the pauses its remote
+/// asks for. It knows no circuit.
+class LimitsGate : public RemoteGate {
+ public:
+  explicit LimitsGate(const config::Config& cfg);
+  Answer try_call(const std::string& route) override;
+  void hold(const std::string& route, std::chrono::milliseconds pause) override;
+
+ private:
+  std::map<std::string, RateLimiter> limiters_;
+};
+
+}  // namespace idemsink::pipeline
