@@ -448,9 +448,7 @@ std::optional<Consumer::Watermarks> Consumer::watermarks(const TopicPartition& t
 }
 
 void Consumer::ask_unknown_watermarks(std::chrono::steady_clock::time_point now) {
-  if (now - marks_asked_at_ < kAskMarksEvery) return;
-  marks_asked_at_ = now;
-  std::vector<std::pair<std::string, int32_t>> unknown;
+  std::vector<std::pair<std::string, int32_t>> unknown, due;
   for (const auto& [tp, s] : streams_) {
     Watermarks w;
     if (rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &w.low, &w.high) ==
@@ -458,10 +456,18 @@ void Consumer::ask_unknown_watermarks(std::chrono::steady_clock::time_point now)
         w.high >= 0 && w.low >= 0)
       continue;
     unknown.emplace_back(tp.topic, tp.partition);
+    auto [ask, fresh] = marks_asks_.try_emplace(tp, MarksAsk{now + kAskMarksEvery});
+    if (fresh || now < ask->second.next) continue;
+    due.emplace_back(tp.topic, tp.partition);
+    ask->second.next = now + ask->second.interval;
+    ask->second.interval = std::min(ask->second.interval * 2, kAskMarksAtMost);
   }
+  std::erase_if(marks_asks_, [&](const auto& e) {
+    return std::find(unknown.begin(), unknown.end(), std::pair{e.first.topic, e.first.partition}) == unknown.end();
+  });
   std::map<TopicPartition, Watermarks> asked;
-  if (!unknown.empty())
-    for (const auto& [tp, w] : query_watermarks(rk_.get(), unknown, kAskMarksWithin))
+  if (!due.empty())
+    for (const auto& [tp, w] : query_watermarks(rk_.get(), due, kAskMarksWithin))
       asked[TopicPartition{tp.first, tp.second}] = Watermarks{w.low, w.high};
   // Only partitions still assigned and still unknown to librdkafka: the rest
   // go (a revoked partition's, or one a fetch has told about since).

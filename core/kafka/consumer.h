@@ -167,11 +167,18 @@ class Consumer {
   /// Poll thread: asks the brokers for the ends of assigned partitions that
   /// no fetch has told librdkafka about yet (paused from the start, a seek
   /// refused, or simply not fetched yet), so that their lag is known from
-  /// the assignment on. At most every kAskMarksEvery, within kAskMarksWithin.
+  /// the assignment on. The ask blocks the poll thread (kAskMarksWithin at
+  /// most): a partition is asked after kAskMarksEvery, then less and less
+  /// often while librdkafka still does not know it (up to kAskMarksAtMost).
   void ask_unknown_watermarks(std::chrono::steady_clock::time_point now);
   static constexpr auto kAskMarksEvery = std::chrono::seconds(2);
-  static constexpr int kAskMarksWithin = 500;  // ms: it blocks the poll thread
-  std::chrono::steady_clock::time_point marks_asked_at_{};
+  static constexpr auto kAskMarksAtMost = std::chrono::seconds(60);
+  static constexpr int kAskMarksWithin = 500;  // ms
+  struct MarksAsk {
+    std::chrono::steady_clock::time_point next;
+    std::chrono::seconds interval = kAskMarksEvery;
+  };
+  std::map<TopicPartition, MarksAsk> marks_asks_;  // poll thread
   mutable std::mutex asked_marks_mu_;
   std::map<TopicPartition, Watermarks> asked_marks_;  // until librdkafka's own are known
   /// At shutdown: unsubscribes and polls until the assignment is revoked (or

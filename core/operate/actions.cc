@@ -8,6 +8,7 @@
 #include "core/dlq/letters.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/outcome_event.h"
+#include "core/dlq/reason.h"
 #include "core/offline/replay.h"
 #include "core/pipeline/route_control.h"
 
@@ -136,9 +137,15 @@ Done resolve(db::Connection& c, const config::Config& cfg, const Actor& who, con
                       "no unknown or stuck claim has token " + token +
                           " (it may be done, failed, or still held by a live host)",
                       nullptr};
-        // Its outcome event, and a letter held back for reconciliation never sent.
+        // Its outcome event; a letter held back for reconciliation never
+        // sent when it is done, published now when it is failed (a dead
+        // record is in the DLQ, whoever settled it).
         const size_t events = dlq::write_settlement_events(c, cfg, store, outbox, tokens);
-        dlq::Outbox::settle_held(c, tokens);
+        if (status == claim::Status::Done)
+          dlq::Outbox::settle_held(c, tokens);
+        else
+          dlq::Outbox::publish_settled_failure(c, token, dlq::to_string(dlq::Reason::NotApplied),
+                                               "resolved failed by " + who.name + ": " + note);
         return Done{true,
                     "claim " + token + " resolved as " + as + (events ? "; its outcome event is on its way" : ""),
                     {{"idem_token", token}, {"as", as}, {"events", events}}};

@@ -463,22 +463,42 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
 
 // ---------------------------------------------------------------- the gate
 
-RemoteGate::Answer Engine::try_call(const std::string& name) {
-  Route* route = nullptr;
+Route* Engine::route_named(const std::string& name) {
   for (auto& r : routes_)
-    if (r->cfg.name == name) route = r.get();
+    if (r->cfg.name == name) return r.get();
+  return nullptr;
+}
+
+RemoteGate::Answer Engine::try_call(const std::string& name) {
+  Route* route = route_named(name);
   if (route == nullptr) return {};
-  // The circuit first: a remote that is down is not asked (its probes are
-  // the pipeline's); then the route's budget, as the dispatcher takes it.
-  if (!route->circuit.closed()) return {Pass::Closed, {}};
+  // The route's budget as the dispatcher takes it, then the circuit: a
+  // remote that is down is not called, but for the probe once it is due and
+  // no record of the route has taken it (a route whose records all ended
+  // unknown has none left to probe with: without this, nothing would ever
+  // close its circuit, nor settle them).
   const auto now = std::chrono::steady_clock::now();
+  if (!route->circuit.closed() && !route->circuit.probe_wanted()) return {Pass::Closed};
   if (!route->limiter.try_call(now)) return {Pass::Wait, route->limiter.next_call(now)};
-  return {};
+  if (route->circuit.closed()) return {};
+  const uint64_t probe = next_probe_id_++;
+  route->circuit.admit(probe);
+  return {Pass::Go, {}, probe};
 }
 
 void Engine::hold(const std::string& name, std::chrono::milliseconds pause) {
-  for (auto& r : routes_)
-    if (r->cfg.name == name) health_.hold_route(*r, pause, "a reconcile call");
+  if (Route* route = route_named(name)) health_.hold_route(*route, pause, "a reconcile call");
+}
+
+void Engine::probe_answered(const std::string& name, uint64_t probe, bool healthy) {
+  if (Route* route = route_named(name)) {
+    health_.note(*route, probe, !healthy, "a reconcile call");
+    dispatcher_.pump();
+  }
+}
+
+void Engine::probe_abandoned(const std::string& name, uint64_t probe) {
+  if (Route* route = route_named(name)) route->circuit.call_abandoned(probe);
 }
 
 }  // namespace idemsink::pipeline

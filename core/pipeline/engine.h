@@ -101,6 +101,8 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   // RemoteGate (engine thread): reconciliation's calls keep to the routes' budgets
   Answer try_call(const std::string& route) override;
   void hold(const std::string& route, std::chrono::milliseconds pause) override;
+  void probe_answered(const std::string& route, uint64_t probe, bool healthy) override;
+  void probe_abandoned(const std::string& route, uint64_t probe) override;
 
   // kafka::Consumer::Listener (poll thread)
   void on_messages(kafka::Consumer::Batch batch) override;
@@ -204,6 +206,10 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   RouteControl route_control_;
   kafka::Consumer* consumer_ = nullptr;
   std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
+
+  Route* route_named(const std::string& name);
+  /// Ids of the probes reconciliation's calls make, apart from records' ids.
+  uint64_t next_probe_id_ = uint64_t{1} << 62;
 
   bool renew_running_ = false;
   uint64_t hits_since_summary_ = 0;

@@ -171,18 +171,28 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   using Clock = std::chrono::steady_clock;
   using Line = std::shared_ptr<std::vector<size_t>>;  // one route's candidates, in order
 
-  /// Engine thread: `then(true)` once a call to `route` may start, or
-  /// `then(false)` when its circuit is open or the wait would pass `until`.
-  void through_gate(const std::string& route, Clock::time_point until, std::function<void(bool)> then) {
+  /// Engine thread: `then(answer)` once a call to `route` may start (Go,
+  /// maybe as its circuit's probe), or when its circuit is open or the wait
+  /// would pass `until` (Closed).
+  using Passed = std::function<void(const RemoteGate::Answer&)>;
+  void through_gate(const std::string& route, Clock::time_point until, Passed then) {
     const RemoteGate::Answer a = r_.gate_.try_call(route);
-    if (a.pass == RemoteGate::Pass::Go) return then(true);
-    if (a.pass == RemoteGate::Pass::Closed || a.until > until) return then(false);
+    if (a.pass == RemoteGate::Pass::Go || a.pass == RemoteGate::Pass::Closed) return then(a);
+    if (a.until > until) return then({RemoteGate::Pass::Closed});
     auto timer = std::make_shared<asio::steady_timer>(r_.io_, a.until);
     timer->async_wait(
         [self = shared_from_this(), timer, route, until, then = std::move(then)](boost::system::error_code ec) mutable {
-          if (ec) return then(false);
+          if (ec) return then({RemoteGate::Pass::Closed});
           self->through_gate(route, until, std::move(then));
         });
+  }
+
+  /// A call that was its route's probe tells the circuit how the remote
+  /// answered: for itself (done, refused, paused), or not at all.
+  void tell_probe(const std::string& route, uint64_t probe, idemsink_outcome o, const std::string& detail) {
+    if (probe == 0) return;
+    const bool healthy = o == IDEMSINK_OUTCOME_OK || o == IDEMSINK_OUTCOME_PERMANENT || throttled(o, detail);
+    r_.gate_.probe_answered(route, probe, healthy);
   }
 
   /// The candidates `pick` selects, one line per route.
@@ -234,15 +244,16 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   void ask_next(const Line& line, size_t at, Clock::time_point until) {
     if (at == line->size()) return;
     const size_t i = (*line)[at];
-    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](bool go) {
+    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](const RemoteGate::Answer& a) {
       Candidate& c = self->cands_[i];
-      if (go) {
+      if (a.pass == RemoteGate::Pass::Go) {
         const config::RouteConfig& route = self->route_of(c);
         const uint64_t call_id =
             call_with_deadline(self->r_.io_, route.call_timeout, "reconcile " + route.name,
                                {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
-                               [self, i](idemsink_outcome o, std::string detail) {
+                               [self, i, probe = a.probe](idemsink_outcome o, std::string detail) {
                                  Candidate& c = self->cands_[i];
+                                 self->tell_probe(c.row.ns, probe, o, detail);
                                  if (throttled(o, detail))
                                    self->r_.gate_.hold(c.row.ns, std::chrono::milliseconds(retry_after_ms(detail)));
                                  c.answer = o;
@@ -290,6 +301,13 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     r_.pool_.submit("reconcile resolve", [self = shared_from_this()](Connection& c) { self->settle(c); });
   }
 
+  /// A re-drive's answer, by its candidate.
+  struct Redriven {
+    size_t index;
+    idemsink_outcome outcome;
+    std::string detail;
+  };
+
   /// A failed settlement's dead letter, published (never stamped away).
   struct Failure {
     std::string token;
@@ -299,7 +317,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
 
   /// In the caller's transaction: the outcome events of the settled claims,
   /// the held letters of those done stamped, of those failed published.
-  void write_settled(Connection& c, const std::vector<std::string>& done, const std::vector<Failure>& failed) {
+  void write_settled(Connection& c, const std::vector<std::string>& done, const std::vector<Failure>& failed) const {
     std::vector<std::string> settled = done;
     for (const auto& f : failed) settled.push_back(f.token);
     dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
@@ -349,46 +367,62 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   void redrive_next(const Line& line, size_t at, Clock::time_point until) {
     if (at == line->size()) return;
     const size_t i = (*line)[at];
-    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](bool go) {
-      if (!go) {
+    through_gate(cands_[i].row.ns, until, [self = shared_from_this(), line, at, until, i](const RemoteGate::Answer& a) {
+      if (a.pass != RemoteGate::Pass::Go) {
         ++self->summary_.deferred;
-        self->redriven();
+        self->redriven({});
       } else {
-        self->r_.pool_.submit("reconcile take for re-drive", [self, i](Connection& c) { self->take_and_call(c, i); });
+        self->r_.pool_.submit("reconcile take for re-drive",
+                              [self, i, probe = a.probe](Connection& c) { self->take_and_call(c, i, probe); });
       }
       self->redrive_next(line, at + 1, until);
     });
   }
 
-  /// Database worker, then the engine thread: the row taken, then called.
-  void take_and_call(Connection& c, size_t i) {
+  /// Database worker, then the engine thread: the row taken, then called;
+  /// its result recorded as soon as it comes (the lease covers one call,
+  /// not the wait for the round's other re-drives).
+  void take_and_call(Connection& c, size_t i, uint64_t probe) {
     const Candidate& cand = cands_[i];
     const auto lease = std::max<std::chrono::milliseconds>(r_.cfg_.claim.lease, std::chrono::seconds(10));
     const bool taken = r_.store_.take_for_redrive(c, cand.row, cand.attempt, lease + route_of(cand).call_timeout);
-    asio::post(r_.io_, [self = shared_from_this(), i, taken] {
-      if (!taken) return self->redriven();  // another host took it, or it moved on
+    asio::post(r_.io_, [self = shared_from_this(), i, taken, probe] {
+      if (!taken) {  // another host took it, or it moved on
+        if (probe != 0) self->r_.gate_.probe_abandoned(self->cands_[i].row.ns, probe);
+        return self->redriven({});
+      }
       Candidate& cand = self->cands_[i];
       const config::RouteConfig& route = self->route_of(cand);
       spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route.name,
                    printable(cand.row.biz_key), cand.token);
-      const uint64_t call_id = call_with_deadline(self->r_.io_, route.call_timeout, "re-drive " + route.name,
-                                                  {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
-                                                  [self, i](idemsink_outcome o, std::string detail) {
-                                                    self->results_.push_back({i, o, std::move(detail)});
-                                                    self->redriven();
-                                                  });
+      const uint64_t call_id = call_with_deadline(
+          self->r_.io_, route.call_timeout, "re-drive " + route.name,
+          {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
+          [self, i, probe](idemsink_outcome o, std::string detail) {
+            self->tell_probe(self->cands_[i].row.ns, probe, o, detail);
+            // A pause the remote asked for holds the route's other calls
+            // now (the engine thread owns its limiter).
+            if (throttled(o, detail))
+              self->r_.gate_.hold(self->cands_[i].row.ns, std::chrono::milliseconds(retry_after_ms(detail)));
+            self->r_.pool_.submit("reconcile re-drive result",
+                                  [self, d = Redriven{i, o, std::move(detail)}](Connection& c) {
+                                    const ReconcileSummary counted = self->record_redrive(c, d);
+                                    asio::post(self->r_.io_, [self, counted] { self->redriven(counted); });
+                                  });
+          });
       self->r_.handlers_.at(cand.row.ns)->invoke(record_of(cand, route, cand.calls + 1), call_id);
     });
   }
 
-  void redriven() {
-    if (--redrives_left_ > 0) return;
-    if (results_.empty()) return finish();
-    r_.pool_.submit("reconcile re-drive results",
-                    [self = shared_from_this()](Connection& c) { self->record_redrives(c); });
+  /// Engine thread: one re-drive ended (recorded, or its row not taken).
+  void redriven(const ReconcileSummary& counted) {
+    summary_.redriven_done += counted.redriven_done;
+    summary_.failed += counted.failed;
+    summary_.undecided += counted.undecided;
+    if (--redrives_left_ == 0) finish();
   }
 
-  /// Database worker: the re-drives' results, under the epoch we took.
+  /// Database worker: a re-drive's result, under the epoch we took.
   ///   ok                 done
   ///   permanent          failed (rejected), its letter published
   ///   retryable          certainly not applied: failed once the record's
@@ -396,40 +430,34 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   ///                      unknown for the next round
   ///   paused             (a retry-after answer) left unknown, not counted
   ///   uncertain          left unknown
-  void record_redrives(Connection& c) {
+  /// Counted once committed, so a re-run counts once.
+  ReconcileSummary record_redrive(Connection& c, const Redriven& d) const {
     using Result = claim::ClaimStore::RedriveResult;
-    std::vector<std::string> done;
-    std::vector<Failure> failed;
+    const Candidate& cand = cands_[d.index];
+    const bool paused = throttled(d.outcome, d.detail);
+    const uint32_t calls = paused ? cand.calls : cand.calls + 1;
+    const bool spent = d.outcome == IDEMSINK_OUTCOME_RETRYABLE && !paused && calls >= calls_allowed(cand);
+    const Result result = d.outcome == IDEMSINK_OUTCOME_OK                   ? Result::Applied
+                          : d.outcome == IDEMSINK_OUTCOME_PERMANENT || spent ? Result::Rejected
+                                                                             : Result::Undecided;
     ReconcileSummary counted;
-    c.begin();  // results and their letters' fates commit together
-    for (const Redriven& d : results_) {
-      const Candidate& cand = cands_[d.index];
-      const bool paused = throttled(d.outcome, d.detail);
-      if (paused) r_.gate_.hold(cand.row.ns, std::chrono::milliseconds(retry_after_ms(d.detail)));
-      const uint32_t calls = paused ? cand.calls : cand.calls + 1;
-      const bool spent = d.outcome == IDEMSINK_OUTCOME_RETRYABLE && !paused && calls >= calls_allowed(cand);
-      const Result result = d.outcome == IDEMSINK_OUTCOME_OK                   ? Result::Applied
-                            : d.outcome == IDEMSINK_OUTCOME_PERMANENT || spent ? Result::Rejected
-                                                                               : Result::Undecided;
-      // False: our lease ran out and another host took it; its result counts.
-      if (!r_.store_.record_redrive(c, cand.row, cand.attempt + 1, calls, result, d.detail)) continue;
+    c.begin();  // the result and its letter's fate commit together
+    // False: our lease ran out and another host took it; its result counts.
+    if (r_.store_.record_redrive(c, cand.row, cand.attempt + 1, calls, result, d.detail)) {
       if (result == Result::Applied) {
-        ++counted.redriven_done;
-        done.push_back(cand.token);
+        counted.redriven_done = 1;
+        write_settled(c, {cand.token}, {});
       } else if (result == Result::Rejected) {
-        ++counted.failed;
-        failed.push_back({cand.token, spent ? dlq::Reason::RetriesExhausted : dlq::Reason::Permanent,
-                          "re-driven after reconcile: " + d.detail});
+        counted.failed = 1;
+        write_settled(c, {},
+                      {{cand.token, spent ? dlq::Reason::RetriesExhausted : dlq::Reason::Permanent,
+                        "re-driven after reconcile: " + d.detail}});
       } else {
-        ++counted.undecided;
+        counted.undecided = 1;
       }
     }
-    write_settled(c, done, failed);
     c.commit();
-    summary_.redriven_done += counted.redriven_done;
-    summary_.failed += counted.failed;
-    summary_.undecided += counted.undecided;
-    asio::post(r_.io_, [self = shared_from_this()] { self->finish(); });
+    return counted;
   }
 
   /// Engine thread.
@@ -443,12 +471,6 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     done_(summary_);
   }
 
-  struct Redriven {
-    size_t index;
-    idemsink_outcome outcome;
-    std::string detail;
-  };
-
   Reconciler& r_;
   const std::function<void(ReconcileSummary)> done_;
   std::vector<Candidate> cands_;
@@ -457,7 +479,6 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   std::vector<size_t> resolve_, not_applied_, redrive_;  // indexes into cands_, by the answer
   std::vector<claim::Outcome> undecided_;
   size_t redrives_left_ = 0;
-  std::vector<Redriven> results_;
 };
 
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,

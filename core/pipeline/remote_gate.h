@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -26,10 +27,19 @@ class RemoteGate {
   struct Answer {
     Pass pass = Pass::Go;
     std::chrono::steady_clock::time_point until{};
+    /// Not 0: this call is the open circuit's probe (a route whose records
+    /// all ended unknown has none of its own to probe with); its answer must
+    /// be told, or that it never went out.
+    uint64_t probe = 0;
   };
   virtual Answer try_call(const std::string& route) = 0;
   /// The remote answered asking for a pause (a retry-after detail).
   virtual void hold(const std::string& route, std::chrono::milliseconds pause) = 0;
+  /// The probe's answer: `healthy` when the remote answered for itself
+  /// (applied, rejected, paused), not when it failed to answer.
+  virtual void probe_answered(const std::string& route, uint64_t probe, bool healthy) = 0;
+  /// The probe's call never went out.
+  virtual void probe_abandoned(const std::string& route, uint64_t probe) = 0;
 };
 
 /// The gate of a process that runs no routes (`idemsink reconcile --ask`):
@@ -41,6 +51,8 @@ class LimitsGate : public RemoteGate {
   explicit LimitsGate(const config::Config& cfg);
   Answer try_call(const std::string& route) override;
   void hold(const std::string& route, std::chrono::milliseconds pause) override;
+  void probe_answered(const std::string&, uint64_t, bool) override {}  // no circuit: never a probe
+  void probe_abandoned(const std::string&, uint64_t) override {}
 
  private:
   std::map<std::string, RateLimiter> limiters_;

@@ -103,7 +103,8 @@ void RouteHealth::follow_holds(Route& route) {
   if (pause)
     spdlog::warn(
         "route {}: {} records wait for entities' holds (route.order_by.max_waiting {}); its topic stops "
-        "fetching until half as many wait (other routes go on)",
+        "fetching until half as many wait (other routes go on). A replay of a held record comes through this "
+        "topic and waits too: release the hold (`idemsink order-holds release`) or raise max_waiting",
         route.cfg.name, route.waiting_on_hold, bound);
   else
     spdlog::info("route {}: {} records wait for holds; its topic fetches again", route.cfg.name, route.waiting_on_hold);

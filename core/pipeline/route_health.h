@@ -71,8 +71,11 @@ class RouteHealth {
   /// Stops the route's probe timer (the engine is stopping).
   void stop(Route& route);
 
- private:
+  /// A call's result fed to the route's circuit (it may open or close), by
+  /// the call's id: a record's, or a reconcile call's that was the probe.
   void note(Route& route, uint64_t record_id, bool failed, const std::string& detail);
+
+ private:
   bool wait_over(Record& r);
   void arm_probe(Route& route);
 

@@ -85,54 +85,6 @@ bool framing(std::string_view name) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  auto trim = [](std::string s) {
-    const auto a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-  };
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(';', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string entry = trim(text.substr(pos, end - pos));
-    pos = end + 1;
-    if (entry.empty()) continue;
-    const auto colon = entry.find(':');
-    const std::string name = trim(entry.substr(0, colon));
-    if (colon == std::string::npos || name.empty())
-      throw std::invalid_argument("headers: expected \"Name: value\", got an entry without a name and colon");
-    for (unsigned char c : name)
-      if (!(std::isalnum(c) ||
-            std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
-        throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
-    // The body's framing is the client's: a length or transfer coding from
-    // the configuration would contradict the one it writes.
-    if (framing(name))
-      throw std::invalid_argument("headers: " + name + " is set by the client from the body; leave it out");
-    const std::string value = trim(entry.substr(colon + 1));
-    for (unsigned char c : value)
-      if (c == '\r' || c == '\n' || c == 0)
-        throw std::invalid_argument("headers: the value of " + name + " holds a line break");
-    // A name given twice: the last value, as one header.
-    std::erase_if(out, [&](const auto& h) { return beast::iequals(h.first, name); });
-    out.emplace_back(name, value);
-  }
-  return out;
-}
-
-namespace {
-
-bool has_header(const HttpClient::Headers& headers, std::string_view name, size_t from = 0) {
-  for (size_t i = from; i < headers.size(); ++i)
-    if (beast::iequals(headers[i].first, beast::string_view(name.data(), name.size()))) return true;
-  return false;
-}
-
-void append_header(std::string& out, std::string_view name, std::string_view value) {
-  out.append(name).append(": ").append(value).append("\r\n");
-}
-
 // What may stand in a request line's target: visible ASCII only. A space
 // would end the target, CR LF the line: text a record put there would add
 // headers, or a second request.
@@ -156,6 +108,50 @@ bool valid_header_name(std::string_view name) {
     if (!(std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
       return false;
   return true;
+}
+
+std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto trim = [](std::string s) {
+    const auto a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+  };
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string entry = trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    if (entry.empty()) continue;
+    const auto colon = entry.find(':');
+    const std::string name = trim(entry.substr(0, colon));
+    if (colon == std::string::npos || name.empty())
+      throw std::invalid_argument("headers: expected \"Name: value\", got an entry without a name and colon");
+    if (!valid_header_name(name)) throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
+    // The body's framing is the client's: a length or transfer coding from
+    // the configuration would contradict the one it writes.
+    if (framing(name))
+      throw std::invalid_argument("headers: " + name + " is set by the client from the body; leave it out");
+    const std::string value = trim(entry.substr(colon + 1));
+    if (!valid_header_value(value))
+      throw std::invalid_argument("headers: the value of " + name + " holds a line break or control character");
+    // A name given twice: the last value, as one header.
+    std::erase_if(out, [&](const auto& h) { return beast::iequals(h.first, name); });
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
+namespace {
+
+bool has_header(const HttpClient::Headers& headers, std::string_view name, size_t from = 0) {
+  for (size_t i = from; i < headers.size(); ++i)
+    if (beast::iequals(headers[i].first, beast::string_view(name.data(), name.size()))) return true;
+  return false;
+}
+
+void append_header(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name).append(": ").append(value).append("\r\n");
 }
 
 // Interim answers read past before a call's final one: a server sending more
@@ -481,6 +477,12 @@ struct HttpClient::Impl {
       if (call->wait == Call::Wait::Abandoned) continue;  // already reported not sent
       call->wait = Call::Wait::Taken;                     // its timer, even if already due, reports nothing
       call->queued.reset();
+      // Past its deadline (its timer not run yet): reported not sent, and
+      // the free connection goes to the next call in line.
+      if (past(*call)) {
+        report_not_sent(call);
+        continue;
+      }
       return start(std::move(call));
     }
   }

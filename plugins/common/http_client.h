@@ -52,6 +52,15 @@ struct Endpoint {
 };
 /// Parses "http://host:port/base" or "https://…"; throws std::invalid_argument.
 Endpoint parse_url(const std::string& url);
+/// What a request line's target may hold: visible ASCII only (a space would
+/// end it, CR LF the line: text a record put there would add headers, or a
+/// second request).
+bool valid_target(std::string_view target);
+/// A header's name: an RFC 9110 token.
+bool valid_header_name(std::string_view name);
+/// A header's value: tabs and visible bytes, no other control character.
+bool valid_header_value(std::string_view value);
+
 /// Parses "Name: value; Name2: value2" (the plugins' `headers` option);
 /// throws std::invalid_argument naming the bad entry. Values never appear in
 /// the message (they are often secrets).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <boost/beast/core/detail/base64.hpp>
+#include <charconv>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -126,6 +127,17 @@ inline std::string order_json(const sdk::Record& rec) {
 /// A JSON string holding `text` (valid UTF-8: unsendable() checked it).
 inline std::string json_string(std::string_view text) { return nlohmann::json(std::string(text)).dump(); }
 
+/// The pause a Retry-After header asks for (delta-seconds, at most a day;
+/// an HTTP-date is not honoured: clocks differ, and the table's retry applies).
+inline std::optional<std::chrono::milliseconds> retry_after(const HttpResult& r) {
+  const auto v = r.header("Retry-After");
+  if (!v) return std::nullopt;
+  int64_t s = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), s);
+  if (ec != std::errc() || p != v->data() + v->size() || s < 0) return std::nullopt;
+  return std::chrono::seconds(std::min<int64_t>(s, 86400));
+}
+
 /// An HTTP callback that never lets an exception out: one thrown while
 /// reading the answer is logged with the route and key, and the call ends
 /// with `on_throw` (for a call: what the HTTP status says; for a reconcile
@@ -185,6 +197,10 @@ inline void lookup_receipt(const sdk::Host& host, HttpClient& http, const sdk::R
                                 [field, not_found](const sdk::SharedCompletion& done, const HttpResult& r) {
                                   if (r.failure == HttpResult::Failure::None && r.status == 404)
                                     return done.permanent(not_found);
+                                  // Cannot tell now; a pause asked for holds the route's look-ups too.
+                                  if (const auto pause = retry_after(r);
+                                      pause && *pause >= std::chrono::seconds(1) && classify(r) != IDEMSINK_OUTCOME_OK)
+                                    return done.retry_after(*pause, describe(r));
                                   if (classify(r) != IDEMSINK_OUTCOME_OK) return done.retryable(describe(r));
                                   report(done, r, field);
                                 }));

@@ -212,17 +212,6 @@ class ReceiptRule {
   std::string header_;
 };
 
-/// The pause a Retry-After header asks for (delta-seconds, at most a day;
-/// an HTTP-date is not honoured: clocks differ, and the table's retry applies).
-std::optional<std::chrono::milliseconds> retry_after(const HttpResult& r) {
-  const auto v = r.header("Retry-After");
-  if (!v) return std::nullopt;
-  int64_t s = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), s);
-  if (ec != std::errc() || p != v->data() + v->size() || s < 0) return std::nullopt;
-  return std::chrono::seconds(std::min<int64_t>(s, 86400));
-}
-
 /// The meaning of `r` in a short text for last_error, with Retry-After when
 /// the service sent one.
 std::string explain(const HttpResult& r) {
@@ -273,8 +262,10 @@ class Http {
       throw std::invalid_argument(
           "body: is not JSON once filled in ({{name}} inserts escaped text: quote it; {{{json.name}}} inserts a "
           "field as JSON, {{{value_json}}} the whole value)");
-    if (token_header_.find_first_of(": \r\n") != std::string::npos)
+    if (!token_header_.empty() && !valid_header_name(token_header_))
       throw std::invalid_argument("token_header: '" + token_header_ + "' is not a header name");
+    if (!valid_header_value(content_type_))
+      throw std::invalid_argument("content_type: holds a line break or control character");
     if (token_header_.empty() && !path_.sends_token() && !(body_ && body_->sends_token()))
       throw std::invalid_argument(
           "token_header: is empty and no template sends {{idem_token}} (outside sections): the service could not "
@@ -297,6 +288,8 @@ class Http {
   }
 
   void invoke(const sdk::Record& rec, sdk::Completion done) {
+    // Taken first: rendering a large template takes time of its own.
+    const HttpClient::SendBy deadline = send_by(rec);
     // Decided before sending: a record that makes no valid request is
     // refused, never "maybe sent".
     if (auto why = unsendable(rec)) return done.permanent(*why);
@@ -315,7 +308,6 @@ class Http {
     HttpClient::Headers headers{{"Content-Type", content_type_}};
     if (!token_header_.empty()) headers.emplace_back(token_header_, std::string(rec.idem_token()));
     // The look-up after a 409 belongs to the same call: the same deadline.
-    const HttpClient::SendBy deadline = send_by(rec);
     http_.request(
         method_, target, std::move(body), std::move(headers), deadline,
         guarded(
@@ -330,6 +322,7 @@ class Http {
   // here: the row waits for a person (idemsink resolve).
   void reconcile(const sdk::Record& rec, sdk::Completion done) {
     if (!lookup_) return done.retryable("no lookup_path configured for this route: settle it with idemsink resolve");
+    const HttpClient::SendBy deadline = send_by(rec);
     std::string target;
     try {
       // record_data refuses a value nested too deep to walk: "cannot tell",
@@ -338,7 +331,7 @@ class Http {
     } catch (const std::invalid_argument& e) {
       return done.retryable(std::string("cannot build the look-up for this record: ") + e.what());
     }
-    ask(rec, target, std::move(done));
+    ask(rec, target, deadline, std::move(done));
   }
 
  private:
@@ -395,9 +388,9 @@ class Http {
   /// The reconcile question: found → ok (receipt); certainly not applied
   /// (a not-found status, or with 'empty' an answer read and empty) →
   /// permanent; anything else, an unreadable answer included → cannot tell.
-  void ask(const sdk::Record& rec, const std::string& target, sdk::Completion done) {
+  void ask(const sdk::Record& rec, const std::string& target, HttpClient::SendBy deadline, sdk::Completion done) {
     http_.request(
-        "GET", target, "", {}, send_by(rec),
+        "GET", target, "", {}, deadline,
         guarded_question(host_, rec, std::move(done), [this](const sdk::SharedCompletion& done, const HttpResult& r) {
           if (r.failure == HttpResult::Failure::None) {
             if (not_found_.count(r.status))
@@ -406,6 +399,9 @@ class Http {
               return done.permanent("the service's answer holds no call with this token: " + explain(r));
           }
           if (auto found = found_in(r)) return done.ok(*found);
+          // A pause asked for holds the route's look-ups too (never counted).
+          if (const auto pause = retry_after(r); pause && *pause >= std::chrono::seconds(1))
+            return done.retry_after(*pause, "the look-up cannot tell: " + explain(r));
           done.retryable("the look-up cannot tell: " + explain(r));
         }));
   }

@@ -6,6 +6,8 @@
 #include <boost/test/unit_test.hpp>
 #include <signal.h>
 
+#include <idemsink/plugin_abi.h>
+
 #include <set>
 
 #include "tests/support/host_fixture.h"
@@ -48,8 +50,11 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
 
   const std::string installed = prefix + "/bin/idemsink";
   const std::string info = run(dir, "plugin-info", {installed, "plugin-info", so});
-  for (const char* s : {"name:        hello", "kind:        local_tx", "abi:         v1.0",
-                        "greeting (string, default hello)", "greeted_twice"})
+  // Built against the installed header: this tree's ABI version.
+  const std::string abi =
+      "abi:         v" + std::to_string(IDEMSINK_ABI_MAJOR) + "." + std::to_string(IDEMSINK_ABI_MINOR);
+  for (const std::string s : {"name:        hello", "kind:        local_tx", abi.c_str(),
+                              "greeting (string, default hello)", "greeted_twice"})
     BOOST_TEST(info.find(s) != std::string::npos, "'" << s << "' not in:\n" << info);
 
   // And it runs: 300 records, a third of them repeats, each key greeted once.

@@ -6,6 +6,7 @@
 #include <boost/asio.hpp>
 #include <boost/test/unit_test.hpp>
 #include <csignal>
+#include <idemsink/plugin_abi.h>
 
 #include "devkit/services.h"
 #include "tests/support/scenario.h"
@@ -160,7 +161,8 @@ BOOST_AUTO_TEST_CASE(version_build_info_liveness_and_sighup) {
 
   const std::string metrics = http_request(h.port, "GET", "/metrics").second;
   BOOST_TEST(metrics.find("idemsink_build_info{commit=\"") != std::string::npos, metrics);
-  BOOST_TEST(metrics.find("plugin_abi=\"1.0\"") != std::string::npos, metrics);
+  const std::string abi = std::to_string(IDEMSINK_ABI_MAJOR) + "." + std::to_string(IDEMSINK_ABI_MINOR);
+  BOOST_TEST(metrics.find("plugin_abi=\"" + abi + "\"") != std::string::npos, metrics);
   BOOST_TEST(http_request(h.port, "GET", "/livez").first == 200);
 
   h.host->proc().signal(SIGHUP);

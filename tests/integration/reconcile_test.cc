@@ -19,6 +19,8 @@
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
+#include "core/operate/actions.h"
+#include "core/operate/operator_log.h"
 #include "core/pipeline/reconciler.h"
 #include "core/plugin/plugin.h"
 #include "devkit/mariadb_server.h"
@@ -44,6 +46,8 @@ struct ScriptedGate : RemoteGate {
     return {p, std::chrono::steady_clock::now() + 20ms};
   }
   void hold(const std::string& route, std::chrono::milliseconds pause) override { holds[route] = pause; }
+  void probe_answered(const std::string&, uint64_t, bool) override {}
+  void probe_abandoned(const std::string&, uint64_t) override {}
 };
 
 // Two routes on the fake services: waybills through the configured http
@@ -79,6 +83,7 @@ struct World {
     conn = std::make_unique<db::Connection>(db);
     claim::apply_schema(*conn, std::chrono::system_clock::now(), {});
     conn->execute(dlq::Outbox::schema());
+    conn->execute(operate::OperatorLog::schema());
     for (const auto& route : cfg.routes) {
       instances.push_back(std::make_unique<plugin::Instance>(plugin::Library::load(route.plugin), route));
       handlers[route.name] = instances.back().get();
@@ -174,6 +179,22 @@ BOOST_AUTO_TEST_CASE(a_failed_settlement_publishes_its_dead_letter) {
                       "AND reason = 'not_applied' AND idem_token = '" +
                       token + "'") == 1);
   BOOST_TEST(w.services.stats()["sms"]["requests"].get<int>() == 0);  // never sent again
+}
+
+// An operator's "failed" is a settlement too: the held letter is published
+// (never stamped away), and "done" stamps it.
+BOOST_AUTO_TEST_CASE(an_operators_failed_resolution_publishes_the_held_letter) {
+  World w("reconcile_operator_failed");
+  const std::string failed = w.unknown("sms", "S-3", 1, "uncertain");
+  const std::string done = w.unknown("sms", "S-4", 1, "uncertain");
+  const operate::Actor olga{"olga", "operator"};
+  BOOST_TEST(operate::resolve(*w.conn, w.cfg, olga, failed, "failed", "the gateway never sent it").ok);
+  BOOST_TEST(operate::resolve(*w.conn, w.cfg, olga, done, "done", "the gateway's log shows it").ok);
+  BOOST_TEST(w.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE held_until IS NULL AND published_at IS NULL "
+                      "AND reason = 'not_applied' AND idem_token = '" +
+                      failed + "'") == 1);
+  BOOST_TEST(w.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE published_at IS NOT NULL AND idem_token = '" +
+                      done + "'") == 1);
 }
 
 // Look-ups and re-drives keep to the route's gate: a wait is waited out, an
