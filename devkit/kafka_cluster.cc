@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -93,6 +94,74 @@ std::filesystem::path KafkaCluster::libs_dir() {
 #endif
 }
 
+std::filesystem::path KafkaCluster::libs_dir(const std::string& line) {
+  std::string var = "IDEMSINK_KAFKA_LIBS_" + line;
+  std::replace(var.begin(), var.end(), '.', '_');
+  if (const char* env = std::getenv(var.c_str()); env && *env) return env;
+  // build/kafka/libs -> build/kafka-3.9/libs
+  return libs_dir().parent_path().parent_path() / ("kafka-" + line) / "libs";
+}
+
+std::string KafkaCluster::bootstrap(Listener listener) const {
+  if (listener == Listener::Plaintext) return bootstrap_;
+  std::string out;
+  for (const auto& n : nodes_) {
+    auto it = n.secure_ports.find(listener);
+    if (it == n.secure_ports.end())
+      throw std::invalid_argument("this cluster has no such listener (Options::security)");
+    out += (out.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(it->second);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> KafkaCluster::listener_properties(const Node& n) const {
+  const std::string plain = "PLAINTEXT://127.0.0.1:" + std::to_string(n.client_port);
+  const std::string controller = "CONTROLLER://127.0.0.1:" + std::to_string(n.controller_port);
+  std::map<std::string, std::string> props{
+      {"listeners", plain + "," + controller},
+      {"advertised.listeners", plain},
+      {"controller.listener.names", "CONTROLLER"},
+      {"inter.broker.listener.name", "PLAINTEXT"},
+      {"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
+  };
+  if (!opt_.security) return props;
+  const Security& sec = *opt_.security;
+  // Every node has the same listener names: a client is told the brokers'
+  // endpoints of the listener it connected on.
+  std::string secure;
+  for (const auto& [name, listener] :
+       {std::pair{"SSL", Listener::Ssl}, {"MTLS", Listener::Mtls}, {"SASL_SSL", Listener::SaslSsl}})
+    secure += std::string(",") + name + "://127.0.0.1:" + std::to_string(n.secure_ports.at(listener));
+  props["listeners"] += secure;
+  props["advertised.listeners"] += secure;
+  props["listener.security.protocol.map"] += ",SSL:SSL,MTLS:SSL,SASL_SSL:SASL_SSL";
+  // PEM files by path: the key unencrypted PKCS#8 (no password may be set
+  // for a PEM store); the truststore is what client certificates chain to.
+  props["ssl.keystore.type"] = "PEM";
+  props["ssl.keystore.location"] = sec.keystore.string();
+  props["ssl.truststore.type"] = "PEM";
+  props["ssl.truststore.location"] = sec.truststore.string();
+  // Only the MTLS listener asks for a client certificate.
+  props["listener.name.mtls.ssl.client.auth"] = "required";
+  // One JAAS entry per enabled mechanism, or the broker does not start
+  // (sasl.enabled.mechanisms would default to GSSAPI).
+  props["sasl.enabled.mechanisms"] = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER";
+  std::string plain_users;
+  for (const auto& [name, password] : sec.plain_users) plain_users += " user_" + name + "=\"" + password + "\"";
+  props["listener.name.sasl_ssl.plain.sasl.jaas.config"] =
+      "org.apache.kafka.common.security.plain.PlainLoginModule required" + plain_users + ";";
+  for (const char* mech : {"scram-sha-256", "scram-sha-512"})
+    props[std::string("listener.name.sasl_ssl.") + mech + ".sasl.jaas.config"] =
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;";
+  props["listener.name.sasl_ssl.oauthbearer.sasl.jaas.config"] =
+      "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+      "unsecuredLoginStringClaim_sub=\"broker\"" +
+      (sec.oauth_scope.empty() ? std::string() : " unsecuredValidatorRequiredScope=\"" + sec.oauth_scope + "\"") + ";";
+  props["listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class"] =
+      "org.apache.kafka.common.security.oauthbearer.internals.unsecured.OAuthBearerUnsecuredValidatorCallbackHandler";
+  return props;
+}
+
 std::vector<std::string> KafkaCluster::java(const std::string& main_class, std::vector<std::string> args,
                                             int heap_mb) const {
   std::vector<std::string> argv{
@@ -105,7 +174,7 @@ std::vector<std::string> KafkaCluster::java(const std::string& main_class, std::
 }
 
 KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-cluster") {
-  const auto libs = libs_dir();
+  const auto libs = opt_.libs.empty() ? libs_dir() : opt_.libs;
   if (!std::filesystem::is_directory(libs) || std::filesystem::is_empty(libs))
     throw std::runtime_error("Kafka jars not found in " + libs.string() +
                              ": run scripts/fetch-kafka (scripts/install-deps does), or set IDEMSINK_KAFKA_LIBS");
@@ -131,8 +200,12 @@ KafkaCluster::KafkaCluster(Options opt) : opt_(std::move(opt)), dir_("kafka-clus
 }
 
 void KafkaCluster::form() {
-  for (int id = 1; id <= opt_.nodes; ++id)
-    nodes_.push_back(Node{id, free_port(), free_port(), dir_ / ("node" + std::to_string(id)), nullptr});
+  for (int id = 1; id <= opt_.nodes; ++id) {
+    nodes_.push_back(Node{id, free_port(), free_port(), dir_ / ("node" + std::to_string(id)), nullptr, {}});
+    if (opt_.security)
+      for (const auto l : {Listener::Ssl, Listener::Mtls, Listener::SaslSsl})
+        nodes_.back().secure_ports[l] = free_port();
+  }
   std::string voters, bootstrap;
   for (const auto& n : nodes_) {
     voters += (voters.empty() ? "" : ",") + std::to_string(n.id) + "@127.0.0.1:" + std::to_string(n.controller_port);
@@ -148,12 +221,6 @@ void KafkaCluster::form() {
         {"process.roles", "broker,controller"},
         {"node.id", std::to_string(n.id)},
         {"controller.quorum.voters", voters},
-        {"listeners", "PLAINTEXT://127.0.0.1:" + std::to_string(n.client_port) +
-                          ",CONTROLLER://127.0.0.1:" + std::to_string(n.controller_port)},
-        {"advertised.listeners", "PLAINTEXT://127.0.0.1:" + std::to_string(n.client_port)},
-        {"controller.listener.names", "CONTROLLER"},
-        {"inter.broker.listener.name", "PLAINTEXT"},
-        {"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
         {"log.dirs", (n.dir / "data").string()},
         {"num.partitions", "1"},
         {"default.replication.factor", std::to_string(rf)},
@@ -191,13 +258,20 @@ void KafkaCluster::form() {
         {"broker.heartbeat.interval.ms", "500"},
         {"broker.session.timeout.ms", "6000"},
     };
+    for (const auto& [k, v] : listener_properties(n)) props[k] = v;
     for (const auto& [k, v] : opt_.broker_properties) props[k] = v;
     std::ostringstream os;
     for (const auto& [k, v] : props) os << k << "=" << v << "\n";
     write_file(n.dir / "server.properties", os.str());
-    Process format(java("kafka.tools.StorageTool",
-                        {"format", "-t", cluster_id, "-c", (n.dir / "server.properties").string()}, 128),
-                   n.dir / "format.out", n.dir / "format.err");
+    std::vector<std::string> format_args{"format", "-t", cluster_id, "-c", (n.dir / "server.properties").string()};
+    // SCRAM users are made with the cluster's metadata (KIP-900), the same on
+    // every node; each value is one argument (passwords without commas).
+    if (opt_.security)
+      for (const auto& [name, password] : opt_.security->scram_users)
+        for (const char* mech : {"SCRAM-SHA-256", "SCRAM-SHA-512"})
+          format_args.insert(format_args.end(),
+                             {"--add-scram", std::string(mech) + "=[name=" + name + ",password=" + password + "]"});
+    Process format(java("kafka.tools.StorageTool", format_args, 128), n.dir / "format.out", n.dir / "format.err");
     const auto rc = format.wait(std::chrono::seconds(120));
     if (!rc || *rc != 0)
       throw std::runtime_error("formatting Kafka node " + std::to_string(n.id) +

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,30 @@ namespace idemsink::devkit {
 
 class KafkaCluster {
  public:
+  /// Listeners with security on, beside PLAINTEXT (which stays the
+  /// inter-broker listener and the one the harness's own clients use):
+  ///   Ssl      TLS, the broker's certificate checked by the client
+  ///   Mtls     TLS, and a client certificate the broker checks (required)
+  ///   SaslSsl  SASL over TLS: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 and
+  ///            OAUTHBEARER (Kafka's unsecured validator: "alg":"none"
+  ///            tokens with sub, exp and, if set, the scope)
+  struct Security {
+    std::filesystem::path keystore;    ///< PEM: the broker's unencrypted PKCS#8 key, its certificate, the chain
+    std::filesystem::path truststore;  ///< PEM: the CAs client certificates must chain to (Mtls)
+    std::map<std::string, std::string> plain_users;  ///< SASL/PLAIN name -> password
+    std::map<std::string, std::string> scram_users;  ///< SCRAM-SHA-256 and -512 users, made at format time
+    std::string oauth_scope;                         ///< the scope an OAUTHBEARER token must carry ("" none)
+  };
+  enum class Listener { Plaintext, Ssl, Mtls, SaslSsl };
+
   struct Options {
     int nodes = 3;
     int heap_mb = 320;
     /// Broker settings added to every node's server.properties.
     std::map<std::string, std::string> broker_properties;
+    /// The jars to run: another Kafka version's (libs_dir("3.9")); empty: libs_dir().
+    std::filesystem::path libs;
+    std::optional<Security> security;
   };
 
   /// Formats and starts the nodes; returns once every broker answers and a
@@ -39,8 +59,10 @@ class KafkaCluster {
   KafkaCluster(const KafkaCluster&) = delete;
   KafkaCluster& operator=(const KafkaCluster&) = delete;
 
-  /// "127.0.0.1:p1,127.0.0.1:p2,..." (the client listeners).
+  /// "127.0.0.1:p1,127.0.0.1:p2,..." (the PLAINTEXT client listeners).
   const std::string& bootstrap() const { return bootstrap_; }
+  /// The same for one listener (Options::security names the others).
+  std::string bootstrap(Listener listener) const;
   int nodes() const { return static_cast<int>(nodes_.size()); }
   /// The replication factor and min.insync.replicas topics get here.
   int replication() const { return nodes() >= 3 ? 3 : nodes(); }
@@ -76,6 +98,9 @@ class KafkaCluster {
   /// Where the Kafka jars are: $IDEMSINK_KAFKA_LIBS, or build/kafka/libs
   /// beside the binaries (the path given at configure time).
   static std::filesystem::path libs_dir();
+  /// Another Kafka line's jars, e.g. "3.9" (scripts/fetch-kafka --version
+  /// 3.9.1 puts them in build/kafka-3.9/libs), or $IDEMSINK_KAFKA_LIBS_<3_9>.
+  static std::filesystem::path libs_dir(const std::string& line);
 
  private:
   struct Node {
@@ -84,7 +109,10 @@ class KafkaCluster {
     int controller_port;
     std::filesystem::path dir;
     std::unique_ptr<Process> proc;
+    std::map<Listener, int> secure_ports;  // with Options::security
   };
+  /// The listener settings of one node (every listener, the security ones too).
+  std::map<std::string, std::string> listener_properties(const Node& n) const;
   /// Picks the ports, formats and starts the nodes, waits until every broker
   /// is registered; throws std::runtime_error with nodes_report().
   void form();

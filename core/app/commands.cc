@@ -15,6 +15,7 @@
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/kafka/dev_cluster.h"
+#include "core/kafka/login.h"
 #include "core/offline/audit.h"
 #include "core/app/host.h"
 #include "core/pipeline/reconciler.h"
@@ -34,7 +35,7 @@ int report(const operate::Done& done) {
 
 int run(const config::Config& cfg) { return run_host(cfg); }
 
-int check_config(const config::Config& cfg) {
+int check_config(const config::Config& cfg, bool connect) {
   auto libs = load_route_plugins(cfg);
   // Each plugin checks its own options when an instance is made (templates,
   // pointers, status tables): make one per route and let it go. An option it
@@ -55,7 +56,12 @@ int check_config(const config::Config& cfg) {
               << libs[i]->descriptor().version << " (" << plugin::kind_name(libs[i]->kind()) << "), DLQ "
               << (r.dlq.enabled ? r.dlq.topic : "disabled") << "\n";
   }
-  return 0;
+  if (const auto caveat = kafka::login_caveat(kafka::LoginSettings::of(cfg.kafka.properties)))
+    std::cerr << "warning: kafka: " << *caveat << "\n";
+  if (!connect) return 0;
+  const auto checked = kafka::check_connection(cfg.kafka, std::chrono::seconds(15));
+  std::cout << "kafka: " << checked.message << "\n";
+  return checked.ok ? 0 : 1;
 }
 
 int schema(const config::Config& cfg, const std::string& action) {

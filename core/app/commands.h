@@ -11,7 +11,9 @@
 namespace idemsink::app {
 
 int run(const config::Config& cfg);
-int check_config(const config::Config& cfg);
+/// Validates the config and loads every plugin; with `connect`, also logs
+/// in to the Kafka cluster (exit 1 when it cannot).
+int check_config(const config::Config& cfg, bool connect);
 /// `action`: print (the DDL), apply, or migrate (an older claim table brought
 /// to the current layout while hosts run).
 int schema(const config::Config& cfg, const std::string& action);

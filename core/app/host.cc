@@ -25,6 +25,7 @@
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/login.h"
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
 #include "core/pipeline/periodic.h"
@@ -320,6 +321,8 @@ class HostRun {
     spdlog::info("idemsink host {} starting: {} route(s), group {}, owner {}", cfg_.host.id, cfg_.routes.size(),
                  cfg_.kafka.group_id, owner_);
     spdlog::info("{}", kafka::library_workarounds(cfg_.kafka));
+    if (const auto caveat = kafka::login_caveat(kafka::LoginSettings::of(cfg_.kafka.properties)))
+      spdlog::warn("kafka: {}", *caveat);
     const auto build = build_info();
     spdlog::info("build: idemsink {} (commit {}), librdkafka {}, Connector/C {}, plugin ABI {}", build.at("version"),
                  build.at("commit"), build.at("librdkafka"), build.at("connector_c"), build.at("plugin_abi"));

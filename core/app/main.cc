@@ -30,7 +30,7 @@ constexpr const char* kUsage = R"(usage: idemsink COMMAND [options]
 
 commands:
   run --config FILE            consume and apply side effects until SIGTERM
-  check-config --config FILE   validate the config and load every plugin
+  check-config --config FILE [--connect]   validate the config and load every plugin (and log in to Kafka)
   schema print|apply|migrate --config FILE
                                print or apply the claim, outbox and plugin DDL;
                                migrate: an older claim table to the current layout, online
@@ -104,7 +104,13 @@ config::Config load_config(const po::variables_map& vm, bool host_log_file = fal
 void declare_config_only(po::options_description& o, po::positional_options_description&) { config_option(o); }
 
 int run_host_command(const po::variables_map& vm) { return app::run(load_config(vm, true)); }
-int check_config_command(const po::variables_map& vm) { return app::check_config(load_config(vm)); }
+void declare_check_config(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("connect", "also log in to the Kafka cluster as the host would (exit 1 when it cannot)");
+}
+int check_config_command(const po::variables_map& vm) {
+  return app::check_config(load_config(vm), vm.count("connect") != 0);
+}
 int audit_command(const po::variables_map& vm) { return each_database(load_config(vm), app::audit); }
 
 void declare_schema(po::options_description& o, po::positional_options_description& pos) {
@@ -273,7 +279,7 @@ int config_reference_command(const po::variables_map&) {
 
 const Command kCommands[] = {
     {"run", "run --config FILE", declare_config_only, run_host_command},
-    {"check-config", "check-config --config FILE", declare_config_only, check_config_command},
+    {"check-config", "check-config --config FILE [--connect]", declare_check_config, check_config_command},
     {"audit", "audit --config FILE", declare_config_only, audit_command},
     {"schema", "schema print|apply|migrate --config FILE", declare_schema, schema_command},
     {"reconcile", "reconcile --config FILE [--list | --check | --ask | --resolve TOKEN --as done|failed [--note TEXT]]",

@@ -3,9 +3,12 @@
 #include "core/config/settings.h"
 #include "core/config/toml_reader.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -108,6 +111,71 @@ std::string default_host_id() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "idemsink";
   return buf;
+}
+
+// [kafka.oauth]: the client secret from the environment or from a file
+// only its owner can read (never from the config file), and what the login
+// needs besides.
+void finish_oauth(KafkaConfig& k, const Reader& kafka) {
+  const Reader r = kafka.sub("oauth");
+  OAuthConfig& o = k.oauth;
+  if (r.node("token_endpoint") == nullptr) {
+    for (const char* key : {"client_id", "client_secret_env", "client_secret_file", "scope", "principal", "tls_ca"})
+      if (r.node(key) != nullptr) fail(r.pos_of_key(key), "kafka.oauth.token_endpoint", "is required in [kafka.oauth]");
+    return;
+  }
+  if (o.token_endpoint.rfind("https://", 0) != 0 && o.token_endpoint.rfind("http://", 0) != 0)
+    fail(r.pos_of_key("token_endpoint"), "kafka.oauth.token_endpoint", "must be an https:// (or http://) URL");
+  if (o.client_id.empty())
+    fail(r.pos_of_key("token_endpoint"), "kafka.oauth.client_id", "is required in [kafka.oauth]");
+  const toml::node* env = r.node("client_secret_env");
+  const toml::node* file = r.node("client_secret_file");
+  if (env != nullptr && file != nullptr)
+    fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file",
+         "set one of client_secret_env and client_secret_file, not both");
+  if (env == nullptr && file == nullptr)
+    fail(r.pos_of_key("token_endpoint"), "kafka.oauth.client_secret_env",
+         "a client secret is required: client_secret_env (a variable's name) or client_secret_file");
+  if (env != nullptr) {
+    const std::string name = **env->as_string();
+    const char* v = name.empty() ? nullptr : std::getenv(name.c_str());
+    if (v == nullptr || *v == '\0')
+      fail(r.pos_of_key("client_secret_env"), "kafka.oauth.client_secret_env",
+           "environment variable " + name + " is not set");
+    o.client_secret = v;
+  } else {
+    const std::string path = **file->as_string();
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file", "cannot read " + path);
+    if ((st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file",
+           path + " may be read by others than its owner (mode " + mode + "): chmod 600 it");
+    }
+    std::ifstream in(path);
+    std::getline(in, o.client_secret);
+    while (!o.client_secret.empty() && std::isspace(static_cast<unsigned char>(o.client_secret.back())))
+      o.client_secret.pop_back();
+    if (o.client_secret.empty())
+      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file", path + " holds no secret");
+  }
+  if (!o.tls_ca.empty() && !std::filesystem::is_regular_file(o.tls_ca))
+    fail(r.pos_of_key("tls_ca"), "kafka.oauth.tls_ca", "no such file: " + o.tls_ca);
+  // The login this section is for, and not librdkafka's test tokens too.
+  const auto prop = [&k](const std::string& name) {
+    auto it = k.properties.find(name);
+    return it == k.properties.end() ? std::string() : it->second;
+  };
+  std::string mech = prop("sasl.mechanisms").empty() ? prop("sasl.mechanism") : prop("sasl.mechanisms");
+  for (auto& ch : mech) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (mech != "OAUTHBEARER")
+    fail(r.pos_of_key("token_endpoint"), "kafka.oauth",
+         "needs \"sasl.mechanisms\" = \"OAUTHBEARER\" in [kafka.properties] (it is \"" + mech + "\")");
+  if (prop("enable.sasl.oauthbearer.unsecure.jwt") == "true")
+    fail(r.pos_of_key("token_endpoint"), "kafka.oauth",
+         "cannot go with \"enable.sasl.oauthbearer.unsecure.jwt\" = \"true\" (librdkafka's own test tokens)");
 }
 
 // password_env, and the TLS settings checked against each other, for
@@ -322,6 +390,7 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   const Reader root(&doc, "", file, top);
   finish_host(c.host, root.sub("host"));
   finish_database(c.database, root.sub("database"), "database");
+  finish_oauth(c.kafka, root.sub("kafka"));
   check_shutdown_grace(c, root.sub("host"));
   const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)

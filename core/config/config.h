@@ -61,6 +61,20 @@ struct HostConfig {
   std::string admin_hostnames;  // names the port answers to besides IP literals and localhost (comma-separated)
 };
 
+/// [kafka.oauth]: SASL/OAUTHBEARER with tokens the host fetches itself
+/// (OAuth 2.0 client credentials): librdkafka 2.0.2 as Debian builds it has
+/// no OIDC of its own (no libcurl).
+struct OAuthConfig {
+  std::string token_endpoint;  // empty: not used
+  std::string client_id;
+  std::string client_secret;  // from client_secret_env or client_secret_file; never logged
+  std::string scope;
+  std::string principal;  // empty: the token's "sub", else client_id
+  std::string tls_ca;     // PEM CAs the endpoint's certificate must chain to; empty: the system's
+  Millis timeout{};
+  bool enabled() const { return !token_endpoint.empty(); }
+};
+
 struct KafkaConfig {
   std::string bootstrap_servers;
   std::string group_id;
@@ -71,6 +85,7 @@ struct KafkaConfig {
   std::map<std::string, std::string> properties;           // both clients
   std::map<std::string, std::string> consumer_properties;  // consumer only
   std::map<std::string, std::string> producer_properties;  // DLQ producer only
+  OAuthConfig oauth;
 };
 
 struct DatabaseConfig {

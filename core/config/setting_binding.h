@@ -30,6 +30,11 @@ struct Section<KafkaConfig> {
   static KafkaConfig& of(const Target& t) { return t.config->kafka; }
 };
 template <>
+struct Section<OAuthConfig> {
+  static constexpr std::string_view path = "kafka.oauth";
+  static OAuthConfig& of(const Target& t) { return t.config->kafka.oauth; }
+};
+template <>
 struct Section<DatabaseConfig> {
   static constexpr std::string_view path = "database";
   static DatabaseConfig& of(const Target& t) { return t.config->database; }

@@ -118,6 +118,37 @@ constexpr Setting kSettings[] = {
              "librdkafka properties for the DLQ producer only. enable.idempotence=true and acks=all are always set."}),
 
     declare(Type::Section,
+            {.path = "kafka.oauth",
+             .doc = "SASL/OAUTHBEARER with tokens the host fetches itself: OAuth 2.0 client credentials against a "
+                    "token endpoint (librdkafka as Debian builds it has no OIDC). Needs \"sasl.mechanisms\" = "
+                    "\"OAUTHBEARER\" in [kafka.properties]. A token is fetched again before it expires; an "
+                    "endpoint that does not answer makes the host not ready and is asked again, never a crash."}),
+    field<&OAuthConfig::token_endpoint>(
+        {.path = "kafka.oauth.token_endpoint", .doc = "The token endpoint's URL (https://, or http:// on loopback)."}),
+    field<&OAuthConfig::client_id>({.path = "kafka.oauth.client_id", .doc = "The client id; required."}),
+    declare(Type::String,
+            {.path = "kafka.oauth.client_secret_env",
+             .doc = "Name of an environment variable holding the client secret; it must be set when this is."}),
+    declare(Type::String,
+            {.path = "kafka.oauth.client_secret_file",
+             .doc = "A file holding the client secret (one line); readable by its owner only (mode 0600 or "
+                    "0400). One of client_secret_env and client_secret_file is required. Never logged."}),
+    field<&OAuthConfig::scope>(
+        {.path = "kafka.oauth.scope", .doc = "Scopes to ask for, space-separated; empty: none."}),
+    field<&OAuthConfig::principal>(
+        {.path = "kafka.oauth.principal",
+         .doc = "The principal name handed to librdkafka with the token; empty: the token's \"sub\" claim (a JWT), "
+                "else client_id."}),
+    field<&OAuthConfig::tls_ca>(
+        {.path = "kafka.oauth.tls_ca",
+         .doc = "PEM file of the CAs the endpoint's certificate must chain to; empty: the system's."}),
+    field<&OAuthConfig::timeout>({.path = "kafka.oauth.timeout",
+                                  .default_value = "10s",
+                                  .min = 100,
+                                  .max = 120000,
+                                  .doc = "How long one token request may take."}),
+
+    declare(Type::Section,
             {.path = "database", .required = true, .doc = "The business MariaDB holding the claim table."}),
     field<&DatabaseConfig::host>({.path = "database.host", .default_value = "127.0.0.1", .doc = "Server host (TCP)."}),
     field<&DatabaseConfig::port>(

@@ -55,20 +55,26 @@ void ClientHealth::on_statistics(std::string_view json) {
   s_ = std::move(next);
 }
 
+void ClientHealth::set_login(LoginSettings login) {
+  std::lock_guard lk(mu_);
+  login_ = std::move(login);
+}
+
 void ClientHealth::on_error(int err, const std::string& reason) {
   const auto code = static_cast<rd_kafka_resp_err_t>(err);
+  std::lock_guard lk(mu_);
   // The cluster unreachable, or refusing this client's login. (A missing
   // topic or group ACL shows as no partitions assigned, and in the log.)
-  const bool blocking = code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || code == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
-                        code == RD_KAFKA_RESP_ERR__SSL || code == RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED;
-  std::lock_guard lk(mu_);
+  const auto refusal = login_refusal(code, reason, login_);
+  const bool blocking = code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || refusal.has_value();
   // Without statistics nothing would ever clear it: readiness then leaves
   // Kafka out (the log still has the error).
   if (!blocking || !stats_enabled_) return;
   // "All brokers down" follows a refused login: the login is the cause to show.
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN && auth_error_) return;
-  auth_error_ = code != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN;
-  s_.error = std::string(rd_kafka_err2name(code)) + ": " + reason;
+  auth_error_ = refusal.has_value();
+  s_.error =
+      std::string(rd_kafka_err2name(code)) + ": " + (refusal ? "the cluster refused this client: " + *refusal : reason);
   for (auto& [name, b] : s_.brokers) b.up = false;
 }
 

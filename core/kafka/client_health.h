@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/kafka/login.h"
+
 namespace idemsink::kafka {
 
 class ClientHealth {
@@ -32,13 +34,16 @@ class ClientHealth {
     std::string error;  // the last fatal-for-readiness error (all brokers down, authentication), or empty
   };
 
+  /// The client's security settings, which say what a refused login means.
+  void set_login(LoginSettings login);
   /// statistics.interval.ms = 0: no report will come, so readiness leaves Kafka out.
   void statistics_disabled();
   /// A statistics JSON report (the stats callback). Malformed input is
   /// ignored (logged once): metrics are not worth a crash.
   void on_statistics(std::string_view json);
-  /// The error callback: ALL_BROKERS_DOWN and authentication or TLS errors
-  /// make the client not ready until a broker is seen up again.
+  /// The error callback: ALL_BROKERS_DOWN and a refused login (credentials,
+  /// token, either side's certificate: login.h) make the client not ready
+  /// until a broker is seen up again.
   void on_error(int err, const std::string& reason);
 
   Snapshot snapshot() const;
@@ -51,6 +56,7 @@ class ClientHealth {
   bool parse_error_logged_ = false;
   bool stats_enabled_ = true;
   bool auth_error_ = false;  // s_.error is a refused login (or TLS), not an outage
+  LoginSettings login_;
 };
 
 }  // namespace idemsink::kafka

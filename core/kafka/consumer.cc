@@ -7,6 +7,7 @@
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/kafka/librdkafka_fixes.h"
+#include "core/kafka/oauth.h"
 #include "core/kafka/watermarks.h"
 
 namespace idemsink::kafka {
@@ -95,6 +96,8 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   props["enable.auto.offset.store"] = "false";
   props["isolation.level"] = "read_committed";
   if (props["statistics.interval.ms"] == "0") health_.statistics_disabled();
+  login_ = LoginSettings::of(props);
+  health_.set_login(login_);
   rd_kafka_conf_t* conf = make_conf(props);
   rd_kafka_conf_set_log_cb(conf, &log_cb);
   rd_kafka_conf_set_error_cb(conf, &error_cb);
@@ -102,6 +105,7 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
   rd_kafka_conf_set_rebalance_cb(conf, &rebalance_cb);
   rd_kafka_conf_set_offset_commit_cb(conf, &commit_cb);
   rd_kafka_conf_set_opaque(conf, this);
+  oauth::prepare(conf, cfg);
   char err[512];
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
   if (rk == nullptr) {
@@ -109,6 +113,7 @@ Consumer::Consumer(const config::KafkaConfig& cfg, std::vector<std::string> topi
     throw KafkaError(std::string("cannot create Kafka consumer: ") + err);
   }
   rk_.reset(rk);
+  oauth::attach(rk, cfg);
   rd_kafka_poll_set_consumer(rk);
   queue_ = rd_kafka_queue_get_consumer(rk);
   configured_cooperative_ = cooperative_sticky(cfg);
@@ -266,15 +271,15 @@ void Consumer::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque) 
   // librdkafka; the pipeline simply stops receiving records meanwhile. A
   // refused login is not retried into success: it is an error, and /readyz
   // says so until a broker is up again.
+  auto* self = static_cast<Consumer*>(opaque);
   const auto code = static_cast<rd_kafka_resp_err_t>(err);
-  const bool auth = code == RD_KAFKA_RESP_ERR__AUTHENTICATION || code == RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED ||
-                    code == RD_KAFKA_RESP_ERR__SSL;
-  if (auth) {
-    spdlog::error("kafka: authentication failed: {} ({})", reason, rd_kafka_err2name(code));
+  if (const auto refusal = login_refusal(code, reason, self->login_)) {
+    spdlog::error("kafka: the cluster refused this client: {} ({}); the host waits and tries again", *refusal,
+                  rd_kafka_err2name(code));
   } else {
     spdlog::warn("kafka: {} ({})", reason, rd_kafka_err2name(code));
   }
-  static_cast<Consumer*>(opaque)->health_.on_error(err, reason);
+  self->health_.on_error(err, reason);
 }
 
 int Consumer::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque) {

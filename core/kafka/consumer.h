@@ -220,6 +220,7 @@ class Consumer {
   std::vector<std::string> topics_;
   Listener& listener_;
   ClientHealth health_;
+  LoginSettings login_;  // what a refused login means (login.h)
   HandlePtr rk_;
   rd_kafka_queue_t* queue_ = nullptr;
   bool must_wait_first_assignment_ = false;  // librdkafka < 2.3 with cooperative-sticky

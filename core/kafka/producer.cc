@@ -2,6 +2,7 @@
 
 #include "core/common/log.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/oauth.h"
 
 namespace idemsink::kafka {
 
@@ -26,11 +27,13 @@ Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_
   props["bootstrap.servers"] = cfg.bootstrap_servers;
   props["enable.idempotence"] = "true";
   props["acks"] = "all";
+  login_ = LoginSettings::of(props);
   rd_kafka_conf_t* conf = make_conf(props);
   route_librdkafka_logs(conf);
   rd_kafka_conf_set_dr_msg_cb(conf, &dr_cb);
   rd_kafka_conf_set_error_cb(conf, &error_cb);
   rd_kafka_conf_set_opaque(conf, this);
+  oauth::prepare(conf, cfg);
   char err[512];
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
   if (rk == nullptr) {
@@ -38,6 +41,7 @@ Producer::Producer(const config::KafkaConfig& cfg, DeliveryFn on_delivery) : on_
     throw KafkaError(std::string("cannot create DLQ producer: ") + err);
   }
   rk_.reset(rk);
+  oauth::attach(rk, cfg);
   poller_ = std::thread([this] {
     while (!stop_.load()) rd_kafka_poll(rk_.get(), 100);
   });
@@ -69,7 +73,13 @@ void Producer::error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaqu
     self->fatal_.store(true);
     return;
   }
-  spdlog::warn("DLQ producer: {} ({})", reason, rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)));
+  const auto code = static_cast<rd_kafka_resp_err_t>(err);
+  if (const auto refusal = login_refusal(code, reason, self->login_)) {
+    spdlog::error("DLQ producer: the cluster refused this client: {} ({}); letters wait in the outbox", *refusal,
+                  rd_kafka_err2name(code));
+    return;
+  }
+  spdlog::warn("DLQ producer: {} ({})", reason, rd_kafka_err2name(code));
 }
 
 std::optional<TopicRefusal> Producer::topic_refused(const std::string& topic, int timeout_ms) {

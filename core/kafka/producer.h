@@ -14,6 +14,7 @@
 
 #include "core/config/config.h"
 #include "core/kafka/client.h"
+#include "core/kafka/login.h"
 
 namespace idemsink::kafka {
 
@@ -69,6 +70,7 @@ class Producer {
   static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
 
   DeliveryFn on_delivery_;
+  LoginSettings login_;  // what a refused login means (login.h)
   HandlePtr rk_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> fatal_{false};

@@ -10,6 +10,7 @@
 #include "core/dlq/outbox.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/oauth.h"
 #include "core/kafka/watermarks.h"
 #include "core/pipeline/key_extractor.h"
 
@@ -28,13 +29,16 @@ kafka::HandlePtr consumer_handle(const config::Config& cfg, const std::string& g
   props["enable.partition.eof"] = "true";  // a partition whose committed offset follows a transaction marker ends there
   rd_kafka_conf_t* conf = kafka::make_conf(props);
   kafka::route_librdkafka_logs(conf);
+  kafka::oauth::prepare(conf, cfg.kafka);
   char err[512];
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
   if (!rk) {
     rd_kafka_conf_destroy(conf);
     throw kafka::KafkaError(std::string("audit consumer: ") + err);
   }
-  return kafka::HandlePtr(rk);
+  kafka::HandlePtr handle(rk);
+  kafka::oauth::attach(rk, cfg.kafka);
+  return handle;
 }
 
 int partition_count(rd_kafka_t* rk, const std::string& topic) {

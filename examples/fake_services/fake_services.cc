@@ -21,6 +21,15 @@
 //                                  "timeout_after_apply", "error_5xx", "reject_4xx",
 //                                  "record_delay_ms", "early_hints"}
 //   POST /admin/reset              forget everything
+//   POST /oauth/token              OAuth 2.0 client credentials (--oauth-client ID:SECRET,
+//                                  HTTP Basic or form): an unsecured JWT ("alg":"none",
+//                                  sub = the client id, exp, scope), valid --oauth-token-ttl s;
+//                                  Kafka's unsecured OAUTHBEARER validator accepts it
+//   POST /admin/oauth              JSON {"down": bool, "ttl_s": N, "revoke": bool}: the endpoint
+//                                  answers 503, issues tokens of another life, or refuses those
+//                                  issued so far (as if they had expired early)
+// With --require-oauth, the services answer 401 to a request without a
+// token the endpoint issued that has not expired (stats: oauth.unauthorized).
 // With --require-token T, the services answer 401 without "Authorization: Bearer T";
 // with --tls-cert/--tls-key they are also served over HTTPS on a second port.
 //
@@ -36,6 +45,7 @@
 #include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detail/base64.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/ssl.hpp>
@@ -48,6 +58,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -128,10 +139,74 @@ struct Reply {
   bool early_hints = false;             // a 103 goes out at once, the answer after its delay
 };
 
+std::string base64url(const std::string& s) {
+  std::string out(beast::detail::base64::encoded_size(s.size()), '\0');
+  out.resize(beast::detail::base64::encode(out.data(), s.data(), s.size()));
+  for (auto& c : out) c = c == '+' ? '-' : c == '/' ? '_' : c;
+  while (!out.empty() && out.back() == '=') out.pop_back();
+  return out;
+}
+
+std::string base64_decode(const std::string& s) {
+  std::string out(beast::detail::base64::decoded_size(s.size()), '\0');
+  out.resize(beast::detail::base64::decode(out.data(), s.data(), s.size()).first);
+  return out;
+}
+
+// An OAuth 2.0 token endpoint (client credentials) and the tokens it issued.
+struct OAuthServer {
+  std::string client_id, client_secret;  // empty: no endpoint
+  std::chrono::seconds ttl{3600};
+  bool down = false;
+  bool required = false;                                                // the services want one of its tokens
+  std::map<std::string, std::chrono::steady_clock::time_point> issued;  // token -> expiry
+  uint64_t tokens = 0, unauthorized = 0, refused_clients = 0;
+
+  bool valid(std::string_view authorization) const {
+    if (authorization.rfind("Bearer ", 0) != 0) return false;
+    auto it = issued.find(std::string(authorization.substr(7)));
+    return it != issued.end() && std::chrono::steady_clock::now() < it->second;
+  }
+
+  Reply token(const http::request<http::string_body>& req, const std::string& form) {
+    if (down) return {http::status::service_unavailable, {{"error", "temporarily_unavailable"}}};
+    // The client's credentials: HTTP Basic (RFC 6749 2.3.1), or the form.
+    std::string id, secret;
+    const std::string auth(req[http::field::authorization]);
+    if (auth.rfind("Basic ", 0) == 0) {
+      const std::string pair = base64_decode(auth.substr(6));
+      id = percent_decode(pair.substr(0, pair.find(':')));
+      secret = pair.find(':') == std::string::npos ? "" : percent_decode(pair.substr(pair.find(':') + 1));
+    }
+    std::string grant, scope;
+    std::istringstream fields(form);
+    for (std::string kv; std::getline(fields, kv, '&');) {
+      const std::string k = kv.substr(0, kv.find('=')),
+                        v = percent_decode(kv.substr(std::min(kv.size(), kv.find('=') + 1)));
+      if (k == "grant_type") grant = v;
+      if (k == "scope") scope = v;
+      if (k == "client_id" && id.empty()) id = v;
+      if (k == "client_secret" && secret.empty()) secret = v;
+    }
+    if (grant != "client_credentials") return {http::status::bad_request, {{"error", "unsupported_grant_type"}}};
+    if (id != client_id || secret != client_secret) {
+      ++refused_clients;
+      return {http::status::unauthorized, {{"error", "invalid_client"}}};
+    }
+    const auto now_s =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    json claims{{"sub", id}, {"iat", now_s}, {"exp", now_s + ttl.count()}, {"jti", std::to_string(++tokens)}};
+    if (!scope.empty()) claims["scope"] = scope;
+    const std::string jwt = base64url(R"({"alg":"none"})") + "." + base64url(claims.dump()) + ".";
+    issued[jwt] = std::chrono::steady_clock::now() + ttl;
+    return {http::status::ok, {{"access_token", jwt}, {"token_type", "Bearer"}, {"expires_in", ttl.count()}}};
+  }
+};
+
 class World {
  public:
-  World(uint64_t seed, std::chrono::milliseconds hold, std::string token)
-      : rng_(seed), hold_(hold), token_(std::move(token)) {
+  World(uint64_t seed, std::chrono::milliseconds hold, std::string token, OAuthServer oauth)
+      : rng_(seed), hold_(hold), token_(std::move(token)), oauth_(std::move(oauth)) {
     for (const char* s : {"waybill", "inventory", "sms", "payment"}) services_[s];
   }
 
@@ -164,9 +239,23 @@ class World {
     const bool post = req.method() == http::verb::post;
     if (path == "/healthz") return {http::status::ok, {{"ok", true}}};
     if (path == "/stats") return {http::status::ok, stats(query.find("detail=1") != std::string::npos)};
+    if (post && path == "/oauth/token" && !oauth_.client_id.empty()) return oauth_.token(req, req.body());
+    if (post && path == "/admin/oauth") {
+      json j = json::parse(req.body(), nullptr, false);
+      if (j.is_discarded() || !j.is_object()) return {http::status::bad_request, {{"error", "body is not JSON"}}};
+      oauth_.down = j.value("down", oauth_.down);
+      oauth_.ttl = std::chrono::seconds(j.value("ttl_s", static_cast<int64_t>(oauth_.ttl.count())));
+      if (j.value("revoke", false)) oauth_.issued.clear();  // every token issued so far refused from now on
+      return {http::status::ok, {{"down", oauth_.down}, {"ttl_s", oauth_.ttl.count()}}};
+    }
     // The services (not /stats, /admin) want the bearer token when one is set.
     if (!token_.empty() && path.rfind("/admin/", 0) != 0 && req[http::field::authorization] != "Bearer " + token_)
       return {http::status::unauthorized, {{"error", "missing or wrong bearer token"}}};
+    if (oauth_.required && path.rfind("/admin/", 0) != 0 &&
+        !oauth_.valid(std::string(req[http::field::authorization]))) {
+      ++oauth_.unauthorized;
+      return {http::status::unauthorized, {{"error", "invalid_token"}}};
+    }
     if (post && path == "/admin/reset") {
       for (auto& [n, s] : services_) s = Service{s.faults, 0, 0, 0, 0, 0, {}, {}, {}};
       return {http::status::ok, {{"reset", true}}};
@@ -345,6 +434,8 @@ class World {
       if (detail) j["per_order"] = s.per_order;
       out[name] = j;
     }
+    out["oauth"] = {
+        {"tokens", oauth_.tokens}, {"unauthorized", oauth_.unauthorized}, {"refused_clients", oauth_.refused_clients}};
     return out;
   }
 
@@ -352,6 +443,7 @@ class World {
   std::mt19937_64 rng_;
   std::chrono::milliseconds hold_;
   std::string token_;
+  OAuthServer oauth_;
 };
 
 // One connection, plain (Stream = beast::tcp_stream) or TLS
@@ -468,6 +560,10 @@ int main(int argc, char** argv) {
       "tls-key", po::value<std::string>()->default_value(""), "private key of --tls-cert (PEM)")(
       "require-token", po::value<std::string>()->default_value(""),
       "answer 401 to service requests without \"Authorization: Bearer TOKEN\"")(
+      "oauth-client", po::value<std::string>()->default_value(""),
+      "ID:SECRET: serve POST /oauth/token (client credentials) for this client")(
+      "oauth-token-ttl", po::value<int>()->default_value(3600), "seconds a token issued there lives")(
+      "require-oauth", "answer 401 to service requests without a live token of /oauth/token")(
       "faults", po::value<std::vector<std::string>>()->composing(),
       "SERVICE:key=value,... e.g. waybill:latency_mean_ms=50,latency_p99_ms=350,timeout_after_apply=0.1,"
       "error_5xx=0.05,reject_4xx=0.01 (repeatable)");
@@ -479,8 +575,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
+    OAuthServer oauth;
+    if (const std::string client = vm["oauth-client"].as<std::string>(); !client.empty()) {
+      oauth.client_id = client.substr(0, client.find(':'));
+      oauth.client_secret = client.find(':') == std::string::npos ? "" : client.substr(client.find(':') + 1);
+    }
+    oauth.ttl = std::chrono::seconds(vm["oauth-token-ttl"].as<int>());
+    oauth.required = vm.count("require-oauth") != 0;
     World world(vm["seed"].as<uint64_t>(), std::chrono::milliseconds(vm["hold"].as<int>()),
-                vm["require-token"].as<std::string>());
+                vm["require-token"].as<std::string>(), std::move(oauth));
     if (vm.count("faults"))
       for (const auto& f : vm["faults"].as<std::vector<std::string>>()) apply_fault_flag(world, f);
     const std::string listen = vm["listen"].as<std::string>();

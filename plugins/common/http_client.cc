@@ -173,7 +173,9 @@ struct HttpClient::Impl {
     // Queued: waiting for a connection; Abandoned: its timer reported it not
     // sent (next() skips it); Taken: a connection came first.
     enum class Wait { No, Queued, Abandoned, Taken } wait = Wait::No;
-    int interim = 0;  // 1xx answers read so far
+    int interim = 0;            // 1xx answers read so far
+    std::string bearer;         // the OAuth token it goes with (Options::oauth)
+    bool reauthorized = false;  // sent again once with a new token after a 401
   };
   // One connection: plain TCP, or TLS over it (https endpoints).
   struct Conn {
@@ -210,7 +212,8 @@ struct HttpClient::Impl {
   std::vector<tcp::endpoint> endpoints;
   std::vector<std::shared_ptr<Conn>> idle;
   std::deque<std::shared_ptr<Call>> waiting;
-  size_t open = 0;  // connections open or opening
+  std::unique_ptr<OAuthToken> tokens;  // Options::oauth
+  size_t open = 0;                     // connections open or opening
   // Requests handed over by request() from other threads: one wake-up of
   // the client's thread takes every request queued meanwhile.
   std::mutex inbox_mu;
@@ -246,6 +249,7 @@ struct HttpClient::Impl {
     // error; every new connection resolves it again (connect()).
     for (const auto& e : resolver.resolve(opt.endpoint.host, std::to_string(opt.endpoint.port))) endpoints.push_back(e);
     if (endpoints.empty()) throw std::invalid_argument("cannot resolve " + opt.endpoint.host);
+    if (opt.oauth.enabled()) tokens = std::make_unique<OAuthToken>(io, opt.oauth);
     thread = std::thread([this] { io.run(); });
   }
   ~Impl() {
@@ -256,6 +260,7 @@ struct HttpClient::Impl {
     });
     io.stop();
     thread.join();
+    tokens.reset();  // calls waiting for a token are told they were not sent
     // Calls still queued never went out: report them so no completion is
     // lost. Their timers go while the io_context they belong to is alive.
     for (auto& c : waiting) c->queued.reset();
@@ -292,6 +297,8 @@ struct HttpClient::Impl {
     out.append(call.method).append(" ").append(opt.endpoint.base_path).append(call.target).append(" HTTP/1.1\r\n");
     for (const auto& [name, value] : fixed_headers)
       if (!has_header(call.headers, name)) append_header(out, name, value);
+    if (!call.bearer.empty() && !has_header(call.headers, "Authorization"))
+      append_header(out, "Authorization", "Bearer " + call.bearer);
     // A call's header replaces the client's of the same name, and a later one
     // of the call an earlier one (what setting a header means).
     for (size_t i = 0; i < call.headers.size(); ++i) {
@@ -324,6 +331,14 @@ struct HttpClient::Impl {
   void start(std::shared_ptr<Call> call) {
     if (auto why = malformed(*call)) return call->done(HttpResult{HttpResult::Failure::Invalid, 0, {}, *why});
     if (past(*call)) return report_not_sent(call);
+    // A service behind OAuth: the call waits for its token (cached, or one
+    // fetch for every call asking meanwhile); without one it is not sent.
+    if (tokens && call->bearer.empty())
+      return tokens->get([this, call](std::optional<std::string> token, std::string why) {
+        if (!token) return call->done(HttpResult{HttpResult::Failure::BeforeSend, 0, {}, why});
+        call->bearer = std::move(*token);
+        start(call);
+      });
     if (!idle.empty()) {
       auto conn = idle.back();
       idle.pop_back();
@@ -440,6 +455,18 @@ struct HttpClient::Impl {
           close(conn);
           call->done(HttpResult{
               HttpResult::Failure::AfterSend, 0, {}, "HTTP " + std::to_string(status) + " and no final answer"});
+          next();
+          return;
+        }
+        // The service refused the token (expired early, revoked): not
+        // processed, so sent again, once, with a token fetched anew.
+        if (status == 401 && tokens && !call->reauthorized) {
+          conn->res.keep_alive() ? release(conn) : close(conn);
+          tokens->refused(call->bearer);
+          call->bearer.clear();
+          call->reauthorized = true;
+          call->interim = 0;
+          start(call);
           next();
           return;
         }

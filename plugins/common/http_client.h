@@ -6,6 +6,8 @@
 
 #include <idemsink/plugin_abi.h>
 
+#include "plugins/common/oauth_token.h"
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -77,6 +79,9 @@ class HttpClient {
     // against tls_ca, or the system's CAs when it is empty.
     bool tls_verify = true;
     std::string tls_ca;
+    /// A bearer token from an OAuth 2.0 token endpoint on every request
+    /// (client credentials); fetched again once when the service answers 401.
+    OAuthOptions oauth;
   };
   using Headers = std::vector<std::pair<std::string, std::string>>;
   /// The last moment a request may go on the wire. A request still waiting

@@ -6,7 +6,13 @@
 #include <idemsink/sdk.h>
 
 #include <algorithm>
+#include <sys/stat.h>
+
 #include <boost/beast/core/detail/base64.hpp>
+#include <boost/beast/core/string.hpp>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
 #include <charconv>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -28,10 +34,64 @@ namespace idemsink::plugins {
       {"timeout", IDEMSINK_OPTION_DURATION, "2s", "per-call deadline; no answer by then counts as uncertain"},    \
       {"max_connections", IDEMSINK_OPTION_INT, "64",                                                              \
        "keep-alive connections to the service, one call each at a time"},                                         \
-  {                                                                                                               \
+      {"oauth_token_url", IDEMSINK_OPTION_STRING, "",                                                             \
+       "OAuth 2.0 client credentials: the token endpoint; every request carries its bearer token"},               \
+      {"oauth_client_id", IDEMSINK_OPTION_STRING, "", "OAuth: the client id"},                                    \
+      {"oauth_client_secret_env", IDEMSINK_OPTION_STRING, "",                                                     \
+       "OAuth: the environment variable holding the client secret"},                                              \
+      {"oauth_client_secret_file", IDEMSINK_OPTION_STRING, "",                                                    \
+       "OAuth: a file holding the client secret, readable by its owner only"},                                    \
+      {"oauth_scope", IDEMSINK_OPTION_STRING, "", "OAuth: scopes to ask for, space-separated"}, {                 \
     "headers", IDEMSINK_OPTION_STRING, "",                                                                        \
         "extra request headers, \"Name: value\" separated by \";\" (e.g. \"Authorization: Bearer ${API_TOKEN}\")" \
   }
+
+/// The oauth_* options: the secret from the environment or from a file only
+/// its owner can read, never from the config file; throws
+/// std::invalid_argument naming the option (never the secret).
+inline OAuthOptions oauth_options(const sdk::Options& o, const HttpClient::Options& c) {
+  OAuthOptions a;
+  a.token_url = o.str("oauth_token_url");
+  const std::string id = o.str("oauth_client_id"), env = o.str("oauth_client_secret_env"),
+                    file = o.str("oauth_client_secret_file");
+  if (a.token_url.empty()) {
+    if (!id.empty() || !env.empty() || !file.empty() || !o.str("oauth_scope").empty())
+      throw std::invalid_argument("oauth_token_url: is required by the other oauth_* options");
+    return a;
+  }
+  parse_url(a.token_url);  // throws naming the URL's problem
+  if (id.empty()) throw std::invalid_argument("oauth_client_id: is required with oauth_token_url");
+  if (env.empty() == file.empty())
+    throw std::invalid_argument(
+        "oauth_client_secret_env: set one of oauth_client_secret_env and oauth_client_secret_file");
+  if (!env.empty()) {
+    const char* v = std::getenv(env.c_str());
+    if (v == nullptr || *v == '\0')
+      throw std::invalid_argument("oauth_client_secret_env: environment variable " + env + " is not set");
+    a.client_secret = v;
+  } else {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw std::invalid_argument("oauth_client_secret_file: cannot read " + file);
+    if ((st.st_mode & 077) != 0)
+      throw std::invalid_argument("oauth_client_secret_file: " + file +
+                                  " may be read by others than its owner: chmod 600 it");
+    std::ifstream in(file);
+    std::getline(in, a.client_secret);
+    while (!a.client_secret.empty() && std::isspace(static_cast<unsigned char>(a.client_secret.back())))
+      a.client_secret.pop_back();
+    if (a.client_secret.empty()) throw std::invalid_argument("oauth_client_secret_file: " + file + " holds no secret");
+  }
+  for (const auto& [name, value] : c.headers)
+    if (boost::beast::iequals(name, "Authorization"))
+      throw std::invalid_argument("headers: Authorization is set by oauth_token_url; leave it out");
+  a.client_id = id;
+  a.scope = o.str("oauth_scope");
+  a.tls_ca = c.tls_ca;
+  a.tls_verify = c.tls_verify;
+  a.timeout = c.timeout;
+  return a;
+}
 
 inline HttpClient::Options client_options(const sdk::Options& o) {
   HttpClient::Options c;
@@ -45,6 +105,7 @@ inline HttpClient::Options client_options(const sdk::Options& o) {
   c.tls_verify = o.boolean("tls_verify");
   if (!c.endpoint.tls && !c.tls_ca.empty())
     throw std::invalid_argument("tls_ca is set but the endpoint is not https://");
+  c.oauth = oauth_options(o, c);
   return c;
 }
 

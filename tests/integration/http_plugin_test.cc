@@ -343,6 +343,57 @@ BOOST_AUTO_TEST_CASE(a_template_cannot_put_raw_text_or_line_breaks_in_the_reques
   BOOST_TEST((c.outcome == IDEMSINK_OUTCOME_OK), c.detail);
 }
 
+// A service behind OAuth 2.0 client credentials: the plugin fetches a token
+// from the token endpoint, sends it with every call, keeps it until shortly
+// before it expires, and fetches a new one once when the service answers
+// 401 (here: every token revoked mid-run, as if it had expired early). Every
+// order applied once; the secret never in an answer's detail or the log.
+BOOST_AUTO_TEST_CASE(oauth_client_credentials_are_fetched_kept_and_renewed_on_a_401) {
+  FakeServices services(fake_services_binary(), {"--oauth-client", "plugins:plugin-secret", "--require-oauth"});
+  ::setenv("TEST_OAUTH_SECRET", "plugin-secret", 1);
+  ::setenv("TEST_OAUTH_WRONG", "not-the-secret", 1);
+  const auto waybill = load("waybill");
+  FakeHost host;
+  const auto options = [&](const std::string& secret_env) {
+    return PluginInstance::OptionValues{{"endpoint", services.url()},
+                                        {"oauth_token_url", services.url() + "/oauth/token"},
+                                        {"oauth_client_id", "plugins"},
+                                        {"oauth_client_secret_env", secret_env},
+                                        {"oauth_scope", "waybills"}};
+  };
+  PluginInstance p(waybill.desc(), host, options("TEST_OAUTH_SECRET"));
+  for (int i = 0; i < 40; ++i) {
+    if (i == 20) BOOST_TEST(http_request(services.port(), "POST", "/admin/oauth", R"({"revoke": true})").first == 200);
+    auto rec = order("OA-" + std::to_string(i), "oa-tok-" + std::to_string(i), "{}");
+    const Call c = call(p, rec);
+    BOOST_TEST((c.outcome == IDEMSINK_OUTCOME_OK), c.detail);
+  }
+  const auto stats = services.stats();
+  BOOST_TEST(stats["waybill"]["applied"].get<int>() == 40);
+  BOOST_TEST(stats["waybill"]["double_applied"].get<int>() == 0);
+  BOOST_TEST(stats["oauth"]["tokens"].get<int>() == 2);        // one, then one after the revocation
+  BOOST_TEST(stats["oauth"]["unauthorized"].get<int>() == 1);  // the one call that met it, sent again
+  // A client the endpoint refuses: never sent, retryable, the secret nowhere.
+  PluginInstance wrong(waybill.desc(), host, options("TEST_OAUTH_WRONG"));
+  auto rec = order("OA-X", "oa-tok-x", "{}");
+  const Call refused = call(wrong, rec);
+  BOOST_TEST((refused.outcome == IDEMSINK_OUTCOME_RETRYABLE));
+  BOOST_TEST(refused.detail.find("invalid_client") != std::string::npos, refused.detail);
+  BOOST_TEST(refused.detail.find("not-the-secret") == std::string::npos);
+  for (const auto& line : host.logs())
+    for (const char* secret : {"plugin-secret", "not-the-secret"})
+      BOOST_TEST(line.text.find(secret) == std::string::npos, line.text);
+  BOOST_TEST(services.stats()["waybill"]["applied"].get<int>() == 40);
+  // Options: a secret only from the environment or a file, never written in.
+  BOOST_TEST(create_error(waybill, {{"endpoint", services.url()}, {"oauth_client_id", "x"}}).find("oauth_token_url") !=
+             std::string::npos);
+  BOOST_TEST(create_error(waybill, {{"endpoint", services.url()},
+                                    {"oauth_token_url", services.url() + "/oauth/token"},
+                                    {"oauth_client_id", "x"},
+                                    {"oauth_client_secret_env", "NO_SUCH_VARIABLE_SET"}})
+                 .find("NO_SUCH_VARIABLE_SET is not set") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_are_refused_naming_the_option) {
   const auto http = load("http");
   const auto refused = [&](PluginInstance::OptionValues o, const std::string& option, const std::string& why) {

@@ -24,6 +24,16 @@ TestCertificates::TestCertificates() {
   devkit::write_file(dir / "san.cnf", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
   openssl(dir, {"x509", "-req", "-in", path("server.csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"),
                 "-CAcreateserial", "-out", path("server.pem"), "-days", "2", "-extfile", path("san.cnf")});
+  devkit::write_file(dir / "client.cnf", "extendedKeyUsage=clientAuth\n");
+  for (const auto& [name, ca] : {std::pair<std::string, std::string>{"client", "ca"}, {"rogue", "other-ca"}}) {
+    openssl(dir, {"req", "-newkey", "rsa:2048", "-nodes", "-keyout", path(name + ".key"), "-out", path(name + ".csr"),
+                  "-subj", "/CN=idemsink " + name});
+    openssl(dir, {"x509", "-req", "-in", path(name + ".csr"), "-CA", path(ca + ".pem"), "-CAkey", path(ca + ".key"),
+                  "-CAcreateserial", "-out", path(name + ".pem"), "-days", "2", "-extfile", path("client.cnf")});
+  }
+  devkit::write_file(dir / "broker-keystore.pem", devkit::read_file(dir / "server.key") +
+                                                      devkit::read_file(dir / "server.pem") +
+                                                      devkit::read_file(dir / "ca.pem"));
 }
 
 }  // namespace idemsink::test

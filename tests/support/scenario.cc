@@ -12,6 +12,9 @@ Scenario::Scenario(const std::string& name, int brokers) : Scenario(name, devkit
 Scenario::Scenario(const std::string& name, devkit::MariaDbServer& server, int brokers)
     : name(name), kafka(brokers), db(server.fresh_database(name)), dir(name) {}
 
+Scenario::Scenario(const std::string& name, std::shared_ptr<devkit::KafkaCluster> cluster)
+    : name(name), kafka(std::move(cluster)), db(devkit::MariaDbServer::shared().fresh_database(name)), dir(name) {}
+
 Scenario& Scenario::topic(const std::string& topic, int partitions, const std::map<std::string, std::string>& configs) {
   kafka.create_topic(topic, partitions, configs);
   topics_.emplace_back(topic, partitions);
@@ -31,6 +34,12 @@ std::string Scenario::config(const std::string& id, const std::vector<RouteSpec>
     cfg.replace(cfg.find(header), header.size(), header + lines);
   };
   if (!opt.claim_lines.empty()) insert_after("[claim]\n", opt.claim_lines);
+  if (!opt.properties_lines.empty()) insert_after("[kafka.properties]\n", opt.properties_lines);
+  if (!opt.bootstrap.empty()) {
+    const std::string line = "bootstrap_servers = \"" + kafka.bootstrap() + "\"";
+    cfg.replace(cfg.find(line), line.size(), "bootstrap_servers = \"" + opt.bootstrap + "\"");
+  }
+  cfg += opt.tables;
   if (!opt.producer_lines.empty()) {
     const std::string consumer = "[kafka.consumer]\n";
     cfg.replace(cfg.find(consumer), consumer.size(), "[kafka.producer]\n" + opt.producer_lines + consumer);

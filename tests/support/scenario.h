@@ -40,6 +40,8 @@ class Scenario {
   /// The same on a MariaDB server of the test's own (one it kills, or one
   /// with grant tables); it must outlive the scenario.
   Scenario(const std::string& name, devkit::MariaDbServer& server, int brokers = 1);
+  /// The same on a real cluster the test made itself (shared by scenarios).
+  Scenario(const std::string& name, std::shared_ptr<devkit::KafkaCluster> cluster);
 
   /// Creates a topic (waits until it is served) and remembers it: the waits
   /// below cover every topic the scenario made.
@@ -63,6 +65,10 @@ class Scenario {
     /// Another database than the scenario's (a wrong one, another user);
     /// its password and TLS settings are written too.
     std::optional<config::DatabaseConfig> database;
+    /// Another of the cluster's listeners (KafkaCluster::bootstrap(Listener)).
+    std::string bootstrap;
+    std::string properties_lines;  ///< more lines for [kafka.properties]
+    std::string tables;            ///< more tables (e.g. [kafka.oauth]), before the routes
     /// A last change to the generated text, for what no field above says.
     std::function<void(std::string&)> edit;
     std::map<std::string, std::string> env;

@@ -36,11 +36,17 @@ int real_nodes(int brokers) {
 
 TestKafka::TestKafka(int brokers) {
   if (backend_from_env() == Backend::Real) {
-    real_ = std::make_unique<devkit::KafkaCluster>(devkit::KafkaCluster::Options{real_nodes(brokers)});
+    real_ = std::make_shared<devkit::KafkaCluster>(devkit::KafkaCluster::Options{real_nodes(brokers)});
   } else {
     mock_ =
         std::make_unique<DevKafka>(idemsink_binary(), std::vector<std::string>{"--brokers", std::to_string(brokers)});
   }
+  make_producer();
+}
+
+TestKafka::TestKafka(std::shared_ptr<devkit::KafkaCluster> cluster) : real_(std::move(cluster)) { make_producer(); }
+
+void TestKafka::make_producer() {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap().c_str(), err, sizeof err);

@@ -56,6 +56,10 @@ class TestKafka {
   /// `brokers` is the mock cluster's size; a real cluster has
   /// IDEMSINK_TEST_KAFKA_NODES nodes (3 when unset), at least `brokers`.
   explicit TestKafka(int brokers = 1);
+  /// A real cluster the test made itself (other listeners, another Kafka
+  /// version), shared with other scenarios; its PLAINTEXT listener serves
+  /// the producer and readers here.
+  explicit TestKafka(std::shared_ptr<devkit::KafkaCluster> cluster);
   ~TestKafka();
 
   Backend backend() const { return real_ ? Backend::Real : Backend::Mock; }
@@ -105,8 +109,9 @@ class TestKafka {
   std::map<int32_t, int64_t> high_watermarks(const std::string& topic, const std::vector<int32_t>& partitions);
 
  private:
+  void make_producer();
   std::unique_ptr<DevKafka> mock_;
-  std::unique_ptr<devkit::KafkaCluster> real_;
+  std::shared_ptr<devkit::KafkaCluster> real_;
   rd_kafka_t* producer_ = nullptr;
 };
 

@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -465,5 +466,41 @@ BOOST_AUTO_TEST_CASE(a_tokens_file_route_list_that_names_no_route_is_refused) {
   const Config ok = load_string("[host]\nadmin_tokens_file = \"" + file + "\"\n" + kMinimal, "test.toml");
   BOOST_REQUIRE(ok.host.admin_tokens.size() == 1u);
   BOOST_TEST(ok.host.admin_tokens[0].routes == std::vector<std::string>{"waybill"});
+  std::remove(file.c_str());
+}
+
+// [kafka.oauth]: the client secret from the environment or a file only its
+// owner reads, never written in; the login it is for; each mistake named
+// with its file, line and key.
+BOOST_AUTO_TEST_CASE(kafka_oauth_takes_its_secret_from_the_environment_or_a_private_file) {
+  const std::string oauth_login = "\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanisms\" = \"OAUTHBEARER\"\n";
+  const auto with_oauth = [](const std::string& properties, const std::string& oauth) {
+    return "[kafka]\nbootstrap_servers = \"b:9092\"\n[kafka.properties]\n" + properties + "[kafka.oauth]\n" + oauth +
+           "[database]\ndatabase = \"shop\"\n[[route]]\nname = \"a\"\ntopic = \"t\"\nplugin = \"/p.so\"\n";
+  };
+  const std::string endpoint = "token_endpoint = \"https://idp.example/token\"\nclient_id = \"idemsink\"\n";
+  ::setenv("TEST_KAFKA_OAUTH_SECRET", "s3cret", 1);
+  const Config ok =
+      load_string(with_oauth(oauth_login, endpoint + "client_secret_env = \"TEST_KAFKA_OAUTH_SECRET\"\n"), "test.toml");
+  BOOST_TEST(ok.kafka.oauth.enabled());
+  BOOST_TEST(ok.kafka.oauth.client_secret == "s3cret");
+  BOOST_TEST(ok.kafka.oauth.timeout.count() == 10000);
+  expect_error(with_oauth(oauth_login, endpoint + "client_secret_env = \"TEST_NO_SUCH_SECRET\"\n"),
+               {"test.toml:", "kafka.oauth.client_secret_env", "TEST_NO_SUCH_SECRET is not set"});
+  expect_error(with_oauth(oauth_login, endpoint), {"kafka.oauth.client_secret_env", "a client secret is required"});
+  expect_error(
+      with_oauth("\"sasl.mechanisms\" = \"PLAIN\"\n", endpoint + "client_secret_env = \"TEST_KAFKA_OAUTH_SECRET\"\n"),
+      {"kafka.oauth", "needs \"sasl.mechanisms\" = \"OAUTHBEARER\""});
+  expect_error(with_oauth(oauth_login, "client_id = \"x\"\n"), {"kafka.oauth.token_endpoint", "is required"});
+  // A secret file others may read is refused; chmod 600 and it is taken.
+  const std::string file = "/tmp/idemsink_config_test_oauth_" + std::to_string(::getpid());
+  std::ofstream(file) << "from-a-file\n";
+  ::chmod(file.c_str(), 0644);
+  expect_error(with_oauth(oauth_login, endpoint + "client_secret_file = \"" + file + "\"\n"),
+               {"kafka.oauth.client_secret_file", "mode 0644", "chmod 600"});
+  ::chmod(file.c_str(), 0600);
+  const Config from_file =
+      load_string(with_oauth(oauth_login, endpoint + "client_secret_file = \"" + file + "\"\n"), "test.toml");
+  BOOST_TEST(from_file.kafka.oauth.client_secret == "from-a-file");
   std::remove(file.c_str());
 }
