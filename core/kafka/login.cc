@@ -50,8 +50,7 @@ std::optional<std::string> login_refusal(rd_kafka_resp_err_t err, std::string_vi
   switch (err) {
     case RD_KAFKA_RESP_ERR__AUTHENTICATION:
     case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
-      if (s.mechanism.rfind("SCRAM", 0) == 0 && rd_kafka_version() < kScramNonceFixed)
-        what += " -- " + scram_cause();
+      if (s.mechanism.rfind("SCRAM", 0) == 0 && rd_kafka_version() < kScramNonceFixed) what += " -- " + scram_cause();
       return what;
     case RD_KAFKA_RESP_ERR__SSL:
       if (what.find("certificate verify failed") != std::string::npos)
@@ -127,8 +126,8 @@ ConnectCheck check_connection(const config::KafkaConfig& cfg, std::chrono::milli
       const int brokers = md->broker_cnt;
       rd_kafka_metadata_destroy(md);
       return {true, "logged in to " + cfg.bootstrap_servers + " (" + errors.login.protocol +
-                        (errors.login.mechanism.empty() ? "" : " " + errors.login.mechanism) + "): " +
-                        std::to_string(brokers) + " broker(s)"};
+                        (errors.login.mechanism.empty() ? "" : " " + errors.login.mechanism) +
+                        "): " + std::to_string(brokers) + " broker(s)"};
     }
     std::lock_guard lk(errors.mu);
     if (errors.refused) break;  // a refused login does not turn into a success by waiting

@@ -104,7 +104,8 @@ http::response<http::string_body> post(const config::OAuthConfig& cfg, const Url
   req.set(http::field::accept, "application/json");
   // RFC 6749 2.3.1: the client authenticates with HTTP Basic, its id and
   // secret form-encoded first.
-  req.set(http::field::authorization, "Basic " + base64(form_encode(cfg.client_id) + ":" + form_encode(cfg.client_secret)));
+  req.set(http::field::authorization,
+          "Basic " + base64(form_encode(cfg.client_id) + ":" + form_encode(cfg.client_secret)));
   req.body() = body;
   req.prepare_payload();
   http::response<http::string_body> res;
@@ -152,8 +153,8 @@ class TokenCache {
     if (token_ && now < fetched_ms_ + (token_->expires_ms - fetched_ms_) / 2) return *token_;
     try {
       Token t = fetch(cfg_);
-      if (!token_ || failing_) spdlog::info("kafka: OAuth token from {} (valid {}s)", cfg_.token_endpoint,
-                                            (t.expires_ms - now) / 1000);
+      if (!token_ || failing_)
+        spdlog::info("kafka: OAuth token from {} (valid {}s)", cfg_.token_endpoint, (t.expires_ms - now) / 1000);
       failing_ = false;
       fetched_ms_ = now;
       token_ = t;

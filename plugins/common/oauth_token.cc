@@ -105,9 +105,7 @@ struct OAuthToken::Impl {
     for (auto& then : all) then(t, why);
   }
 
-  void failed(const std::string& why) {
-    answer(std::nullopt, "no OAuth token from " + opt.token_url + ": " + why);
-  }
+  void failed(const std::string& why) { answer(std::nullopt, "no OAuth token from " + opt.token_url + ": " + why); }
 
   void fetch() {
     auto f = std::make_shared<Fetch>(io, tls.get());
@@ -121,21 +119,20 @@ struct OAuthToken::Impl {
     f->req.body() = "grant_type=client_credentials" + (opt.scope.empty() ? "" : "&scope=" + form_encode(opt.scope));
     f->req.prepare_payload();
     f->tcp().expires_after(opt.timeout);
-    f->resolver.async_resolve(
-        endpoint.host, std::to_string(endpoint.port),
-        [this, f](beast::error_code ec, tcp::resolver::results_type results) {
-          if (ec) return failed("resolve: " + ec.message());
-          f->tcp().async_connect(results, [this, f](beast::error_code ec, const tcp::endpoint&) {
-            if (ec) return failed("connect: " + ec.message());
-            if (!f->secure) return write(f, *f->plain);
-            if (!SSL_set_tlsext_host_name(f->secure->native_handle(), endpoint.host.c_str()))
-              return failed("TLS: cannot set the server name");
-            f->secure->async_handshake(ssl::stream_base::client, [this, f](beast::error_code ec) {
-              if (ec) return failed("TLS handshake: " + ec.message());
-              write(f, *f->secure);
-            });
-          });
-        });
+    f->resolver.async_resolve(endpoint.host, std::to_string(endpoint.port),
+                              [this, f](beast::error_code ec, tcp::resolver::results_type results) {
+                                if (ec) return failed("resolve: " + ec.message());
+                                f->tcp().async_connect(results, [this, f](beast::error_code ec, const tcp::endpoint&) {
+                                  if (ec) return failed("connect: " + ec.message());
+                                  if (!f->secure) return write(f, *f->plain);
+                                  if (!SSL_set_tlsext_host_name(f->secure->native_handle(), endpoint.host.c_str()))
+                                    return failed("TLS: cannot set the server name");
+                                  f->secure->async_handshake(ssl::stream_base::client, [this, f](beast::error_code ec) {
+                                    if (ec) return failed("TLS handshake: " + ec.message());
+                                    write(f, *f->secure);
+                                  });
+                                });
+                              });
   }
 
   template <class Stream>

@@ -260,8 +260,8 @@ BOOST_AUTO_TEST_CASE(scram_against_kafka_4_says_why) {
   const auto [rc, out] = run_cli(s.dir, "check4", {"check-config", "--config", config.string(), "--connect"});
   BOOST_TEST_MESSAGE("check-config --connect against Kafka 4 with SCRAM:\n" << out);
   BOOST_TEST(rc == 1, out);
-  for (const char* says : {"Kafka 4.0 or later", "confluentinc/librdkafka#4895", "CVE-2024-56128", "PLAIN or OAUTHBEARER",
-                           rd_kafka_version_str()})
+  for (const char* says : {"Kafka 4.0 or later", "confluentinc/librdkafka#4895", "CVE-2024-56128",
+                           "PLAIN or OAUTHBEARER", rd_kafka_version_str()})
     BOOST_TEST(out.find(says) != std::string::npos, says << " not in:\n" << out);
   auto& host = s.host("h1", {route}, host_options(*kafka, scram, "scram"));
   const int port = s.admin_port(host);
@@ -292,7 +292,9 @@ BOOST_AUTO_TEST_CASE(the_shipped_security_section_logs_in) {
   BOOST_TEST_MESSAGE("the shipped [kafka.properties]:\n" << properties);
   Scenario s("security_shipped", kafka);
   s.topic("shipped", 1);
-  Login shipped_login{Listener::SaslSsl, properties + prop("ssl.ca.location", certs().path("ca.pem")), "",
+  Login shipped_login{Listener::SaslSsl,
+                      properties + prop("ssl.ca.location", certs().path("ca.pem")),
+                      "",
                       {{"KAFKA_PASSWORD", kPlainPassword}}};
   const auto config = s.dir / "shipped.toml";
   write_file(config,

@@ -161,7 +161,7 @@ BOOST_AUTO_TEST_CASE(a_refused_kafka_login_is_an_error_and_not_ready) {
       60s, "not ready for the refused login");
   BOOST_TEST(why.find("_AUTHENTICATION") != std::string::npos, why);
   BOOST_TEST(why.find("127.0.0.1:") != std::string::npos, why);  // the broker
-  wait_until([&] { return h.log().find("kafka: authentication failed") != std::string::npos; }, 60s,
+  wait_until([&] { return h.log().find("kafka: the cluster refused this client") != std::string::npos; }, 60s,
              "the authentication error in the log");
   BOOST_TEST(h.stop() == 0);
 }
