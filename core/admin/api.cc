@@ -183,6 +183,7 @@ json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
   metrics::RouteMetrics& m = api.metrics_.route(rc.name);
   json j = {{"name", rc.name},
             {"topic", rc.topic},
+            {"group", rc.group_id},
             {"database", s.cfg->database.label()},
             {"circuit_open", m.circuit_open.load() != 0},
             {"in_flight", m.in_flight.load()},
@@ -194,6 +195,7 @@ json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
               {"dead", m.dead.load()},
               {"unknown", m.unknown.load()},
               {"duplicates", m.duplicates.load()},
+              {"skipped", m.skipped.load()},
               {"retries", m.retries.load()}}},
             {"letters_pending", m.dlq_pending.load()},
             {"letters_unpublishable", m.dlq_unpublishable.load()},
@@ -211,19 +213,9 @@ json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
 }
 
 json Api::Call::partitions() const {
+  // Each partition as a route reads it (routes of one topic, apart).
   const json status = json::parse(api.metrics_.status_json("", false), nullptr, false);
-  json out = json::array();
-  for (auto p : status.value("partitions", json::array())) {
-    for (const auto& rc : api.cfg_.routes) {
-      const std::string t = p.value("topic", "");
-      bool ours = t == rc.topic;
-      for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
-        ours = ours || t == rc.retry.topic_name(rc.topic, tier);
-      if (ours) p["route"] = rc.name;
-    }
-    out.push_back(p);
-  }
-  return out;
+  return status.value("partitions", json::array());
 }
 
 json Api::Call::routes() {

@@ -117,7 +117,7 @@ struct Slice {
   std::vector<std::shared_ptr<plugin::Library>> libs;
   std::unique_ptr<db::Pool> pool;
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<kafka::Consumer> consumer;
+  std::vector<std::unique_ptr<kafka::Consumer>> consumers;  // one per group of its routes
   std::unique_ptr<Reconciler> reconciler;
   bool started = false;  // engine thread only
 };
@@ -126,18 +126,24 @@ struct Slice {
 // partitions and commits. A close still running past the deadline is named
 // in the log every 10 s, since a hang there logs nothing else.
 void close_consumers(const std::vector<Slice*>& running, std::chrono::steady_clock::time_point deadline) {
-  std::vector<std::future<void>> closed;
+  struct Closing {
+    const Slice* slice;
+    const kafka::Consumer* consumer;
+    std::future<void> closed;
+  };
+  std::vector<Closing> closing;
   for (Slice* s : running)
-    closed.push_back(std::async(std::launch::async, [s, deadline] { s->consumer->close(deadline); }));
-  for (size_t i = 0; i < running.size(); ++i) {
-    const auto& db = running[i]->cfg.database;
-    for (auto late = std::chrono::seconds(5); closed[i].wait_until(deadline + late) == std::future_status::timeout;
+    for (auto& c : s->consumers)
+      closing.push_back({s, c.get(), std::async(std::launch::async, [c = c.get(), deadline] { c->close(deadline); })});
+  for (auto& c : closing) {
+    const auto& db = c.slice->cfg.database;
+    for (auto late = std::chrono::seconds(5); c.closed.wait_until(deadline + late) == std::future_status::timeout;
          late += std::chrono::seconds(10))
       spdlog::warn(
-          "shutdown: the Kafka consumer of database {}@{}:{} has not closed {}s past the shutdown deadline "
-          "(host.shutdown_grace + 5s); still waiting for it to revoke, commit and leave the group",
-          db.database, db.host, db.port, late.count());
-    closed[i].get();
+          "shutdown: the Kafka consumer (group {}) of database {}@{}:{} has not closed {}s past the shutdown "
+          "deadline (host.shutdown_grace + 5s); still waiting for it to revoke, commit and leave the group",
+          c.consumer->group(), db.database, db.host, db.port, late.count());
+    c.closed.get();
   }
 }
 
@@ -352,11 +358,11 @@ class HostRun {
           lim.rlim_cur, cfg_.host.max_in_flight);
   }
 
-  // The slice's routes, pool, engine, consumer (member `index` of the group)
-  // and reconciler; nothing runs until start_slice().
+  // The slice's routes, pool, engine, consumers (one per group its routes
+  // use, each member `index` of its group) and reconciler; nothing runs until
+  // start_slice().
   void wire_slice(Slice& s, size_t index) {
     std::vector<std::unique_ptr<Route>> routes;
-    std::vector<std::string> topics;
     for (const auto& rc : s.cfg.routes) {
       const auto& lib = lib_of_[rc.name];
       s.libs.push_back(lib);
@@ -364,12 +370,10 @@ class HostRun {
           Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics_.route(rc.name)}));
       if (rc.order_by.enabled())
         routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
-      spdlog::info("route {}: topic {} -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic, lib->name(),
-                   lib->descriptor().version, plugin::kind_name(lib->kind()),
-                   rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
-      topics.push_back(rc.topic);
-      for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
-        topics.push_back(rc.retry.topic_name(rc.topic, tier));
+      if (rc.when) routes.back()->filter.emplace(*rc.when);
+      spdlog::info("route {}: topic {} (group {}{}) -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic,
+                   rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
+                   plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
     }
     s.pool = std::make_unique<db::Pool>(s.cfg.database, s.cfg.database.pool_size);
     s.engine = std::make_unique<Engine>(io_, *s.pool, s.cfg, std::move(routes), metrics_, owner_);
@@ -378,8 +382,14 @@ class HostRun {
       return std::make_unique<kafka::Producer>(
           kafka, [&engine](uint64_t id, rd_kafka_resp_err_t err) { engine.relay().on_delivery(id, err); });
     });
-    s.consumer = std::make_unique<kafka::Consumer>(kafka::slice_consumer_config(s.cfg.kafka, index), topics, engine);
-    engine.slice().kafka = &s.consumer->health();
+    // A consumer per group the slice's routes use (its engine's feeds).
+    for (auto& feed : engine.feeds()) {
+      config::KafkaConfig kafka = kafka::slice_consumer_config(s.cfg.kafka, index);
+      kafka.group_id = feed.group;
+      if (!feed.start_at.empty()) kafka.consumer_properties["auto.offset.reset"] = feed.start_at;
+      s.consumers.push_back(std::make_unique<kafka::Consumer>(kafka, feed.topics, *feed.listener));
+      engine.slice().kafka.push_back({feed.group, &s.consumers.back()->health()});
+    }
     s.reconciler =
         std::make_unique<Reconciler>(io_, *s.pool, s.cfg, engine.handlers(), engine, &engine.slice(), owner_);
     engines_.push_back(&engine);
@@ -388,8 +398,10 @@ class HostRun {
   // On the engine thread, once the slice's database answered.
   void start_slice(Slice& s) {
     if (stopping_) return;
-    s.engine->start(s.consumer.get());
-    s.consumer->start();
+    std::vector<kafka::Consumer*> consumers;
+    for (auto& c : s.consumers) consumers.push_back(c.get());
+    s.engine->start(consumers);
+    for (auto& c : s.consumers) c->start();
     s.reconciler->start(cfg_.claim.reconcile_interval);
     s.started = true;
   }
@@ -444,7 +456,8 @@ class HostRun {
     for (auto& s : slices_) s.engine->drop_records();
     spdlog::info("idemsink host {} stopped", cfg_.host.id);
     bool abandoned = false;
-    for (const auto& s : slices_) abandoned = abandoned || s.consumer->abandoned();
+    for (const auto& s : slices_)
+      for (const auto& c : s.consumers) abandoned = abandoned || c->abandoned();
     if (abandoned) {
       // librdkafka's threads still run (docs/librdkafka.md): no destructor may
       // race them. Everything durable is written; the logs are flushed.

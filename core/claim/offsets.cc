@@ -10,6 +10,7 @@ const char* OffsetStore::schema() {
   topic         VARCHAR(249)    NOT NULL,
   part          INT             NOT NULL,
   next_offset   BIGINT          NOT NULL COMMENT 'every record below has its outcome in this database',
+  first_offset  BIGINT          NULL     COMMENT 'where the group began the partition at the log end (start_at latest, no commit anywhere); the audit reads from here',
   updated_by    VARCHAR(128)    NOT NULL,
   updated_at    DATETIME(3)     NOT NULL,
   PRIMARY KEY (group_id, topic, part)
@@ -41,6 +42,23 @@ void OffsetStore::write(db::Connection& c, std::span<const StoredOffset> offsets
             values +
             " ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), updated_by = VALUES(updated_by), "
             "updated_at = VALUES(updated_at)");
+}
+
+bool OffsetStore::begin_at_end(db::Connection& c, const std::string& topic, int32_t partition, int64_t end) const {
+  // Only where nothing is stored: a row another member wrote meanwhile wins.
+  return c.execute(
+             "INSERT IGNORE INTO idemsink_offsets (group_id, topic, part, next_offset, first_offset, "
+             "updated_by, updated_at) VALUES (" +
+             c.quote(group_) + ", " + c.quote(topic) + ", " + std::to_string(partition) + ", " + std::to_string(end) +
+             ", " + std::to_string(end) + ", " + c.quote(sanitize_utf8(host_, 128)) + ", NOW(3))") == 1;
+}
+
+std::map<std::pair<std::string, int32_t>, int64_t> OffsetStore::first_offsets(db::Connection& c) const {
+  std::map<std::pair<std::string, int32_t>, int64_t> out;
+  for (auto& r : c.query("SELECT topic, part, first_offset FROM idemsink_offsets WHERE group_id = " + c.quote(group_) +
+                         " AND first_offset IS NOT NULL"))
+    out[{*r[0], std::stoi(*r[1])}] = std::stoll(*r[2]);
+  return out;
 }
 
 }  // namespace idemsink::claim

@@ -45,6 +45,90 @@ KeySource key_source(const Reader& section, const std::string& path, const std::
   fail(section.pos_of_key("from"), path + ".from", "must be \"key\", \"header\" or \"json\", not \"" + from + "\"");
 }
 
+// [route.when] and its parts: one test (a subject and what it must be), or
+// all / any / not of other conditions; every mistake named with its key.
+Condition read_condition(const toml::table& t, const std::string& path, const std::string& file) {
+  Condition c;
+  c.pos = pos_of(file, t);
+  const auto key_pos = [&](std::string_view key) { return pos_of(file, *t.get(key)); };
+  static const std::set<std::string> kKeys = {"all", "any",    "not",    "json",        "header",
+                                              "key", "equals", "one_of", "starts_with", "exists"};
+  for (const auto& [k, v] : t)
+    if (!kKeys.count(std::string(k.str())))
+      fail(pos_of(file, v), path + "." + std::string(k.str()),
+           "unknown key in a condition (a test: json, header or key with equals, one_of, starts_with or exists; or "
+           "all, any, not)");
+  const auto combined = [&](std::string_view key) { return t.get(key) != nullptr; };
+  const int combinators = combined("all") + combined("any") + combined("not");
+  const int subjects = combined("json") + combined("header") + combined("key");
+  const int tests = combined("equals") + combined("one_of") + combined("starts_with") + combined("exists");
+  if (combinators > 1 || (combinators == 1 && subjects + tests > 0))
+    fail(c.pos, path, "a condition is all, any, not, or one test, never several at once");
+  if (combinators == 1) {
+    const std::string_view key = combined("all") ? "all" : combined("any") ? "any" : "not";
+    const std::string where = path + "." + std::string(key);
+    const toml::node& n = *t.get(key);
+    if (key == "not") {
+      if (!n.is_table()) fail(key_pos(key), where, "expected a condition (a table)");
+      c.kind = Condition::Kind::Not;
+      c.parts.push_back(read_condition(*n.as_table(), where, file));
+      return c;
+    }
+    c.kind = key == "all" ? Condition::Kind::All : Condition::Kind::Any;
+    if (!n.is_array() || n.as_array()->empty())
+      fail(key_pos(key), where, "expected a list of one or more conditions ([{ ... }, { ... }])");
+    for (const auto& elem : *n.as_array()) {
+      if (!elem.is_table()) fail(pos_of(file, elem), where, "expected a condition (a table)");
+      c.parts.push_back(read_condition(*elem.as_table(), where, file));
+    }
+    return c;
+  }
+  if (subjects != 1)
+    fail(c.pos, path, "a test names one thing of the record: json = \"field.path\", header = \"name\" or key = true");
+  if (tests != 1) fail(c.pos, path, "a test says one thing of it: equals, one_of, starts_with or exists");
+  const auto text = [&](std::string_view key) {
+    const toml::node& n = *t.get(key);
+    if (!n.is_string() || n.as_string()->get().empty())
+      fail(pos_of(file, n), path + "." + std::string(key), "expected a non-empty string");
+    return n.as_string()->get();
+  };
+  if (combined("json")) {
+    c.subject = Condition::Subject::Json;
+    c.name = text("json");
+    if (c.name.front() == '.' || c.name.back() == '.' || c.name.find("..") != std::string::npos)
+      fail(key_pos("json"), path + ".json", "\"" + c.name + "\" is not a dotted field path (a.b.c)");
+  } else if (combined("header")) {
+    c.subject = Condition::Subject::Header;
+    c.name = text("header");
+  } else {
+    const toml::node& n = *t.get("key");
+    if (!n.is_boolean() || !n.as_boolean()->get())
+      fail(key_pos("key"), path + ".key", "write key = true to test the record's Kafka key");
+    c.subject = Condition::Subject::Key;
+  }
+  if (combined("equals")) {
+    c.test = Condition::Test::Equals;
+    c.values.push_back(text("equals"));
+  } else if (combined("starts_with")) {
+    c.test = Condition::Test::StartsWith;
+    c.values.push_back(text("starts_with"));
+  } else if (combined("one_of")) {
+    c.test = Condition::Test::OneOf;
+    const toml::node& n = *t.get("one_of");
+    if (!n.is_array() || n.as_array()->empty())
+      fail(key_pos("one_of"), path + ".one_of", "expected a list of one or more strings");
+    for (const auto& elem : *n.as_array()) {
+      if (!elem.is_string()) fail(pos_of(file, elem), path + ".one_of", "expected strings");
+      c.values.push_back(elem.as_string()->get());
+    }
+  } else {
+    const toml::node& n = *t.get("exists");
+    if (!n.is_boolean()) fail(key_pos("exists"), path + ".exists", "expected true or false");
+    c.test = n.as_boolean()->get() ? Condition::Test::Exists : Condition::Test::Absent;
+  }
+  return c;
+}
+
 RouteConfig read_route(const toml::table& t, const std::string& file, const std::filesystem::path& base_dir) {
   const Reader r(&t, "route", file, pos_of(file, t));
   RouteConfig rc;
@@ -89,6 +173,8 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   const Reader dlq = r.sub("dlq");
   if (rc.dlq.topic.empty()) rc.dlq.topic = rc.topic + ".dlq";
   if (rc.dlq.topic == rc.topic) fail(dlq.pos_of_key("topic"), "route.dlq.topic", "must differ from the source topic");
+
+  if (const toml::node* when = r.node("when")) rc.when = read_condition(*when->as_table(), "route.when", file);
 
   if (const toml::node* opts = r.node("options")) {
     for (const auto& [k, v] : *opts->as_table()) {
@@ -326,15 +412,38 @@ DatabaseConfig route_database(const DatabaseConfig& inherited, const toml::node&
   return std::move(scratch.database);
 }
 
-// Every [[route]], one route per topic and per name.
+// Every [[route]]: one name each; several may read one topic, each in a
+// consumer group of its own (two in one group would split the topic's
+// partitions between them, each route seeing a part of its records), and
+// each then with retry topics of its own.
 void read_routes(const toml::table& doc, Config& c, const std::string& file, const std::filesystem::path& base_dir) {
-  std::set<std::string> names, topics;
+  std::set<std::string> names;
+  std::map<std::pair<std::string, std::string>, std::string> reader;  // (topic, group) -> route
   for (const auto& elem : *doc.get("route")->as_array()) {
     RouteConfig rc = read_route(*elem.as_table(), file, base_dir);
     if (const toml::node* own = elem.as_table()->get("database")) rc.database = route_database(c.database, *own, file);
     if (!names.insert(rc.name).second) fail(rc.pos, "route.name", "duplicate route name \"" + rc.name + "\"");
-    if (!topics.insert(rc.topic).second)
-      fail(rc.pos, "route.topic", "topic \"" + rc.topic + "\" already has a route (one route per topic)");
+    if (rc.group_id.empty()) rc.group_id = c.kafka.group_id;
+    if (auto [it, fresh] = reader.try_emplace({rc.topic, rc.group_id}, rc.name); !fresh)
+      fail(rc.pos, "route.group_id",
+           "routes " + it->second + " and " + rc.name + " both read topic \"" + rc.topic + "\" in consumer group \"" +
+               rc.group_id + "\": each route of a topic needs a group of its own (group_id = \"" + c.kafka.group_id +
+               "." + rc.name + "\", say), or they would split its partitions; the route keeping \"" + rc.group_id +
+               "\" keeps its committed offsets");
+    const auto shown = [](const std::string& at) { return at.empty() ? std::string("unset") : "\"" + at + "\""; };
+    if (!rc.start_at.empty() && rc.start_at != "earliest" && rc.start_at != "latest")
+      fail(rc.pos, "route.start_at", "must be \"earliest\" or \"latest\", not \"" + rc.start_at + "\"");
+    for (const auto& other : c.routes)
+      if (other.group_id == rc.group_id && other.start_at != rc.start_at)
+        fail(rc.pos, "route.start_at",
+             "routes " + other.name + " and " + rc.name + " share consumer group \"" + rc.group_id +
+                 "\" but not where it starts (" + shown(other.start_at) + " and " + shown(rc.start_at) +
+                 "): one group starts one way");
+    // The route reading its topic in kafka.group_id keeps the retry topics a
+    // topic's route always had; a route in a group of its own gets its own,
+    // named after it. So adding a route never renames another's retry
+    // topics (the records waiting there would be nobody's).
+    rc.retry.stem = rc.group_id == c.kafka.group_id ? rc.topic : rc.topic + "." + rc.name;
     c.routes.push_back(std::move(rc));
   }
 }
@@ -351,11 +460,11 @@ void check_publishing(const Config& c) {
     if (it != props->end()) message_max = std::strtoll(it->second.c_str(), nullptr, 10);
   }
   std::set<std::string> topics, retry_topics;
-  for (const auto& rc : c.routes) {
-    topics.insert(rc.topic);
+  for (const auto& rc : c.routes) topics.insert(rc.topic);
+  for (const auto& rc : c.routes)
     for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
-      retry_topics.insert(rc.retry.topic_name(rc.topic, tier));
-  }
+      if (!retry_topics.insert(rc.retry_topic(tier)).second)
+        fail(rc.pos, "route.retry.topics", "retry topic \"" + rc.retry_topic(tier) + "\" is another route's too");
   for (const auto& rc : c.routes) {
     if ((rc.dlq.enabled || !rc.retry.topics.empty()) && rc.max_record_bytes + kHeaderAllowance > message_max)
       fail(rc.max_record_bytes_pos, "route.max_record_bytes",
@@ -365,9 +474,9 @@ void check_publishing(const Config& c) {
     if (topics.count(rc.dlq.topic))
       fail(rc.pos, "route.dlq.topic", "DLQ topic \"" + rc.dlq.topic + "\" is the source topic of a route");
     for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
-      if (topics.count(rc.retry.topic_name(rc.topic, tier)))
+      if (topics.count(rc.retry_topic(tier)))
         fail(rc.pos, "route.retry.topics",
-             "retry topic \"" + rc.retry.topic_name(rc.topic, tier) + "\" is the source topic of a route");
+             "retry topic \"" + rc.retry_topic(tier) + "\" is the source topic of a route");
     // Events read back as records would make events of their own.
     if (rc.output.enabled() && (topics.count(rc.output.topic) || retry_topics.count(rc.output.topic)))
       fail(rc.pos, "route.output.topic",
@@ -406,6 +515,40 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
 }
 
 }  // namespace
+
+bool Condition::needs_json() const {
+  if (kind == Kind::Test) return subject == Subject::Json;
+  return std::any_of(parts.begin(), parts.end(), [](const Condition& p) { return p.needs_json(); });
+}
+
+std::string Condition::describe() const {
+  const auto list = [&](const char* word) {
+    std::string out = std::string(word) + "(";
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i].describe();
+    return out + ")";
+  };
+  switch (kind) {
+    case Kind::All: return list("all");
+    case Kind::Any: return list("any");
+    case Kind::Not: return "not " + parts.at(0).describe();
+    case Kind::Test: break;
+  }
+  std::string out = subject == Subject::Json     ? "json \"" + name + "\""
+                    : subject == Subject::Header ? "header \"" + name + "\""
+                                                 : "key";
+  switch (test) {
+    case Test::Equals: return out + " equals \"" + values.at(0) + "\"";
+    case Test::StartsWith: return out + " starts with \"" + values.at(0) + "\"";
+    case Test::Exists: return out + " exists";
+    case Test::Absent: return out + " is absent";
+    case Test::OneOf: {
+      out += " is one of [";
+      for (size_t i = 0; i < values.size(); ++i) out += (i ? ", \"" : "\"") + values[i] + "\"";
+      return out + "]";
+    }
+  }
+  return out;
+}
 
 std::vector<Config> split_by_database(const Config& cfg) {
   std::vector<Config> out;

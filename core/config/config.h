@@ -135,9 +135,10 @@ struct RetryConfig {
   /// Delayed retry topics: empty = retry in place. Otherwise a failed call
   /// forwards the record to "<topic>.retry.N" to be retried after topics[N-1].
   std::vector<Millis> topics;
-  std::string topic_name(const std::string& source, size_t tier) const {
-    return source + ".retry." + std::to_string(tier);
-  }
+  /// What the tiers' names start with: "<topic>", or "<topic>.<route>" for a
+  /// route sharing its topic with others (each its own retry topics).
+  std::string stem;
+  std::string topic_name(size_t tier) const { return stem + ".retry." + std::to_string(tier); }
 };
 
 /// Route health: when most of a route's recent calls fail retryable or
@@ -195,6 +196,26 @@ struct OrderByConfig {
   bool hold_on_dead() const { return on_dead == "hold"; }
 };
 
+/// [route.when]: which records a route takes, decided from the record alone
+/// (deterministic: every host and every re-read decides the same). A test of
+/// one thing of the record, or all / any / not of other conditions.
+struct Condition {
+  enum class Kind { Test, All, Any, Not } kind = Kind::Test;
+  std::vector<Condition> parts;  // All, Any: one or more; Not: exactly one
+  /// Test: what of the record is looked at.
+  enum class Subject { Json, Header, Key } subject = Subject::Key;
+  std::string name;  // Json: a dotted field path; Header: its name
+  /// Test: what it must be. A JSON field compares by its text: a string as
+  /// itself, a number or boolean as written ("42", "true").
+  enum class Test { Equals, OneOf, StartsWith, Exists, Absent } test = Test::Exists;
+  std::vector<std::string> values;  // Equals, StartsWith: one; OneOf: one or more
+  SourcePos pos;
+  /// Whether deciding it needs the value as JSON.
+  bool needs_json() const;
+  /// The condition as written, for logs: json "type" equals "order.paid".
+  std::string describe() const;
+};
+
 /// A handler option as written in [route.options]; typed against the
 /// plugin's declarations when the plugin is loaded.
 struct OptionValue {
@@ -206,6 +227,12 @@ struct OptionValue {
 struct RouteConfig {
   std::string name;  // claim namespace
   std::string topic;
+  /// The consumer group reading the route's topics (kafka.group_id unless
+  /// set): routes of one topic need groups of their own, each with its own
+  /// offsets, lag and rebalances, as Kafka Connect's connectors do.
+  std::string group_id;
+  /// "earliest", "latest", or empty: the consumer's auto.offset.reset.
+  std::string start_at;
   std::filesystem::path plugin;
   SourcePos plugin_pos;
   KeySource key_source{};  // MessageKey
@@ -225,8 +252,18 @@ struct RouteConfig {
   /// [route.database]: this route's own database (every key inherited from
   /// [database] unless set); empty: the route uses [database].
   std::optional<DatabaseConfig> database;
+  std::optional<Condition> when;  // none: every record
   std::map<std::string, OptionValue> options;
   SourcePos pos;
+
+  /// Retry tier `tier` (1, 2, ...)'s topic.
+  std::string retry_topic(size_t tier) const { return retry.topic_name(tier); }
+  /// The route's own topic and its retry topics: what its consumer reads.
+  std::vector<std::string> topics() const {
+    std::vector<std::string> out{topic};
+    for (size_t tier = 1; tier <= retry.topics.size(); ++tier) out.push_back(retry_topic(tier));
+    return out;
+  }
 };
 
 struct Config {

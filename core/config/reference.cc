@@ -17,6 +17,7 @@ const char* type_name(Type t) {
     case Type::SectionArray: return "array of tables";
     case Type::StringMap: return "table of strings";
     case Type::Options: return "table";
+    case Type::Condition: return "condition";
   }
   return "?";
 }

@@ -27,7 +27,8 @@ constexpr Setting kSettings[] = {
          .default_value = "20000",
          .min = 1,
          .max = 10000000,
-         .doc = "Consumed records not yet durable; above it fetching pauses (the consumer stays in the group)."}),
+         .doc = "Consumed records not yet durable, per consumer group; above it the group's fetching pauses (the "
+                "consumer stays in the group)."}),
     field<&HostConfig::shutdown_grace>(
         {.path = "host.shutdown_grace",
          .default_value = "30s",
@@ -294,12 +295,34 @@ constexpr Setting kSettings[] = {
                                                   "after publishing, in small batches."}),
 
     declare(Type::SectionArray,
-            {.path = "route", .required = true, .doc = "One [[route]] per topic: which handler runs for its records."}),
+            {.path = "route",
+             .required = true,
+             .doc = "Which handler runs for a topic's records. Several routes may read one topic (one record, several "
+                    "effects), each in a consumer group of its own (group_id)."}),
     field<&RouteConfig::name>({.path = "route.name",
                                .required = true,
                                .doc = "Route name, also the claim namespace: one biz_key can have one claim per route. "
                                       "[A-Za-z0-9_.-], at most 64."}),
     field<&RouteConfig::topic>({.path = "route.topic", .required = true, .doc = "Source topic."}),
+    field<&RouteConfig::group_id>(
+        {.path = "route.group_id",
+         .doc = "The consumer group reading the route's topics; default kafka.group_id. Routes of one topic need "
+                "groups of their own (they would split its partitions otherwise): each keeps its own offsets, lag and "
+                "rebalances, and one route slow or paused never holds another back. The route that keeps a group "
+                "keeps that group's committed offsets; a route in a new group starts where start_at says."}),
+    field<&RouteConfig::start_at>(
+        {.path = "route.start_at",
+         .doc = "Where the route's group starts a partition it never committed: \"earliest\" (everything the topic "
+                "still holds) or \"latest\" (records arriving from now on); default: [kafka.consumer] "
+                "auto.offset.reset, itself earliest. Matters for a route added to a topic that already has records; "
+                "a group that committed keeps its offsets. Routes of one group agree on it."}),
+    declare(Type::Condition,
+            {.path = "route.when",
+             .doc = "Which records the route takes, decided from the record alone (docs/routes.md): a test, "
+                    "{ json = \"type\", equals = \"order.paid\" } (json = a field path, header = a name, or key = "
+                    "true; then equals, one_of = [...], starts_with or exists = true|false), or all = [...], "
+                    "any = [...], not = {...} of others. A record not taken is skipped: counted, committed, "
+                    "accounted by the audit; one whose value cannot be read for a json test is dead-lettered."}),
     field<&RouteConfig::plugin>({.path = "route.plugin",
                                  .required = true,
                                  .doc = "Handler plugin (.so) path, relative to this file's folder."}),
@@ -351,8 +374,10 @@ constexpr Setting kSettings[] = {
          .min = 1,
          .max = 86400000 * 7LL,
          .doc = "Delayed retry topics instead of in-place retries, e.g. [\"10s\", \"5m\"]: a failed call forwards the "
-                "record to \"<topic>.retry.N\" (the topics must exist), where it is retried once the N-th delay has "
-                "passed; after the last it is dead-lettered. The source partition moves on at once."}),
+                "record to \"<topic>.retry.N\" (\"<topic>.<route>.retry.N\" for a route in a group_id of its own; the "
+                "topics "
+                "must exist), where it is retried once the N-th delay has passed; after the last it is dead-lettered. "
+                "The source partition moves on at once."}),
     declare(Type::Section, {.path = "route.circuit",
                             .doc = "Route health: a circuit breaker that stops calling a remote that is down instead "
                                    "of spending records' attempts on it."}),

@@ -16,7 +16,7 @@
 
 namespace idemsink::config {
 
-enum class Type { String, Int, Bool, Duration, DurationList, Section, SectionArray, StringMap, Options };
+enum class Type { String, Int, Bool, Duration, DurationList, Section, SectionArray, StringMap, Options, Condition };
 
 // One setting's value, read from the file or taken from its declared default.
 using Value = std::variant<std::string, int64_t, bool, Millis, std::vector<Millis>, std::map<std::string, std::string>>;

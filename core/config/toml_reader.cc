@@ -80,6 +80,9 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
         if (!node.is_array_of_tables()) fail(pos, path, "expected [[" + path + "]] tables");
         for (const auto& elem : *node.as_array()) check_table(*elem.as_table(), path, file);
         break;
+      case Type::Condition:  // its content is read by read_condition (config.cc)
+        if (!node.is_table()) fail(pos, path, "expected a table");
+        break;
       case Type::StringMap:
       case Type::Options:
         if (!node.is_table()) fail(pos, path, "expected a table");
@@ -143,7 +146,8 @@ Value declared_default(const Setting& s) {
     case Type::StringMap: return std::map<std::string, std::string>{};
     case Type::Section:
     case Type::SectionArray:
-    case Type::Options: break;
+    case Type::Options:
+    case Type::Condition: break;
   }
   throw std::logic_error("setting " + std::string(s.path) + " has no usable default");
 }
@@ -186,7 +190,8 @@ Value read_value(const Setting& s, const toml::node* n, const std::string& file,
     }
     case Type::Section:
     case Type::SectionArray:
-    case Type::Options: break;
+    case Type::Options:
+    case Type::Condition: break;
   }
   throw std::logic_error("setting " + std::string(s.path) + " holds no value");
 }

@@ -61,7 +61,14 @@ inline constexpr const char* kReplayed = "idemsink.replayed";
 /// does idemsink.replayed.
 bool replaced_on_republish(std::string_view name);
 
+/// The value of a record's last header `name` (valid while `msg` is).
+std::optional<std::string_view> text(const rd_kafka_message_t* msg, const char* name);
 /// The decimal integer value of a record's last header `name`.
 std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name);
+
+/// A copy `idemsink replay` put back on a source topic is meant for the route
+/// whose dead letter it was: the other routes of that topic took the record
+/// once already and skip the copy.
+bool replayed_for_another_route(const rd_kafka_message_t* msg, std::string_view route);
 
 }  // namespace idemsink::dlq::headers

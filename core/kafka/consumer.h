@@ -123,6 +123,9 @@ class Consumer {
   /// Partitions of `topic` per the cluster's metadata (blocking), or nullopt
   /// when it does not answer.
   std::optional<int> partition_count(const std::string& topic, int timeout_ms);
+  /// The log end (high watermark) of these partitions, asked of their
+  /// leaders (blocking, at most `timeout_ms`): those that answered.
+  std::map<TopicPartition, int64_t> log_ends(const std::vector<TopicPartition>& tps, int timeout_ms);
   /// Committed offsets of the group for these partitions (blocking; tests, audit).
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartition>& tps, int timeout_ms);
   /// True when close() had to leave the handle to the process exit (see
@@ -132,6 +135,7 @@ class Consumer {
 
   /// The cluster as this consumer sees it (statistics and errors).
   const ClientHealth& health() const { return health_; }
+  const std::string& group() const { return cfg_.group_id; }
 
  private:
   struct Command {

@@ -33,9 +33,9 @@ RouteMetrics& Metrics::route(const std::string& name) {
   return *slot;
 }
 
-PartitionMetrics& Metrics::partition(const std::string& topic, int32_t partition) {
+PartitionMetrics& Metrics::partition(const std::string& route, const std::string& topic, int32_t partition) {
   std::lock_guard lk(mu_);
-  auto& slot = partitions_[{topic, partition}];
+  auto& slot = partitions_[{route, topic, partition}];
   if (!slot) slot = std::make_unique<PartitionMetrics>();
   return *slot;
 }
@@ -106,16 +106,24 @@ std::string Metrics::readiness_problem() const {
   std::string out = db_problem();
   std::lock_guard lk(mu_);
   for (const auto& s : slices_) {
-    if (s->kafka == nullptr) continue;
+    if (s->kafka.empty()) continue;
     const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
-    if (const std::string p = s->kafka->problem(); !p.empty()) {
-      out += p + which + "\n";
+    std::string problems;
+    bool joining = false;
+    for (const auto& consumer : s->kafka) {
+      if (const std::string p = consumer.health->problem(); !p.empty()) {
+        if (problems.find(p) == std::string::npos) problems += p + which + "\n";
+        continue;
+      }
+      const auto k = consumer.health->snapshot();
+      joining = joining || !k.stats_seen || k.group_state != "up" || k.join_state != "steady";
+    }
+    if (!problems.empty()) {
+      out += problems;
       continue;
     }
-    const auto k = s->kafka->snapshot();
     // Joined and settled with nothing to do is not ready: a member beyond
     // the partition count, or subscribed to topics that do not exist.
-    const bool joining = !k.stats_seen || k.group_state != "up" || k.join_state != "steady";
     // Statistics lag behind a rebalance by up to their interval: a member
     // between its revoke and its new assignment looks settled and empty.
     // Only a lasting state counts.
@@ -181,12 +189,13 @@ void Metrics::render_routes(std::string& out) const {
 void Metrics::render_partitions(std::string& out) const {
   // A gauge describes the partition while this host holds it; a counter
   // stays after a revoke.
-#define IDEMSINK_RENDER(field, T, initial, type, name, help)                                      \
-  family(out, name, #type, help);                                                                 \
-  for (const auto& [tp, p] : partitions_) {                                                       \
-    if (std::string_view(#type) == "gauge" && !p->assigned.load()) continue;                      \
-    out += name "{topic=\"" + tp.first + "\",partition=\"" + std::to_string(tp.second) + "\"} " + \
-           value_text(p->field.load()) + "\n";                                                    \
+#define IDEMSINK_RENDER(field, T, initial, type, name, help)                                                           \
+  family(out, name, #type, help);                                                                                      \
+  for (const auto& [rtp, p] : partitions_) {                                                                           \
+    if (std::string_view(#type) == "gauge" && !p->assigned.load()) continue;                                           \
+    const auto& [route, topic, partition] = rtp;                                                                       \
+    out += name "{route=\"" + route + "\",topic=\"" + topic + "\",partition=\"" + std::to_string(partition) + "\"} " + \
+           value_text(p->field.load()) + "\n";                                                                         \
   }
   IDEMSINK_PARTITION_METRICS(IDEMSINK_RENDER)
 #undef IDEMSINK_RENDER
@@ -209,9 +218,15 @@ void Metrics::render_clients(std::string& out) const {
   // database jobs' failures, per slice.
   const bool labelled = slices_.size() > 1;
   auto slice_label = [&](const SliceMetrics& s) { return labelled ? "database=\"" + s.database + "\"" : ""; };
+  // A slice with consumers of several groups (routes sharing a topic) labels
+  // each by its group.
   std::vector<std::pair<std::string, kafka::ClientHealth::Snapshot>> clients;
   for (const auto& s : slices_)
-    if (s->kafka != nullptr) clients.emplace_back(slice_label(*s), s->kafka->snapshot());
+    for (const auto& consumer : s->kafka) {
+      std::string label = slice_label(*s);
+      if (s->kafka.size() > 1) label += (label.empty() ? "" : ",") + ("group=\"" + consumer.group + "\"");
+      clients.emplace_back(label, consumer.health->snapshot());
+    }
   auto with = [](const std::string& label, const std::string& more) {
     if (label.empty()) return more.empty() ? std::string() : "{" + more + "}";
     return "{" + label + (more.empty() ? "" : "," + more) + "}";
@@ -282,10 +297,12 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["stuck_pending"] = stuck;
   j["db_healthy"] = healthy;
   j["partitions"] = nlohmann::json::array();
-  for (const auto& [tp, p] : partitions_) {
+  for (const auto& [rtp, p] : partitions_) {
     if (!p->assigned.load()) continue;
-    j["partitions"].push_back({{"topic", tp.first},
-                               {"partition", tp.second},
+    const auto& [route, topic, partition] = rtp;
+    j["partitions"].push_back({{"route", route},
+                               {"topic", topic},
+                               {"partition", partition},
                                {"committed", p->committed.load()},
                                {"high_watermark", p->high_watermark.load()},
                                {"lag", count_or_null(p->lag.load())},
@@ -300,6 +317,7 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                          {"consumed", m->consumed.load()},
                          {"done", m->done.load()},
                          {"duplicates", m->duplicates.load()},
+                         {"skipped", m->skipped.load()},
                          {"dead", m->dead.load()},
                          {"unknown", m->unknown.load()},
                          {"retries", m->retries.load()},

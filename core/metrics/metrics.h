@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/kafka/client_health.h"
@@ -54,6 +55,8 @@ inline constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
   M(unknown, uint64_t, 0, counter, "idemsink_records_unknown_total",                                                \
     "Records whose at-most-once effect may or may not have happened.")                                              \
   M(retries, uint64_t, 0, counter, "idemsink_retries_total", "Handler calls retried.")                              \
+  M(skipped, uint64_t, 0, counter, "idemsink_records_skipped_total",                                                \
+    "Records the route does not take ([route.when]): committed without a claim.")                                   \
   M(busy_waits, uint64_t, 0, counter, "idemsink_busy_waits_total",                                                  \
     "Claim checks that found the key held by another live host.")                                                   \
   M(order_waits, uint64_t, 0, counter, "idemsink_order_waits_total",                                                \
@@ -95,8 +98,8 @@ inline constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
   M(rate_limit, double, 0, gauge, "idemsink_route_rate_limit",                                                      \
     "Calls per second this host may start for the route: its share of route.rate_limit (0: no limit).")
 
-/// Per partition of this host's assignment; every series carries topic and
-/// partition. A gauge is shown only while the partition is assigned, a
+/// Per partition of this host's assignment; every series carries route,
+/// topic and partition. A gauge is shown only while the partition is assigned, a
 /// counter always (it stays after a revoke).
 #define IDEMSINK_PARTITION_METRICS(M)                                                                            \
   M(committed, int64_t, -1, gauge, "idemsink_partition_committed_offset",                                        \
@@ -172,7 +175,13 @@ struct SliceMetrics {
   const std::string database;  // "<schema>@<host>:<port>" or "<schema>@<socket>"
 
   IDEMSINK_SLICE_METRICS(IDEMSINK_METRIC_FIELD)
-  const kafka::ClientHealth* kafka = nullptr;  // the slice's consumer (set before the admin port opens)
+  /// The slice's consumers, one per consumer group its routes use (set
+  /// before the admin port opens).
+  struct Consumer {
+    std::string group;
+    const kafka::ClientHealth* health;
+  };
+  std::vector<Consumer> kafka;
 
   /// Why the slice has not started yet (its database unreachable at
   /// start-up), or "" once it runs.
@@ -194,7 +203,9 @@ struct SliceMetrics {
 class Metrics {
  public:
   RouteMetrics& route(const std::string& name);
-  PartitionMetrics& partition(const std::string& topic, int32_t partition);
+  /// A partition as a route reads it (routes of one topic read it apart,
+  /// each in its group): every series carries route, topic and partition.
+  PartitionMetrics& partition(const std::string& route, const std::string& topic, int32_t partition);
   /// The slice of one database (created on first use).
   SliceMetrics& slice(const std::string& database);
 
@@ -223,7 +234,7 @@ class Metrics {
 
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
-  std::map<std::pair<std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
+  std::map<std::tuple<std::string, std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
   std::vector<std::unique_ptr<SliceMetrics>> slices_;
   std::map<std::string, std::string> build_info_;
   // Since when each slice has been settled in its group with no partition (readiness).

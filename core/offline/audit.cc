@@ -6,12 +6,14 @@
 #include <set>
 
 #include "core/db/connection.h"
+#include "core/claim/offsets.h"
 #include "core/dlq/headers.h"
 #include "core/dlq/outbox.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/oauth.h"
 #include "core/kafka/watermarks.h"
+#include "core/pipeline/route_filter.h"
 #include "core/pipeline/key_extractor.h"
 
 namespace idemsink::offline {
@@ -55,6 +57,7 @@ int partition_count(rd_kafka_t* rk, const std::string& topic) {
 struct Seen {
   int64_t offset;
   std::optional<std::string> biz_key;  // nullopt: no key could be extracted
+  bool skipped = false;                // the route does not take it ([route.when])
 };
 
 constexpr size_t kPage = 1000;  // records accounted per pair of statements
@@ -82,7 +85,9 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
   }
   for (const auto& s : seen) {
     ++pa.consumed;
-    if (in_outbox.count(s.offset)) {
+    if (s.skipped) {
+      ++pa.skipped;
+    } else if (in_outbox.count(s.offset)) {
       ++pa.by_outbox;
     } else if (s.biz_key && terminal.count(*s.biz_key)) {
       ++pa.by_claim;
@@ -107,10 +112,12 @@ std::string ranges(const std::vector<int64_t>& offsets, size_t max_ranges) {
   return out;
 }
 
-// Reads every partition of `topic` from its low watermark up to the group's
+// Reads every partition of `topic` from its low watermark (or where the
+// group began it, when it began at the log's end) up to the group's
 // committed offset, all partitions at once, and accounts for each record.
 void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
-                 pipeline::KeyExtractor& extractor, const std::string& topic, AuditReport& report) {
+                 pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter, const std::string& topic,
+                 const std::map<std::pair<std::string, int32_t>, int64_t>& began, AuditReport& report) {
   const int parts = partition_count(group, topic);
   if (parts == 0) return;
   kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_new(parts));
@@ -122,6 +129,7 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
   std::map<int32_t, size_t> index;  // partition -> report entry still being read
   for (int p = 0; p < parts; ++p) {
     PartitionAudit pa;
+    pa.route = route.name;
     pa.topic = topic;
     pa.partition = p;
     pa.committed = std::max<int64_t>(0, committed->elems[p].offset);
@@ -129,6 +137,7 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     if (auto err = kafka::query_watermarks(group, topic, p, 10000, marks))
       throw kafka::KafkaError("watermarks of " + topic + "[" + std::to_string(p) + "]: " + rd_kafka_err2str(err));
     pa.low = marks.low;
+    if (auto b = began.find({topic, p}); b != began.end()) pa.low = std::max(pa.low, b->second);
     if (pa.committed > pa.low) {
       rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
       index[p] = first + static_cast<size_t>(p);
@@ -163,10 +172,18 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     if (it == index.end()) continue;
     const PartitionAudit& pa = report.partitions[it->second];
     if (!msg->err && msg->offset < pa.committed) {
-      auto key = extractor.extract(msg.get());
-      pages[msg->partition].push_back({msg->offset, std::holds_alternative<std::string>(key)
-                                                        ? std::optional(std::get<std::string>(key))
-                                                        : std::nullopt});
+      // Decided as the host decides it (from the record alone); a retry
+      // tier's records were taken already.
+      const bool source = topic == route.topic;
+      if (source && (dlq::headers::replayed_for_another_route(msg.get(), route.name) ||
+                     (filter && filter->decide(msg.get()).verdict == pipeline::RouteFilter::Verdict::Skip))) {
+        pages[msg->partition].push_back({msg->offset, std::nullopt, true});
+      } else {
+        auto key = extractor.extract(msg.get());
+        pages[msg->partition].push_back({msg->offset, std::holds_alternative<std::string>(key)
+                                                          ? std::optional(std::get<std::string>(key))
+                                                          : std::nullopt});
+      }
       if (pages[msg->partition].size() == kPage) flush(msg->partition);
     }
     // Done with the partition at its committed offset (or its end).
@@ -189,8 +206,9 @@ bool AuditReport::ok() const {
 void AuditReport::print(std::ostream& os) const {
   int64_t consumed = 0, missing = 0, lost = 0;
   for (const auto& p : partitions) {
-    os << p.topic << "[" << p.partition << "] offsets " << p.low << ".." << p.committed << ": " << p.consumed
-       << " records, " << p.by_claim << " by claim, " << p.by_outbox << " by DLQ outbox";
+    os << p.route << ": " << p.topic << "[" << p.partition << "] offsets " << p.low << ".." << p.committed << ": "
+       << p.consumed << " records, " << p.by_claim << " by claim, " << p.by_outbox << " by DLQ outbox";
+    if (p.skipped > 0) os << ", " << p.skipped << " skipped (not taken by the route)";
     if (!p.missing.empty()) os << ", " << p.missing.size() << " UNACCOUNTED at offsets " << ranges(p.missing, 20);
     os << "\n";
     for (const auto& l : p.lost) {
@@ -209,15 +227,25 @@ void AuditReport::print(std::ostream& os) const {
 
 AuditReport audit(const config::Config& cfg) {
   AuditReport report;
-  auto group = consumer_handle(cfg, cfg.kafka.group_id);              // reads the group's commits, never joins
   auto reader = consumer_handle(cfg, cfg.kafka.group_id + ".audit");  // assigns partitions, never commits
   Connection db(cfg.database);
+  struct Group {
+    kafka::HandlePtr handle;  // reads the group's commits, never joins
+    std::map<std::pair<std::string, int32_t>, int64_t> began;
+  };
+  std::map<std::string, Group> groups;  // each route's
   for (const auto& route : cfg.routes) {
+    auto& group = groups[route.group_id];
+    if (!group.handle) {
+      group.handle = consumer_handle(cfg, route.group_id);
+      group.began = claim::OffsetStore(route.group_id, cfg.host.id).first_offsets(db);
+    }
     pipeline::KeyExtractor extractor(route);
-    std::vector<std::string> topics{route.topic};
-    for (size_t tier = 1; tier <= route.retry.topics.size(); ++tier)
-      topics.push_back(route.retry.topic_name(route.topic, tier));
-    for (const auto& topic : topics) audit_topic(group.get(), reader.get(), db, route, extractor, topic, report);
+    std::optional<pipeline::RouteFilter> filter;
+    if (route.when) filter.emplace(*route.when);
+    for (const auto& topic : route.topics())
+      audit_topic(group.handle.get(), reader.get(), db, route, extractor, filter ? &*filter : nullptr, topic,
+                  group.began, report);
   }
   return report;
 }

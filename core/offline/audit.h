@@ -14,6 +14,7 @@
 namespace idemsink::offline {
 
 struct PartitionAudit {
+  std::string route;  // routes of one topic are audited apart, each in its group
   std::string topic;
   int32_t partition = 0;
   int64_t low = 0;        // oldest offset Kafka still has
@@ -21,6 +22,7 @@ struct PartitionAudit {
   int64_t consumed = 0;   // records read in [low, committed)
   int64_t by_claim = 0;
   int64_t by_outbox = 0;
+  int64_t skipped = 0;           // not taken by the route ([route.when])
   std::vector<int64_t> missing;  // offsets accounted for by nothing
   /// Offset ranges [from, to) Kafka deleted by retention before the group
   /// read them, as the host recorded them, with who and when.

@@ -40,12 +40,9 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       slice_(metrics.slice(cfg.database.label())),
       owner_(owner),
       store_(cfg.host.id, owner, cfg.claim.lease),
-      offsets_(cfg.kafka.group_id, cfg.host.id),
       outbox_(owner, std::max<std::chrono::milliseconds>(cfg.claim.lease, 120s)),
       routes_(std::move(routes)),
-      gate_(static_cast<size_t>(cfg.host.max_buffered_records)),
-      health_(io, gate_, [this] { dispatcher_.pump(); }),
-      partitions_(io, cfg, metrics, slice_, gate_, pool, offsets_),
+      health_(io, [this] { dispatcher_.pump(); }),
       local_tx_(
           io, pool, store_, outbox_, cfg.host.id, cfg.database.pool_size - 1, [this](uint64_t id) { return find(id); },
           [this](std::vector<LocalTxRunner::Result> results) { on_local_tx_results(std::move(results)); }),
@@ -77,24 +74,76 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
           io, pool, store_, cfg, [this](uint64_t id) { return find(id); },
           [this](const Claimer::Claimed& c) { on_claimed(c); }),
       housekeeping_(io, pool, cfg, store_, outbox_, metrics, slice_),
-      route_control_(io, pool, cfg.database, route_pointers(routes_), gate_),
+      route_control_(io, pool, cfg.database, route_pointers(routes_)),
       commit_timer_(io),
       renew_timer_(io),
       relay_timer_(io),
       gauges_timer_(io),
       summary_timer_(io) {
-  std::set<std::string> release_topics;
+  // A feed per consumer group, in the order routes first name them.
+  std::vector<std::pair<std::string, std::vector<Route*>>> groups;
   for (auto& r : routes_) {
-    route_by_topic_[r->cfg.topic] = {r.get(), 0};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == r->cfg.group_id; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {r->cfg.group_id, {}});
+    it->second.push_back(r.get());
+  }
+  for (auto& [group, routes] : groups) feeds_.push_back(std::make_unique<Feed>(*this, group, std::move(routes)));
+}
+
+Engine::Feed::Feed(Engine& e, std::string g, std::vector<Route*> rs)
+    : engine(e),
+      group(std::move(g)),
+      routes(std::move(rs)),
+      gate(static_cast<size_t>(e.cfg_.host.max_buffered_records)),
+      offsets(group, e.cfg_.host.id),
+      partitions(e.io_, e.cfg_, e.metrics_, gate, e.pool_, offsets, [&] {
+        std::vector<const config::RouteConfig*> cfgs;
+        for (Route* r : routes) cfgs.push_back(&r->cfg);
+        return cfgs;
+      }()) {
+  std::set<std::string> release_topics;
+  for (Route* r : routes) {
+    r->gate = &gate;
+    route_by_topic[r->cfg.topic] = {r, 0};
     for (size_t tier = 1; tier <= r->cfg.retry.topics.size(); ++tier) {
-      route_by_topic_[r->cfg.retry.topic_name(r->cfg.topic, tier)] = {r.get(), tier};
+      route_by_topic[r->cfg.retry_topic(tier)] = {r, tier};
       // An ordered route's records wait for its retry tiers' records: those
       // must come in even when the waiting ones fill the buffer.
-      if (r->cfg.order_by.enabled()) release_topics.insert(r->cfg.retry.topic_name(r->cfg.topic, tier));
+      if (r->cfg.order_by.enabled()) release_topics.insert(r->cfg.retry_topic(tier));
     }
   }
-  gate_.exempt_from_backpressure(std::move(release_topics));
+  gate.exempt_from_backpressure(std::move(release_topics));
 }
+
+void Engine::Feed::on_stall(const kafka::TopicPartition& tp, int64_t, int64_t) {
+  asio::post(engine.io_, [this, tp] { partitions.stalled(tp); });
+}
+
+void Engine::Feed::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
+  asio::post(engine.io_, [this, err, offsets] { partitions.commit_result(err, offsets); });
+}
+
+std::vector<Engine::FeedPlan> Engine::feeds() const {
+  std::vector<FeedPlan> out;
+  for (const auto& f : feeds_) {
+    std::vector<std::string> topics;
+    for (const auto& [topic, tr] : f->route_by_topic) topics.push_back(topic);
+    out.push_back({f->group, std::move(topics), f->routes.front()->cfg.start_at, f.get()});
+  }
+  return out;
+}
+
+Engine::Feed& Engine::feed_of(const Route& route) {
+  for (auto& f : feeds_)
+    if (&f->gate == route.gate) return *f;
+  throw std::logic_error("route " + route.cfg.name + " has no feed");
+}
+
+void Engine::set_operator_pause(bool paused) {
+  for (auto& f : feeds_) f->gate.set_operator_pause(paused);
+}
+
+bool Engine::operator_paused() const { return !feeds_.empty() && feeds_.front()->gate.operator_paused(); }
 
 Engine::~Engine() = default;
 
@@ -117,13 +166,21 @@ Record* Engine::find(uint64_t id) {
 
 // ---------------------------------------------------------------- timers
 
-void Engine::start(kafka::Consumer* consumer) {
-  consumer_ = consumer;
+void Engine::start(const std::vector<kafka::Consumer*>& consumers) {
+  for (size_t i = 0; i < feeds_.size(); ++i) {
+    feeds_[i]->consumer = consumers.at(i);
+    feeds_[i]->gate.attach(consumers[i]);
+    feeds_[i]->partitions.attach(consumers[i]);
+  }
   // A failover to a replica may have lost the last outcomes: re-read them.
-  pool_.on_server_changed([this](uint64_t, uint64_t) { asio::post(io_, [this] { partitions_.recheck_stored(); }); });
-  gate_.attach(consumer);
-  partitions_.attach(consumer);
-  commit_timer_.start(cfg_.kafka.commit_interval, [this] { partitions_.commit(); });
+  pool_.on_server_changed([this](uint64_t, uint64_t) {
+    asio::post(io_, [this] {
+      for (auto& f : feeds_) f->partitions.recheck_stored();
+    });
+  });
+  commit_timer_.start(cfg_.kafka.commit_interval, [this] {
+    for (auto& f : feeds_) f->partitions.commit();
+  });
   renew_timer_.start(std::max<std::chrono::milliseconds>(cfg_.claim.lease / 3, 100ms), [this] {
     if (renew_running_) return;
     renew_running_ = true;
@@ -157,9 +214,19 @@ void Engine::start(kafka::Consumer* consumer) {
 }
 
 void Engine::refresh_gauges() {
-  partitions_.update_gauges();
-  slice_.buffered.store(static_cast<int64_t>(gate_.buffered()));
-  slice_.paused.store(gate_.paused_all() ? 1 : 0);
+  double lag = 0;
+  int64_t buffered = 0, assigned = 0;
+  bool paused = false;
+  for (auto& f : feeds_) {
+    lag += f->partitions.update_gauges();
+    buffered += static_cast<int64_t>(f->gate.buffered());
+    assigned += static_cast<int64_t>(f->partitions.assigned());
+    paused = paused || f->gate.paused_all();
+  }
+  slice_.lag.store(lag);
+  slice_.buffered.store(buffered);
+  slice_.assigned_partitions.store(assigned);
+  slice_.paused.store(paused ? 1 : 0);
   slice_.db_statements.store(pool_.statements());
   slice_.db_reconnects.store(pool_.reconnects());
   slice_.db_healthy.store(pool_.healthy() ? 1 : 0);
@@ -169,26 +236,26 @@ void Engine::refresh_gauges() {
 
 // ---------------------------------------------------------------- consumer events
 
-void Engine::on_messages(kafka::Consumer::Batch batch) {
+void Engine::on_messages(Feed& feed, kafka::Consumer::Batch batch) {
   // Buffered from here on: a pause must not wait for the engine thread to
   // reach these records.
-  gate_.buffered_delta(static_cast<int64_t>(batch.messages.size()));
+  feed.gate.buffered_delta(static_cast<int64_t>(batch.messages.size()));
   auto shared = std::make_shared<kafka::Consumer::Batch>(std::move(batch));
-  asio::post(io_, [this, shared] { ingest(std::move(*shared)); });
+  asio::post(io_, [this, &feed, shared] { ingest(feed, std::move(*shared)); });
 }
 
-void Engine::on_gap(const kafka::Consumer::Gap& gap) {
-  asio::post(io_, [this, gap] {
-    if (auto lost = partitions_.hole(gap)) record_lost(std::move(*lost));
+void Engine::on_gap(Feed& feed, const kafka::Consumer::Gap& gap) {
+  asio::post(io_, [this, &feed, gap] {
+    if (auto lost = feed.partitions.hole(gap)) record_lost(feed, std::move(*lost));
   });
 }
 
-void Engine::record_lost(Partitions::Lost lost) {
+void Engine::record_lost(Feed& feed, Partitions::Lost lost) {
   // Written like a dead letter (an outbox row, never published), so the loss
   // is on record before the commit passes it; the range's first offset
   // stands for it in the partition's commit point until then.
-  auto it = route_by_topic_.find(lost.part->tp.topic);
-  if (it == route_by_topic_.end()) return;
+  auto it = feed.route_by_topic.find(lost.part->tp.topic);
+  if (it == feed.route_by_topic.end()) return;
   dlq::Letter d;
   d.purpose = dlq::Purpose::Lost;
   d.route = it->second.route->cfg.name;
@@ -202,39 +269,40 @@ void Engine::record_lost(Partitions::Lost lost) {
   d.timestamp_ms = d.first_failure_ms = d.last_failure_ms = wall_clock_ms();
   d.host = cfg_.host.id;
   pool_.submit("record offsets lost to retention",
-               [this, d = std::move(d), lost = std::move(lost)](db::Connection& c) mutable {
+               [this, &feed, d = std::move(d), lost = std::move(lost)](db::Connection& c) mutable {
                  outbox_.insert(c, std::span<const dlq::Letter>(&d, 1));
-                 asio::post(io_, [this, lost = std::move(lost)] {
+                 asio::post(io_, [&feed, lost = std::move(lost)] {
                    lost.part->tracker.complete(lost.from);
-                   partitions_.record_ended(*lost.part);
+                   feed.partitions.record_ended(*lost.part);
                  });
                });
 }
 
-void Engine::on_stall(const kafka::TopicPartition& tp, int64_t, int64_t) {
-  asio::post(io_, [this, tp] { partitions_.stalled(tp); });
-}
-
-void Engine::on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
-  asio::post(io_, [this, err, offsets] { partitions_.commit_result(err, offsets); });
-}
-
-void Engine::on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
+void Engine::on_assigned(Feed& feed, const std::vector<kafka::TopicPartitionOffset>& starts) {
   // Group-shared rate limits need each topic's size; asked here, on the poll
   // thread, which the rebalance blocks anyway (the engine thread never waits
   // for the cluster).
   std::set<std::string> topics;
-  for (const auto& route : routes_)
+  for (Route* route : feed.routes)
     if (route->limiter.limited() && route->cfg.rate_limit.scope == "group")
       for (const auto& topic : route->topics()) topics.insert(topic);
   std::map<std::string, int> sizes;
   for (const auto& topic : topics)
-    if (auto n = consumer_->partition_count(topic, 5000)) sizes[topic] = *n;
+    if (auto n = feed.consumer->partition_count(topic, 5000)) sizes[topic] = *n;
+  // A group beginning at the log's end (start_at latest) needs that end as
+  // an offset for the partitions it never committed (Partitions::started).
+  std::map<kafka::TopicPartition, int64_t> ends;
+  if (feed.partitions.starts_at_end()) {
+    std::vector<kafka::TopicPartition> uncommitted;
+    for (const auto& s : starts)
+      if (s.offset < 0) uncommitted.push_back(s.tp);
+    if (!uncommitted.empty()) ends = feed.consumer->log_ends(uncommitted, 5000);
+  }
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
     for (const auto& [topic, n] : sizes) topic_sizes_[topic] = n;
-    partitions_.assigned(starts);
+    feed.partitions.assigned(starts, ends);
     update_rate_shares();
     done.set_value();
   });
@@ -256,7 +324,7 @@ void Engine::update_rate_shares() {
       }
       total += it->second;
     }
-    const size_t owned = partitions_.active_of(topics);
+    const size_t owned = feed_of(*route).partitions.active_of(topics);
     // Sizes unknown (the cluster did not answer): the last share stands
     // (at first the whole rate), until an assignment reads them.
     if (!known || total == 0) {
@@ -274,13 +342,14 @@ void Engine::update_rate_shares() {
   }
 }
 
-std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<kafka::TopicPartition>& tps, bool lost) {
+std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(Feed& feed, const std::vector<kafka::TopicPartition>& tps,
+                                                             bool lost) {
   auto done = std::make_shared<std::promise<std::vector<kafka::TopicPartitionOffset>>>();
   auto fut = done->get_future();
-  asio::post(io_, [this, tps, lost, done] {
+  asio::post(io_, [this, &feed, tps, lost, done] {
     // Stop taking new work of these partitions at once: records not yet
     // claimed are forgotten; claims held but not called are handed back.
-    auto parts = partitions_.begin_revoke(tps);
+    auto parts = feed.partitions.begin_revoke(tps);
     update_rate_shares();
     std::vector<claim::Outcome> to_release;
     std::vector<uint64_t> to_drop;
@@ -307,14 +376,14 @@ std::vector<kafka::TopicPartitionOffset> Engine::on_revoking(const std::vector<k
         for (const auto& [entity_id, id] : kept.mapped()) next_of_entity(entity_id, id);
     release_claims(std::move(to_release));
     writer_.flush();
-    partitions_.await_drained(tps, std::move(parts), lost, std::move(*done));
+    feed.partitions.await_drained(tps, std::move(parts), lost, std::move(*done));
   });
   return fut.get();
 }
 
 // ---------------------------------------------------------------- records
 
-void Engine::ingest(kafka::Consumer::Batch batch) {
+void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
   const int64_t now = wall_clock_ms();
   int64_t kept = 0;  // polled records that do not become pipeline records leave the buffer here
   for (auto& msg : batch.messages) {
@@ -325,11 +394,27 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
       continue;
     }
     const kafka::TopicPartition tp{rd_kafka_topic_name(msg->rkt), msg->partition};
-    auto part = partitions_.active(tp);
-    auto route_it = route_by_topic_.find(tp.topic);
-    if (!part || route_it == route_by_topic_.end()) continue;  // fetched before a revoke
+    auto part = feed.partitions.active(tp);
+    auto route_it = feed.route_by_topic.find(tp.topic);
+    if (!part || route_it == feed.route_by_topic.end()) continue;  // fetched before a revoke
     const auto [route, tier] = route_it->second;
-    if (!partitions_.take(part, *msg, batch.seek_generation, tier > 0)) continue;
+    if (!feed.partitions.take(part, *msg, batch.seek_generation, tier > 0)) continue;
+    // What the route does not take comes first: another route's replayed
+    // copy, or a record [route.when] leaves out. It needs no key, no claim,
+    // no pipeline record (a retry tier's record was taken already).
+    std::optional<RouteFilter::Result> refused_by_filter;
+    if (tier == 0 && dlq::headers::replayed_for_another_route(msg.get(), route->cfg.name)) {
+      skip(*route, *part, msg->offset);
+      continue;
+    }
+    if (route->filter && tier == 0) {
+      auto decided = route->filter->decide(msg.get());
+      if (decided.verdict == RouteFilter::Verdict::Skip) {
+        skip(*route, *part, msg->offset);
+        continue;
+      }
+      if (decided.verdict == RouteFilter::Verdict::Undecodable) refused_by_filter = std::move(decided);
+    }
     ++kept;
 
     auto rec = std::make_unique<Record>();
@@ -353,6 +438,10 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
     if (!health_.record_arrived(*route)) --kept;  // held for the circuit: out of the backpressure count at once
 
+    if (refused_by_filter) {
+      refuse(r, dlq::Reason::UndecodableValue, std::move(refused_by_filter->why));
+      continue;
+    }
     auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
     if (auto* refusal = std::get_if<Refusal>(&admitted)) {
       refuse(r, refusal->reason, std::move(refusal->detail));
@@ -388,7 +477,18 @@ void Engine::ingest(kafka::Consumer::Batch batch) {
         health_.put_on_hold(r);
     }
   }
-  gate_.buffered_delta(kept - static_cast<int64_t>(batch.messages.size()));
+  feed.gate.buffered_delta(kept - static_cast<int64_t>(batch.messages.size()));
+}
+
+void Engine::skip(Route& route, Partition& part, int64_t offset) {
+  // Its outcome: skipped, durable as it is (the condition decides the same
+  // on every read), its offset committed; the audit accounts it so too. It
+  // never enters the pipeline, so it neither holds a place in the buffer nor
+  // counts as a record an open circuit's probe could use.
+  route.metrics->consumed.fetch_add(1, std::memory_order_relaxed);
+  route.metrics->skipped.fetch_add(1, std::memory_order_relaxed);
+  part.tracker.complete(offset);
+  part.owner->record_ended(part);
 }
 
 void Engine::end_record(Record& r, bool durable) {
@@ -415,7 +515,7 @@ void Engine::end_record(Record& r, bool durable) {
   } else if (!entity_id.empty()) {
     next_of_entity(entity_id, id);
   }
-  partitions_.record_ended(*part);
+  part->owner->record_ended(*part);
 }
 
 void Engine::line_up_by_key(Record& r) {

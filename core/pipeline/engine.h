@@ -17,9 +17,15 @@
 // failure_policy, route_health, outcome_writer, partitions, fetch_gate,
 // housekeeping; dlq/relay for publishing).
 //
-// Threading: all engine state lives on one io_context thread. The consumer's
-// poll thread, database workers and plugin threads only post to it.
-// Rebalance callbacks block the poll thread (not the engine) while revoked
+// Feeds: one per consumer group the engine's routes use (route.group_id).
+// Routes of one topic are in different groups: each feed has its own
+// consumer, partitions, commits, lag and fetch gate (its own bound of
+// buffered records), so one route slow, held or paused never holds another
+// back; the claims, calls, writes and the outbox are the engine's, shared.
+//
+// Threading: all engine state lives on one io_context thread. The consumers'
+// poll threads, database workers and plugin threads only post to it.
+// Rebalance callbacks block a poll thread (not the engine) while revoked
 // partitions drain.
 #pragma once
 
@@ -58,14 +64,23 @@
 
 namespace idemsink::pipeline {
 
-class Engine : public kafka::Consumer::Listener, public RemoteGate {
+class Engine : public RemoteGate {
  public:
   Engine(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
          std::vector<std::unique_ptr<Route>> routes, metrics::Metrics& metrics, std::string owner);
   ~Engine() override;
 
-  /// Wires the consumer in and starts the timers.
-  void start(kafka::Consumer* consumer);
+  /// What the host makes a consumer for: one per group of the engine's
+  /// routes, subscribed to its topics, reporting to its listener.
+  struct FeedPlan {
+    std::string group;
+    std::vector<std::string> topics;
+    std::string start_at;  // the routes' start_at: empty, "earliest" or "latest"
+    kafka::Consumer::Listener* listener;
+  };
+  std::vector<FeedPlan> feeds() const;
+  /// Wires the consumers in (one per feed, in feeds() order) and starts the timers.
+  void start(const std::vector<kafka::Consumer*>& consumers);
   /// Called once the consumer is closed: gives the DLQ relay and outstanding
   /// database writes until `deadline`, then cancels timers. Blocks the caller
   /// (not the engine thread).
@@ -85,9 +100,9 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   /// Each route's handler, by route name (for the reconciler).
   std::map<std::string, plugin::Instance*> handlers() const;
 
-  /// Operator pause/resume (admin API): stops fetching, keeps the group.
-  void set_operator_pause(bool paused) { gate_.set_operator_pause(paused); }
-  bool operator_paused() const { return gate_.operator_paused(); }
+  /// Operator pause/resume (admin API): stops fetching, keeps the groups.
+  void set_operator_pause(bool paused);
+  bool operator_paused() const;
 
   /// Operator pauses of this engine's routes (admin port, start-up).
   RouteControl& route_control() { return route_control_; }
@@ -104,20 +119,23 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   void probe_answered(const std::string& route, uint64_t probe, bool healthy) override;
   void probe_abandoned(const std::string& route, uint64_t probe) override;
 
-  // kafka::Consumer::Listener (poll thread)
-  void on_messages(kafka::Consumer::Batch batch) override;
-  void on_gap(const kafka::Consumer::Gap& gap) override;
-  void on_stall(const kafka::TopicPartition& tp, int64_t from, int64_t end) override;
-  void on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) override;
-  std::vector<kafka::TopicPartitionOffset> on_revoking(const std::vector<kafka::TopicPartition>& tps,
-                                                       bool lost) override;
-  void on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) override;
-
  private:
+  struct Feed;
+  /// The feed reading `route`'s topics.
+  Feed& feed_of(const Route& route);
+  // A feed's consumer events (its poll thread), posted to the engine thread.
+  void on_messages(Feed& feed, kafka::Consumer::Batch batch);
+  void on_gap(Feed& feed, const kafka::Consumer::Gap& gap);
+  void on_assigned(Feed& feed, const std::vector<kafka::TopicPartitionOffset>& starts);
+  std::vector<kafka::TopicPartitionOffset> on_revoking(Feed& feed, const std::vector<kafka::TopicPartition>& tps,
+                                                       bool lost);
+
   static std::vector<Route*> route_pointers(const std::vector<std::unique_ptr<Route>>& routes);
   // records
   Record* find(uint64_t id);
-  void ingest(kafka::Consumer::Batch batch);
+  void ingest(Feed& feed, kafka::Consumer::Batch batch);
+  /// A record its route does not take ([route.when]): its outcome, skipped.
+  void skip(Route& route, Partition& part, int64_t offset);
   /// A record reached its outcome (`durable`) or is dropped with its
   /// partition; the next record of its key may go on.
   void end_record(Record& r, bool durable);
@@ -168,7 +186,7 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   void let_go(Record& r, OutcomeWriter::Kind kind, const std::string& error);
   void refresh_gauges();
   /// Offsets Kafka deleted before they were read: on record, then committed past.
-  void record_lost(Partitions::Lost lost);
+  void record_lost(Feed& feed, Partitions::Lost lost);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
@@ -177,14 +195,9 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   metrics::SliceMetrics& slice_;  // this engine's database
   std::string owner_;
   claim::ClaimStore store_;
-  claim::OffsetStore offsets_;
   dlq::Outbox outbox_;
   std::vector<std::unique_ptr<Route>> routes_;
-  struct TopicRoute {
-    Route* route;
-    size_t tier;  // 0: the route's own topic; N: its retry topic N
-  };
-  std::map<std::string, TopicRoute> route_by_topic_;
+  std::vector<std::unique_ptr<Feed>> feeds_;
 
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   uint64_t next_id_ = 1;
@@ -194,9 +207,7 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   std::map<const Partition*, std::vector<std::pair<std::string, uint64_t>>> kept_places_;
   std::mt19937_64 rng_{std::random_device{}()};
 
-  FetchGate gate_;
   RouteHealth health_;
-  Partitions partitions_;
   LocalTxRunner local_tx_;
   Dispatcher dispatcher_;
   OutcomeWriter writer_;
@@ -204,7 +215,6 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   Claimer claimer_;
   Housekeeping housekeeping_;
   RouteControl route_control_;
-  kafka::Consumer* consumer_ = nullptr;
   std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
 
   Route* route_named(const std::string& name);
@@ -219,6 +229,39 @@ class Engine : public kafka::Consumer::Listener, public RemoteGate {
   Periodic relay_timer_;
   Periodic gauges_timer_;
   Periodic summary_timer_;
+};
+
+/// One consumer group's part of an engine (the file's comment): its consumer
+/// and where its events go, its partitions, which of them fetch, and the
+/// routes whose topics it reads (one route per topic).
+struct Engine::Feed : kafka::Consumer::Listener {
+  Feed(Engine& engine, std::string group, std::vector<Route*> routes);
+
+  Engine& engine;
+  const std::string group;
+  std::vector<Route*> routes;
+  struct TopicRoute {
+    Route* route;
+    size_t tier;  // 0: the route's own topic; N: its retry topic N
+  };
+  std::map<std::string, TopicRoute> route_by_topic;
+  FetchGate gate;
+  claim::OffsetStore offsets;
+  Partitions partitions;
+  kafka::Consumer* consumer = nullptr;
+
+  // kafka::Consumer::Listener (the consumer's poll thread)
+  void on_messages(kafka::Consumer::Batch batch) override { engine.on_messages(*this, std::move(batch)); }
+  void on_gap(const kafka::Consumer::Gap& gap) override { engine.on_gap(*this, gap); }
+  void on_stall(const kafka::TopicPartition& tp, int64_t from, int64_t end) override;
+  void on_assigned(const std::vector<kafka::TopicPartitionOffset>& starts) override {
+    engine.on_assigned(*this, starts);
+  }
+  std::vector<kafka::TopicPartitionOffset> on_revoking(const std::vector<kafka::TopicPartition>& tps,
+                                                       bool lost) override {
+    return engine.on_revoking(*this, tps, lost);
+  }
+  void on_commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) override;
 };
 
 }  // namespace idemsink::pipeline

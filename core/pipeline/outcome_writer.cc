@@ -249,7 +249,7 @@ void OutcomeWriter::flush_forwards() {
       holds.push_back(hold_of(r, Status::Pending));
       dlq::Letter d = letter_of(r, dlq::Reason::Retry);
       d.purpose = dlq::Purpose::Forward;
-      d.topic = rc.retry.topic_name(rc.topic, r.tier + 1);
+      d.topic = rc.retry_topic(r.tier + 1);
       d.headers.push_back({dlq::headers::kRetryDueMs, std::to_string(now + rc.retry.topics[r.tier].count())});
       d.headers.push_back({dlq::headers::kRetryTier, std::to_string(r.tier + 1)});
       if (r.tier == 0) {

@@ -22,24 +22,23 @@ std::vector<std::pair<std::string, int32_t>> keys_of(const std::vector<std::shar
 }
 }  // namespace
 
-Partitions::Partitions(asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics,
-                       metrics::SliceMetrics& slice, FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets)
-    : io_(io), cfg_(cfg), metrics_(metrics), slice_(slice), gate_(gate), pool_(pool), offsets_(offsets) {
+Partitions::Partitions(asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics, FetchGate& gate,
+                       db::Pool& pool, const claim::OffsetStore& offsets,
+                       const std::vector<const config::RouteConfig*>& routes)
+    : io_(io), cfg_(cfg), metrics_(metrics), gate_(gate), pool_(pool), offsets_(offsets) {
   for (const auto* props : {&cfg.kafka.properties, &cfg.kafka.consumer_properties})
     if (auto it = props->find("auto.offset.reset"); it != props->end())
       starts_at_end_ = it->second == "latest" || it->second == "largest" || it->second == "end";
-  for (const auto& rc : cfg.routes) {
-    metrics::RouteMetrics* m = &metrics.route(rc.name);
-    route_of_topic_[rc.topic] = m;
-    for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
-      route_of_topic_[rc.retry.topic_name(rc.topic, tier)] = m;
+  for (const config::RouteConfig* rc : routes) {
+    if (!rc->start_at.empty()) starts_at_end_ = rc->start_at == "latest";  // the group's routes agree on it
+    for (const auto& topic : rc->topics()) route_of_topic_[topic] = TopicOf{rc->name, &metrics.route(rc->name)};
   }
 }
 
 void Partitions::count_commit(const std::vector<kafka::TopicPartitionOffset>& offsets, bool failed) {
   std::set<metrics::RouteMetrics*> routes;
   for (const auto& o : offsets)
-    if (auto it = route_of_topic_.find(o.tp.topic); it != route_of_topic_.end()) routes.insert(it->second);
+    if (auto it = route_of_topic_.find(o.tp.topic); it != route_of_topic_.end()) routes.insert(it->second.metrics);
   for (metrics::RouteMetrics* m : routes)
     (failed ? m->commit_failures : m->commits).fetch_add(1, std::memory_order_relaxed);
 }
@@ -57,19 +56,22 @@ std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) c
   return it->second;
 }
 
-void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
+void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts,
+                          const std::map<kafka::TopicPartition, int64_t>& ends) {
   rebalance_reached();
   std::vector<kafka::TopicPartition> tps;
   std::vector<std::shared_ptr<Partition>> parts;
   for (const auto& [tp, offset] : starts) {
     auto p = std::make_shared<Partition>();
     p->tp = tp;
-    p->metrics = &metrics_.partition(tp.topic, tp.partition);
+    p->owner = this;
+    p->metrics = &metrics_.partition(route_of_topic_.at(tp.topic).route, tp.topic, tp.partition);
     p->metrics->assigned.store(true);
     p->metrics->lag.store(metrics::kUnknown);  // until its ends are known (update_gauges)
     p->metrics->committed.store(offset);
     p->metrics->stalled.store(0);
     p->kafka_start = offset >= 0 ? offset : -1;
+    if (auto end = ends.find(tp); end != ends.end()) p->log_end = end->second;
     parts_[tp] = p;
     tps.push_back(tp);
     parts.push_back(p);
@@ -77,7 +79,6 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
   gate_.assigned(tps);
   for (const auto& tp : tps) gate_.hold(tp, FetchGate::Hold::Start);
   update_gauges();
-  slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
   if (parts.empty()) return;
   pool_.submit("read the stored offsets", [this, parts = std::move(parts)](db::Connection& c) {
     auto stored = offsets_.read(c, keys_of(parts));
@@ -106,21 +107,71 @@ void Partitions::started(const std::vector<std::shared_ptr<Partition>>& parts,
       }
       start = db->second;
     }
-    if (start >= 0) {
-      // Records must start here; until one arrives this is also the
-      // partition's commit point, and its lag is measured from it.
-      p->tracker.start_at(start);
-      // What Kafka holds (-1: nothing). When the database is ahead (a commit
-      // it stored was then refused by a rebalance), the first commit round
-      // brings Kafka up to it; when behind, Kafka is never moved back.
-      p->kafka.reset(p->kafka_start);
+    if (start < 0 && starts_at_end_) {
+      if (p->log_end >= 0) {
+        begin_at_end(p, p->log_end);
+        continue;
+      }
+      spdlog::warn(
+          "kafka: {}[{}]: nobody committed the partition and its log end could not be asked; it begins at the end "
+          "as Kafka places it, and a member taking it over before the first commit may begin at a later end",
+          p->tp.topic, p->tp.partition);
     }
-    p->starting = false;
-    // What was fetched while the start was read was dropped: fetched again.
-    rewind(*p, start >= 0 ? start : (starts_at_end_ ? RD_KAFKA_OFFSET_END : RD_KAFKA_OFFSET_BEGINNING));
-    gate_.release(p->tp, FetchGate::Hold::Start);
+    start_taking(*p, start);
   }
   update_gauges();
+}
+
+void Partitions::start_taking(Partition& p, int64_t start) {
+  if (start >= 0) {
+    // Records must start here; until one arrives this is also the
+    // partition's commit point, and its lag is measured from it.
+    p.tracker.start_at(start);
+    // What Kafka holds (-1: nothing). When the database is ahead (a commit
+    // it stored was then refused by a rebalance), the first commit round
+    // brings Kafka up to it; when behind, Kafka is never moved back.
+    p.kafka.reset(p.kafka_start);
+  }
+  p.starting = false;
+  // What was fetched while the start was read was dropped: fetched again.
+  rewind(p, start >= 0 ? start : (starts_at_end_ ? RD_KAFKA_OFFSET_END : RD_KAFKA_OFFSET_BEGINNING));
+  gate_.release(p.tp, FetchGate::Hold::Start);
+}
+
+void Partitions::begin_at_end(const std::shared_ptr<Partition>& p, int64_t end) {
+  // Kafka's "latest" is where the log ends when the consumer asks, so a
+  // member taking the partition over after a crash, before any commit,
+  // would begin at a later end: what arrived between would be nobody's.
+  // Stored first as an offset, the beginning is everyone's.
+  pool_.submit(
+      "store where the group begins a partition",
+      [this, p, end](db::Connection& c) {
+        int64_t from = end;
+        if (!offsets_.begin_at_end(c, p->tp.topic, p->tp.partition, end)) {
+          const std::pair<std::string, int32_t> key{p->tp.topic, p->tp.partition};
+          const auto stored = offsets_.read(c, std::span(&key, 1));
+          if (auto it = stored.find(key); it != stored.end()) from = it->second;
+        }
+        asio::post(io_, [this, p, end, from] {
+          auto it = parts_.find(p->tp);
+          if (p->revoked || it == parts_.end() || it->second != p) return;
+          spdlog::info("kafka: {}[{}]: nobody committed the partition; the group begins it at {} (log end {})",
+                       p->tp.topic, p->tp.partition, from, end);
+          start_taking(*p, from);
+          update_gauges();
+        });
+      },
+      [this, p](const db::DbError& e) {
+        spdlog::error(
+            "kafka: {}[{}]: storing where the group begins the partition gave up ({}); it begins at the "
+            "end as Kafka places it",
+            p->tp.topic, p->tp.partition, e.what());
+        asio::post(io_, [this, p] {
+          auto it = parts_.find(p->tp);
+          if (p->revoked || it == parts_.end() || it->second != p) return;
+          start_taking(*p, -1);
+        });
+      });
 }
 
 void Partitions::recheck_stored() {
@@ -273,7 +324,6 @@ void Partitions::check_drains() {
       parts_.erase(pit);
       gate_.revoked({p->tp});
     }
-    slice_.assigned_partitions.store(static_cast<int64_t>(parts_.size()));
     if (d.timer) d.timer->cancel();
     if (offsets.empty()) {
       d.done.set_value({});
@@ -444,7 +494,8 @@ void Partitions::commit() {
 void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka::TopicPartitionOffset>& offsets) {
   if (!err) {
     for (const auto& o : offsets) {
-      metrics_.partition(o.tp.topic, o.tp.partition).committed.store(o.offset);
+      if (auto route = route_of_topic_.find(o.tp.topic); route != route_of_topic_.end())
+        metrics_.partition(route->second.route, o.tp.topic, o.tp.partition).committed.store(o.offset);
       auto it = parts_.find(o.tp);
       if (it == parts_.end()) continue;
       if (const int64_t before = it->second->kafka.confirmed(o.offset); before >= 0)
@@ -466,7 +517,7 @@ void Partitions::commit_result(rd_kafka_resp_err_t err, const std::vector<kafka:
   }
 }
 
-void Partitions::update_gauges() {
+double Partitions::update_gauges() {
   double total = 0;
   for (const auto& [tp, part] : parts_) {
     part->metrics->fetching.store(gate_.fetching(tp) ? 1 : 0);
@@ -484,7 +535,7 @@ void Partitions::update_gauges() {
     part->metrics->lag.store(lag);
     total += lag;
   }
-  slice_.lag.store(total);
+  return total;
 }
 
 }  // namespace idemsink::pipeline

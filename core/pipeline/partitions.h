@@ -41,8 +41,10 @@ namespace idemsink::pipeline {
 
 class Partitions {
  public:
-  Partitions(boost::asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics,
-             metrics::SliceMetrics& slice, FetchGate& gate, db::Pool& pool, const claim::OffsetStore& offsets);
+  /// The partitions of one consumer (group): `routes` are the routes whose
+  /// topics it reads, one route per topic.
+  Partitions(boost::asio::io_context& io, const config::Config& cfg, metrics::Metrics& metrics, FetchGate& gate,
+             db::Pool& pool, const claim::OffsetStore& offsets, const std::vector<const config::RouteConfig*>& routes);
 
   void attach(kafka::Consumer* consumer) { consumer_ = consumer; }
 
@@ -53,7 +55,13 @@ class Partitions {
 
   /// Partitions newly assigned, with the group's committed offsets: each is
   /// held until the database's offset is read, then starts from the lower.
-  void assigned(const std::vector<kafka::TopicPartitionOffset>& starts);
+  /// `ends`: the log ends of those nobody committed, when the group begins
+  /// at the end (starts_at_end).
+  void assigned(const std::vector<kafka::TopicPartitionOffset>& starts,
+                const std::map<kafka::TopicPartition, int64_t>& ends = {});
+  /// Whether a partition nobody committed begins at the log's end
+  /// (auto.offset.reset, or the routes' start_at, says latest).
+  bool starts_at_end() const { return starts_at_end_; }
   /// Stops the partitions taking new records; returns their state.
   std::vector<std::shared_ptr<Partition>> begin_revoke(const std::vector<kafka::TopicPartition>& tps);
   /// Answers `done` with the offsets to commit once no record of `parts` is
@@ -100,7 +108,10 @@ class Partitions {
   /// The group's rebalance reached us: commits carry the new generation.
   void rebalance_reached() { commits_held_until_ = {}; }
 
-  void update_gauges();
+  /// The partitions' gauges; returns their lag summed (NaN while one's is unknown).
+  double update_gauges();
+  /// Partitions assigned now, being revoked or not.
+  size_t assigned() const { return parts_.size(); }
 
  private:
   /// A commit sent (or failed) counts once for each route it carries offsets of.
@@ -122,12 +133,21 @@ class Partitions {
   /// thread; `then(false)` if they were not written (another server answers
   /// since the partitions started, or the job gave up).
   void store(std::vector<kafka::TopicPartitionOffset> offsets, std::function<void(bool)> then);
+  /// A partition nobody committed begins at the log's end `end`: stored
+  /// first, then started (from what is stored, if another member was first).
+  void begin_at_end(const std::shared_ptr<Partition>& p, int64_t end);
+  /// Starts taking the partition's records at `start` (-1: where Kafka's
+  /// auto.offset.reset puts it) and lets it fetch.
+  void start_taking(Partition& p, int64_t start);
 
   boost::asio::io_context& io_;
   const config::Config& cfg_;
   metrics::Metrics& metrics_;
-  metrics::SliceMetrics& slice_;
-  std::map<std::string, metrics::RouteMetrics*> route_of_topic_;  // the route of each topic (own and retry topics)
+  struct TopicOf {
+    std::string route;
+    metrics::RouteMetrics* metrics;
+  };
+  std::map<std::string, TopicOf> route_of_topic_;  // the route of each topic (own and retry topics)
   FetchGate& gate_;
   db::Pool& pool_;
   const claim::OffsetStore& offsets_;

@@ -21,7 +21,9 @@
 #include "core/pipeline/rate_limiter.h"
 #include "core/pipeline/stage.h"
 
+#include "core/pipeline/fetch_gate.h"
 #include "core/pipeline/key_extractor.h"
+#include "core/pipeline/route_filter.h"
 #include "core/metrics/metrics.h"
 #include "core/pipeline/offset_tracker.h"
 #include "core/plugin/plugin.h"
@@ -41,6 +43,10 @@ struct Route {
   metrics::RouteMetrics* metrics = nullptr;
   /// The entity's key ([route.order_by]); none: ordered by biz_key only.
   std::optional<KeyExtractor> order_extractor;
+  /// Which records it takes ([route.when]); none: every record.
+  std::optional<RouteFilter> filter;
+  /// The fetch gate of the consumer (group) reading the route's topics.
+  FetchGate* gate = nullptr;
   CircuitBreaker circuit{cfg.circuit};
   RateLimiter limiter{cfg.rate_limit};
   // Records of this route in the pipeline.
@@ -68,16 +74,15 @@ struct Route {
     uint64_t open_periods = 0;
   } health;
   /// The route's own topic and its retry topics: what stops fetching while its circuit is open.
-  std::vector<std::string> topics() const {
-    std::vector<std::string> out{cfg.topic};
-    for (size_t tier = 1; tier <= cfg.retry.topics.size(); ++tier) out.push_back(cfg.retry.topic_name(cfg.topic, tier));
-    return out;
-  }
+  std::vector<std::string> topics() const { return cfg.topics(); }
 };
+
+class Partitions;
 
 /// One assigned partition, for one assignment (a re-assignment gets a new one).
 struct Partition {
   kafka::TopicPartition tp;
+  Partitions* owner = nullptr;  // the partitions of the consumer it was assigned to
   metrics::PartitionMetrics* metrics = nullptr;
   OffsetTracker tracker;
   bool revoked = false;
@@ -94,6 +99,7 @@ struct Partition {
   // polled meanwhile are dropped, and fetched again from the start chosen.
   bool starting = true;
   int64_t kafka_start = -1;     // the group's committed offset (-1: none, or unreadable)
+  int64_t log_end = -1;         // no commit, beginning at the log's end: that end (-1: not asked, or unknown)
   int64_t first_consumed = -1;  // the first offset this host took of the partition, this assignment
   // Records below this offset were committed in Kafka on the strength of
   // outcomes the database has lost (-1: none): re-processed, and an

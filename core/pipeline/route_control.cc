@@ -48,8 +48,8 @@ void RouteControl::write(db::Connection& c, const std::string& route, bool pause
 }
 
 RouteControl::RouteControl(asio::io_context& io, db::Pool& pool, const config::DatabaseConfig& database,
-                           std::vector<Route*> routes, FetchGate& gate)
-    : io_(io), pool_(pool), database_(database), routes_(std::move(routes)), gate_(gate), timer_(io) {}
+                           std::vector<Route*> routes)
+    : io_(io), pool_(pool), database_(database), routes_(std::move(routes)), timer_(io) {}
 
 void RouteControl::load_at_start() {
   try {
@@ -125,7 +125,7 @@ void RouteControl::apply_locked(const std::map<std::string, State>& states, bool
     if (!fresh && was->second == paused) continue;
     if (fresh && !paused) continue;  // fetching is the gate's default
     was->second = paused;
-    gate_.set_topics_paused(r->topics(), FetchGate::TopicPause::Operator, paused);
+    r->gate->set_topics_paused(r->topics(), FetchGate::TopicPause::Operator, paused);
     r->metrics->paused.store(paused ? 1 : 0);
     if (!known) continue;  // logged once by load_at_start
     if (paused) {

@@ -38,7 +38,7 @@ class RouteControl {
   static void write(db::Connection& c, const std::string& route, bool paused, const std::string& by);
 
   RouteControl(boost::asio::io_context& io, db::Pool& pool, const config::DatabaseConfig& database,
-               std::vector<Route*> routes, FetchGate& gate);
+               std::vector<Route*> routes);
 
   /// Applies the stored pauses before the consumer starts (blocking).
   void load_at_start();
@@ -73,7 +73,6 @@ class RouteControl {
   db::Pool& pool_;
   const config::DatabaseConfig& database_;
   const std::vector<Route*> routes_;
-  FetchGate& gate_;
   Periodic timer_;
   bool refreshing_ = false;  // engine thread
 

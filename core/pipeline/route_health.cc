@@ -8,8 +8,7 @@ namespace idemsink::pipeline {
 
 namespace asio = boost::asio;
 
-RouteHealth::RouteHealth(asio::io_context& io, FetchGate& gate, std::function<void()> pump)
-    : io_(io), gate_(gate), pump_(std::move(pump)) {}
+RouteHealth::RouteHealth(asio::io_context& io, std::function<void()> pump) : io_(io), pump_(std::move(pump)) {}
 
 bool RouteHealth::after_call(Record& r, idemsink_outcome outcome, const std::string& detail) {
   Route& route = *r.route;
@@ -72,7 +71,7 @@ void RouteHealth::record_left(Route& route, bool on_hold) {
     --route.waiting_on_hold;
     follow_holds(route);
   } else if (!route.health.buffer_exempt) {
-    gate_.buffered_delta(-1);
+    route.gate->buffered_delta(-1);
   }
   if (!route.circuit.closed()) follow(route);
 }
@@ -82,7 +81,7 @@ void RouteHealth::put_on_hold(Record& r) {
   r.on_hold = true;
   Route& route = *r.route;
   ++route.waiting_on_hold;
-  if (!route.health.buffer_exempt) gate_.buffered_delta(-1);
+  if (!route.health.buffer_exempt) route.gate->buffered_delta(-1);
   follow_holds(route);
 }
 
@@ -91,7 +90,7 @@ void RouteHealth::take_off_hold(Record& r) {
   r.on_hold = false;
   Route& route = *r.route;
   --route.waiting_on_hold;
-  if (!route.health.buffer_exempt) gate_.buffered_delta(1);
+  if (!route.health.buffer_exempt) route.gate->buffered_delta(1);
   follow_holds(route);
 }
 
@@ -108,7 +107,7 @@ void RouteHealth::follow_holds(Route& route) {
         route.cfg.name, route.waiting_on_hold, bound);
   else
     spdlog::info("route {}: {} records wait for holds; its topic fetches again", route.cfg.name, route.waiting_on_hold);
-  gate_.set_topics_paused({route.cfg.topic}, FetchGate::TopicPause::Holds, pause);
+  route.gate->set_topics_paused({route.cfg.topic}, FetchGate::TopicPause::Holds, pause);
 }
 
 void RouteHealth::want_fresh_probe(Route& route) {
@@ -170,7 +169,7 @@ void RouteHealth::follow(Route& route) {
   if (exempt != health.buffer_exempt) {
     // Records waiting for holds are out of the count either way.
     const int64_t counted = route.live - route.waiting_on_hold;
-    gate_.buffered_delta(exempt ? -counted : counted);
+    route.gate->buffered_delta(exempt ? -counted : counted);
     health.buffer_exempt = exempt;
   }
   // Not closed: no fetching, but for a record to probe with: when the route
@@ -180,7 +179,7 @@ void RouteHealth::follow(Route& route) {
   const bool pause = state != CircuitBreaker::State::Closed && !health.fetch_for_probe &&
                      !(state == CircuitBreaker::State::HalfOpen && route.live == 0);
   if (pause != health.topics_paused) {
-    gate_.set_topics_paused(route.topics(), FetchGate::TopicPause::Circuit, pause);
+    route.gate->set_topics_paused(route.topics(), FetchGate::TopicPause::Circuit, pause);
     health.topics_paused = pause;
   }
 }

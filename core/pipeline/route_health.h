@@ -27,7 +27,7 @@ namespace idemsink::pipeline {
 class RouteHealth {
  public:
   /// `pump`: the dispatcher may start calls (a probe fell due).
-  RouteHealth(boost::asio::io_context& io, FetchGate& gate, std::function<void()> pump);
+  RouteHealth(boost::asio::io_context& io, std::function<void()> pump);
 
   /// A call of `r` ended with `outcome` (not a Retry-After pause): feeds the
   /// route's circuit (it may open or close) and says whether the record now
@@ -80,7 +80,6 @@ class RouteHealth {
   void arm_probe(Route& route);
 
   boost::asio::io_context& io_;
-  FetchGate& gate_;
   std::function<void()> pump_;
 };
 

@@ -127,9 +127,11 @@ BOOST_AUTO_TEST_CASE(verified_holes_are_committed_past, *boost::unit_test::preco
                                   "orders[1] offsets 200..200", "orders[0] offsets 255..255"})
     BOOST_TEST(log.find(range + " hold no records") != std::string::npos, range << "\n" << log);
   const std::string metrics = http_request(admin_port, "GET", "/metrics").second;
-  BOOST_TEST(metrics.find("idemsink_offset_gaps_total{topic=\"orders\",partition=\"0\"} 3") != std::string::npos,
+  BOOST_TEST(metrics.find("idemsink_offset_gaps_total{route=\"waybill\",topic=\"orders\",partition=\"0\"} 3") !=
+                 std::string::npos,
              metrics);
-  BOOST_TEST(metrics.find("idemsink_offset_gaps_total{topic=\"orders\",partition=\"1\"} 1") != std::string::npos);
+  BOOST_TEST(metrics.find("idemsink_offset_gaps_total{route=\"waybill\",topic=\"orders\",partition=\"1\"} 1") !=
+             std::string::npos);
   // A family declared twice makes Prometheus reject the whole scrape.
   std::istringstream lines(metrics);
   std::set<std::string> families;
@@ -173,13 +175,14 @@ BOOST_AUTO_TEST_CASE(a_stalled_partition_is_detected_and_recovered) {
   BOOST_TEST(per_key.size() == keys.size());
   for (const auto& k : keys) BOOST_TEST(per_key[k] == 1, k);
   const std::string metrics = http_request(admin_port, "GET", "/metrics").second;
-  BOOST_TEST(metrics.find("idemsink_partition_stalls_total{topic=\"orders\"") != std::string::npos);
+  BOOST_TEST(metrics.find("idemsink_partition_stalls_total{route=\"waybill\",topic=\"orders\"") != std::string::npos);
   int stalls = 0;
   for (size_t p = metrics.find("idemsink_partition_stalls_total{"); p != std::string::npos;
        p = metrics.find("idemsink_partition_stalls_total{", p + 1))
     stalls += std::stoi(metrics.substr(metrics.find("} ", p) + 2));
   BOOST_TEST(stalls == 1);
-  BOOST_TEST(metrics.find("idemsink_partition_stalled{topic=\"orders\",partition=\"0\"} 0") != std::string::npos);
+  BOOST_TEST(metrics.find("idemsink_partition_stalled{route=\"waybill\",topic=\"orders\",partition=\"0\"} 0") !=
+             std::string::npos);
   BOOST_TEST(host.stop() == 0);
   const auto [audit_rc, audit_out] = s.audit(host);
   BOOST_TEST(audit_rc == 0, audit_out);
@@ -285,6 +288,7 @@ BOOST_AUTO_TEST_CASE(lag_before_the_first_record_counts_from_the_committed_offse
   BOOST_TEST(partition["committed"].get<int64_t>() == 100);
   BOOST_TEST(partition["lag"].get<int64_t>() == 900, partition.dump());
   BOOST_TEST(http_request(admin_port, "GET", "/metrics")
-                 .second.find("idemsink_partition_lag{topic=\"orders\",partition=\"0\"} 900") != std::string::npos);
+                 .second.find("idemsink_partition_lag{route=\"waybill\",topic=\"orders\",partition=\"0\"} 900") !=
+             std::string::npos);
   BOOST_TEST(host.stop() == 0);
 }

@@ -240,8 +240,8 @@ BOOST_AUTO_TEST_CASE(records_deleted_before_they_were_read_are_loud_and_on_recor
   wait_committed(kafka, "g", {{"orders", 1}}, host, 120s);
   const int64_t lost_from_log_start = kafka.low_watermark("orders", 0);  // retention may have moved on meanwhile
   BOOST_TEST(host.log().find("were deleted by retention before this group read them") != std::string::npos);
-  const int64_t counted =
-      admin_metric(admin, "idemsink_records_lost_to_retention_total{topic=\"orders\",partition=\"0\"}");
+  const int64_t counted = admin_metric(
+      admin, "idemsink_records_lost_to_retention_total{route=\"waybill\",topic=\"orders\",partition=\"0\"}");
   BOOST_TEST(counted >= low);
   BOOST_TEST(counted <= lost_from_log_start);
   expect_each_key_called_once(calls_per_hex_key(calls), static_cast<size_t>(2100 - counted));

@@ -90,12 +90,73 @@ BOOST_AUTO_TEST_CASE(route_rules) {
   expect_error(kMinimal + "\n[[route]]\nname = \"waybill\"\ntopic = \"other\"\nplugin = \"p.so\"\n",
                {"duplicate route name"});
   expect_error(kMinimal + "\n[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"p.so\"\n",
-               {"one route per topic"});
+               {"test.toml:12:", "route.group_id", "routes waybill and sms both read topic \"orders\"",
+                "group_id = \"idemsink.sms\""});
   expect_error(kMinimal + "\n[[route]]\nname = \"bad name!\"\ntopic = \"t2\"\nplugin = \"p.so\"\n", {"route.name"});
   expect_error(kMinimal + "[route.key]\nfrom = \"json\"\n", {"route.key.json", "required when from"});
   expect_error(kMinimal + "[route.key]\nfrom = \"body\"\n", {"route.key.from"});
   expect_error(kMinimal + "[route.dlq]\ntopic = \"orders\"\n", {"route.dlq.topic", "must differ"});
   expect_error(kMinimal + "[route.retry]\nbackoff_initial = \"10s\"\nbackoff_max = \"1s\"\n", {"backoff_max"});
+}
+
+// Several routes may read one topic, each in a group of its own; the one
+// in kafka.group_id keeps the retry topics a topic's route always had, so
+// adding a route renames nothing.
+BOOST_AUTO_TEST_CASE(routes_sharing_a_topic_read_it_in_groups_of_their_own) {
+  const Config c = load_string(kMinimal +
+                                   "[route.retry]\ntopics = [\"1s\"]\n"
+                                   "[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"/p.so\"\n"
+                                   "group_id = \"idemsink.sms\"\n[route.retry]\ntopics = [\"1s\", \"1m\"]\n"
+                                   "[[route]]\nname = \"ledger\"\ntopic = \"payments\"\nplugin = \"/p.so\"\n"
+                                   "[route.retry]\ntopics = [\"1s\"]\n",
+                               "test.toml");
+  BOOST_REQUIRE(c.routes.size() == 3);
+  BOOST_TEST(c.routes[0].group_id == "idemsink");
+  BOOST_TEST(c.routes[1].group_id == "idemsink.sms");
+  BOOST_TEST(c.routes[2].group_id == "idemsink");
+  BOOST_TEST(c.routes[0].retry_topic(1) == "orders.retry.1");
+  BOOST_TEST(c.routes[1].retry_topic(2) == "orders.sms.retry.2");
+  BOOST_TEST(c.routes[2].retry_topic(1) == "payments.retry.1");
+  // A route reads its topic and its own retry topics, never another's.
+  BOOST_TEST(c.routes[1].topics() == (std::vector<std::string>{"orders", "orders.sms.retry.1", "orders.sms.retry.2"}));
+
+  // A topic named like another route's retry stem would share retry topics.
+  expect_error(kMinimal +
+                   "[[route]]\nname = \"a\"\ntopic = \"orders.sms\"\nplugin = \"/p.so\"\n"
+                   "[route.retry]\ntopics = [\"1s\"]\n"
+                   "[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"/p.so\"\ngroup_id = \"g2\"\n"
+                   "[route.retry]\ntopics = [\"1s\"]\n",
+               {"route.retry.topics", "orders.sms.retry.1", "another route's"});
+}
+
+BOOST_AUTO_TEST_CASE(route_when_reads_tests_and_combinations) {
+  const Config c = load_string(kMinimal + R"([route.when]
+any = [{ json = "type", one_of = ["order.created", "order.paid"] },
+       { all = [{ header = "source", starts_with = "shop-" }, { not = { key = true, exists = false } }] }]
+)",
+                               "test.toml");
+  BOOST_REQUIRE(c.routes[0].when.has_value());
+  const Condition& w = *c.routes[0].when;
+  BOOST_TEST(static_cast<int>(w.kind) == static_cast<int>(Condition::Kind::Any));
+  BOOST_REQUIRE(w.parts.size() == 2);
+  BOOST_TEST(w.parts[0].name == "type");
+  BOOST_TEST(w.parts[0].values.size() == 2);
+  BOOST_TEST(static_cast<int>(w.parts[1].kind) == static_cast<int>(Condition::Kind::All));
+  BOOST_TEST(static_cast<int>(w.parts[1].parts[1].kind) == static_cast<int>(Condition::Kind::Not));
+  BOOST_TEST(static_cast<int>(w.parts[1].parts[1].parts[0].test) == static_cast<int>(Condition::Test::Absent));
+
+  expect_error(kMinimal + "when = \"type\"\n", {"route.when", "expected a table"});
+  expect_error(kMinimal + "[route.when]\njson = \"type\"\n", {"test.toml:11:", "route.when", "says one thing"});
+  expect_error(kMinimal + "[route.when]\nequals = \"x\"\n", {"route.when", "names one thing"});
+  expect_error(kMinimal + "[route.when]\njson = \"a..b\"\nequals = \"x\"\n", {"route.when.json", "dotted"});
+  expect_error(kMinimal + "[route.when]\nheader = \"t\"\nequals = \"x\"\nexists = true\n", {"says one thing"});
+  expect_error(kMinimal + "[route.when]\nall = []\n", {"route.when.all", "one or more"});
+  expect_error(kMinimal + "[route.when]\nany = [{ json = \"t\", equals = 1 }]\n",
+               {"route.when.any.equals", "non-empty string"});
+  expect_error(kMinimal + "[route.when]\nnot = { key = false, exists = true }\n", {"route.when.not.key", "key = true"});
+  expect_error(kMinimal + "[route.when]\njson = \"t\"\nequal = \"x\"\n", {"route.when.equal", "unknown key"});
+  expect_error(kMinimal + "[route.when]\nall = [{ json = \"t\", equals = \"x\" }]\njson = \"u\"\n",
+               {"never several at once"});
 }
 
 BOOST_AUTO_TEST_CASE(relative_plugin_paths_resolve_against_the_config_folder) {

@@ -12,6 +12,7 @@
 #include "core/metrics/metrics.h"
 #include "core/pipeline/rate_limiter.h"
 #include "core/pipeline/record.h"
+#include "core/pipeline/route_filter.h"
 #include "core/pipeline/stage.h"
 
 #include <spdlog/sinks/ostream_sink.h>
@@ -364,8 +365,8 @@ BOOST_AUTO_TEST_CASE(every_declared_series_is_rendered_once_with_its_type_and_he
   metrics::Metrics m;
   m.route("waybill").done.store(7);
   m.route("waybill").rate_limit.store(2.5);
-  m.partition("orders", 3).assigned.store(true);
-  m.partition("orders", 4);  // revoked: its counters only
+  m.partition("waybill", "orders", 3).assigned.store(true);
+  m.partition("waybill", "orders", 4);  // revoked: its counters only
   m.slice("shop@127.0.0.1:3306");
   const std::string text = m.prometheus();
   auto count = [&](const std::string& what) {
@@ -382,7 +383,7 @@ BOOST_AUTO_TEST_CASE(every_declared_series_is_rendered_once_with_its_type_and_he
   };
 #define ROUTE(field, T, initial, type, name, help) declare(name, #type, help, "{route=\"waybill\"} ");
 #define PARTITION(field, T, initial, type, name, help) \
-  declare(name, #type, help, "{topic=\"orders\",partition=\"3\"} ");
+  declare(name, #type, help, "{route=\"waybill\",topic=\"orders\",partition=\"3\"} ");
 #define SLICE(field, T, initial, type, name, help) declare(name, #type, help, " ");
   IDEMSINK_ROUTE_METRICS(ROUTE)
   IDEMSINK_PARTITION_METRICS(PARTITION)
@@ -402,9 +403,72 @@ BOOST_AUTO_TEST_CASE(every_declared_series_is_rendered_once_with_its_type_and_he
   }
   BOOST_TEST(count("\nidemsink_records_done_total{route=\"waybill\"} 7\n") == 1u);
   BOOST_TEST(count("\nidemsink_route_rate_limit{route=\"waybill\"} 2.5\n") == 1u);
-  BOOST_TEST(count("\nidemsink_partition_committed_offset{topic=\"orders\",partition=\"3\"} -1\n") == 1u);
+  BOOST_TEST(count("\nidemsink_partition_committed_offset{route=\"waybill\",topic=\"orders\",partition=\"3\"} -1\n") ==
+             1u);
   // A revoked partition keeps its counters, not its gauges.
-  BOOST_TEST(count("\nidemsink_offset_gaps_total{topic=\"orders\",partition=\"4\"} 0\n") == 1u);
-  BOOST_TEST(count("\nidemsink_partition_lag{topic=\"orders\",partition=\"4\"}") == 0u);
+  BOOST_TEST(count("\nidemsink_offset_gaps_total{route=\"waybill\",topic=\"orders\",partition=\"4\"} 0\n") == 1u);
+  BOOST_TEST(count("\nidemsink_partition_lag{route=\"waybill\",topic=\"orders\",partition=\"4\"}") == 0u);
   BOOST_TEST(count("\nidemsink_db_healthy 1\n") == 1u);
+}
+
+// [route.when] decides from the record alone. Headers need a message
+// librdkafka made; the real-Kafka mixed-topic test covers them.
+BOOST_AUTO_TEST_CASE(route_filter_takes_skips_and_refuses_what_it_cannot_read) {
+  const auto when = [](const std::string& condition) {
+    auto c = config::load_string(R"([kafka]
+bootstrap_servers = "b"
+[database]
+database = "x"
+[[route]]
+name = "waybill"
+topic = "orders"
+plugin = "/dev/null"
+[route.when]
+)" + condition,
+                                 "test.toml");
+    return RouteFilter(*c.routes.at(0).when);
+  };
+  using V = RouteFilter::Verdict;
+  auto verdict = [](RouteFilter& f, const std::string& key, const std::string& value) {
+    Message m(key, value);
+    return f.decide(&m.raw).verdict;
+  };
+
+  auto type = when("json = \"event.type\"\none_of = [\"order.created\", \"order.paid\"]\n");
+  BOOST_TEST((verdict(type, "k", R"({"event":{"type":"order.paid"}})") == V::Take));
+  BOOST_TEST((verdict(type, "k", R"({"event":{"type":"order.shipped"}})") == V::Skip));
+  BOOST_TEST((verdict(type, "k", R"({"event":{"kind":"order.paid"}})") == V::Skip));
+  BOOST_TEST((verdict(type, "k", R"({"event":"order.paid"})") == V::Skip));
+  BOOST_TEST((verdict(type, "k", R"({"event":{"type":["order.paid"]}})") == V::Skip));
+  BOOST_TEST((verdict(type, "k", R"([1,2])") == V::Skip));
+  // The route cannot tell: dead-lettered, never skipped in silence.
+  BOOST_TEST((verdict(type, "k", "order.paid") == V::Undecodable));
+  BOOST_TEST((verdict(type, "k", "") == V::Undecodable));
+  BOOST_TEST((verdict(type, "k", R"({"event":{"type":"order.paid")") == V::Undecodable));
+  Message broken("k", "{\"event\": tru}");
+  const auto why = type.decide(&broken.raw).why;
+  BOOST_TEST(why.find("not JSON") != std::string::npos, why);
+  BOOST_TEST(why.find("event.type") != std::string::npos, why);
+
+  // Numbers and booleans compare as their JSON text.
+  auto amount = when("any = [{ json = \"amount\", equals = \"100\" }, { json = \"vip\", equals = \"true\" }]\n");
+  BOOST_TEST((verdict(amount, "k", R"({"amount":100})") == V::Take));
+  BOOST_TEST((verdict(amount, "k", R"({"amount":"100"})") == V::Take));
+  BOOST_TEST((verdict(amount, "k", R"({"amount":1000,"vip":true})") == V::Take));
+  BOOST_TEST((verdict(amount, "k", R"({"amount":1000,"vip":false})") == V::Skip));
+
+  // Exists tells a null field from an absent one.
+  auto has_coupon = when("json = \"coupon\"\nexists = true\n");
+  BOOST_TEST((verdict(has_coupon, "k", R"({"coupon":null})") == V::Take));
+  BOOST_TEST((verdict(has_coupon, "k", R"({"cupon":1})") == V::Skip));
+
+  // A key test never parses the value, so a non-JSON value is no obstacle.
+  auto key = when("all = [{ key = true, starts_with = \"cn-\" }, { not = { key = true, equals = \"cn-test\" } }]\n");
+  BOOST_TEST((verdict(key, "cn-42", "not json") == V::Take));
+  BOOST_TEST((verdict(key, "cn-test", "not json") == V::Skip));
+  BOOST_TEST((verdict(key, "us-42", "not json") == V::Skip));
+  BOOST_TEST((verdict(key, "", "not json") == V::Skip));
+  auto keyless = when("key = true\nexists = false\n");
+  BOOST_TEST((verdict(keyless, "", "v") == V::Take));
+  BOOST_TEST((verdict(keyless, "k", "v") == V::Skip));
 }

@@ -82,7 +82,7 @@ async function routePage(name) {
   const path = '/routes/' + encodeURIComponent(name);
   main.replaceChildren(h('h1', {}, 'Route ' + r.name),
     h('div', {class: 'card'},
-      h('p', {}, `topic ${r.topic} · database ${r.database} · `,
+      h('p', {}, `topic ${r.topic} · group ${r.group} · database ${r.database} · `,
         h('span', {class: r.paused ? 'bad' : 'good', 'data-testid': 'route-state'},
           r.paused ? `paused by ${r.paused_by} at ${r.paused_at}` : 'running'),
         r.circuit_open ? h('span', {class: 'bad'}, ' · circuit open') : ''),
