@@ -55,8 +55,8 @@ struct Result {
 
 std::string route_toml(const std::string& name, const std::string& topic, const std::string& group, bool first,
                        const std::string& when) {
-  std::string t = "[[route]]\nname = \"" + name + "\"\ntopic = \"" + topic + "\"\nplugin = \"" +
-                  IDEMSINK_BENCH_PLUGIN + "\"\n";
+  std::string t =
+      "[[route]]\nname = \"" + name + "\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_BENCH_PLUGIN + "\"\n";
   if (!first) t += "group_id = \"" + group + "." + name + "\"\n";
   if (!when.empty()) t += "when = " + when + "\n";
   return t;
@@ -67,12 +67,12 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, const Run& 
   mariadb.fresh_database("bench_fanout");
   const std::string group = "bench-fanout-" + topic;
   const int admin = free_port();
-  std::string cfg = "[host]\nid = \"bench-fanout\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" +
-                    std::to_string(admin) + "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() +
-                    "\"\ngroup_id = \"" + group +
-                    "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-                    "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-                    mariadb.socket() + "\"\ndatabase = \"bench_fanout\"\n";
+  std::string cfg =
+      "[host]\nid = \"bench-fanout\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
+      "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() + "\"\ngroup_id = \"" + group +
+      "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
+      "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
+      mariadb.socket() + "\"\ndatabase = \"bench_fanout\"\n";
   for (size_t r = 0; r < run.routes; ++r)
     cfg += route_toml(kRoutes[r], topic, group, r == 0,
                       run.filtered ? "{ json = \"type\", equals = \"" + kTypes[r] + "\" }" : "");
@@ -115,7 +115,8 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, const Run& 
 
 int main(int argc, char** argv) {
   const int records = argc > 1 ? std::stoi(argv[1]) : 100000;
-  const std::vector<Run> runs = {{"one route", 1, false}, {"fan-out, 3 routes", 3, false}, {"mixed, 3 routes", 3, true}};
+  const std::vector<Run> runs = {
+      {"one route", 1, false}, {"fan-out, 3 routes", 3, false}, {"mixed, 3 routes", 3, true}};
   std::vector<std::string> args;
   for (size_t i = 0; i < runs.size(); ++i)
     args.insert(args.end(), {"--topic", "bench.fanout." + std::to_string(i) + ":" + std::to_string(kPartitions)});
@@ -132,7 +133,8 @@ int main(int argc, char** argv) {
             << " records in the topic before the host starts, 16 partitions, no-op handler, one host\n"
             << "  " << std::left << std::setw(20) << "run" << std::right << std::setw(14) << "taken in/s"
             << std::setw(12) << "effects/s" << std::setw(16) << "host us/effect" << std::setw(15) << "db us/effect"
-            << std::setw(13) << "vs one route" << "\n";
+            << std::setw(13) << "vs one route"
+            << "\n";
   bool counted = true;
   double base_taken = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -143,9 +145,9 @@ int main(int argc, char** argv) {
     const double effects = run.filtered ? double(records) : double(records) * double(run.routes);
     counted = counted && r.done == effects && r.done + r.skipped == double(records) * double(run.routes);
     std::cout << "  " << std::left << std::setw(20) << run.name << std::right << std::fixed << std::setprecision(0)
-              << std::setw(14) << taken << std::setw(12) << r.done / r.seconds << std::setprecision(1)
-              << std::setw(16) << r.host_cpu_us / r.done << std::setw(15) << r.db_cpu_us / r.done
-              << std::setprecision(2) << std::setw(12) << taken / base_taken << "x\n";
+              << std::setw(14) << taken << std::setw(12) << r.done / r.seconds << std::setprecision(1) << std::setw(16)
+              << r.host_cpu_us / r.done << std::setw(15) << r.db_cpu_us / r.done << std::setprecision(2)
+              << std::setw(12) << taken / base_taken << "x\n";
     std::cout << "    accounted: " << int64_t(r.done) << " done + " << int64_t(r.skipped) << " skipped of "
               << records * int64_t(run.routes) << " (records x routes)\n";
   }

@@ -386,7 +386,6 @@ class HostRun {
     for (auto& feed : engine.feeds()) {
       config::KafkaConfig kafka = kafka::slice_consumer_config(s.cfg.kafka, index);
       kafka.group_id = feed.group;
-      if (!feed.start_at.empty()) kafka.consumer_properties["auto.offset.reset"] = feed.start_at;
       s.consumers.push_back(std::make_unique<kafka::Consumer>(kafka, feed.topics, *feed.listener));
       engine.slice().kafka.push_back({feed.group, &s.consumers.back()->health()});
     }

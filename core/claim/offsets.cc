@@ -10,7 +10,8 @@ const char* OffsetStore::schema() {
   topic         VARCHAR(249)    NOT NULL,
   part          INT             NOT NULL,
   next_offset   BIGINT          NOT NULL COMMENT 'every record below has its outcome in this database',
-  first_offset  BIGINT          NULL     COMMENT 'where the group began the partition at the log end (start_at latest, no commit anywhere); the audit reads from here',
+  first_offset  BIGINT          NULL     COMMENT 'where the group began the partition (start_at latest, no commit anywhere); the audit reads from here',
+  began_at      DATETIME(3)     NULL     COMMENT 'start_at latest: when the group began the topic; a partition it never committed begins at the first record stamped then or later',
   updated_by    VARCHAR(128)    NOT NULL,
   updated_at    DATETIME(3)     NOT NULL,
   PRIMARY KEY (group_id, topic, part)
@@ -44,17 +45,34 @@ void OffsetStore::write(db::Connection& c, std::span<const StoredOffset> offsets
             "updated_at = VALUES(updated_at)");
 }
 
-bool OffsetStore::begin_at_end(db::Connection& c, const std::string& topic, int32_t partition, int64_t end) const {
+std::optional<int64_t> OffsetStore::topic_began(db::Connection& c, const std::string& topic) const {
+  auto rows = c.query(
+      "SELECT CAST(UNIX_TIMESTAMP(MIN(began_at)) * 1000 AS SIGNED) FROM idemsink_offsets WHERE "
+      "group_id = " +
+      c.quote(group_) + " AND topic = " + c.quote(topic) + " AND began_at IS NOT NULL");
+  if (rows.empty() || !rows[0][0]) return std::nullopt;
+  return std::stoll(*rows[0][0]);
+}
+
+bool OffsetStore::begin_at(db::Connection& c, const std::string& topic, int32_t partition, int64_t offset,
+                           int64_t began_ms) const {
   // Only where nothing is stored: a row another member wrote meanwhile wins.
   return c.execute(
-             "INSERT IGNORE INTO idemsink_offsets (group_id, topic, part, next_offset, first_offset, "
+             "INSERT IGNORE INTO idemsink_offsets (group_id, topic, part, next_offset, first_offset, began_at, "
              "updated_by, updated_at) VALUES (" +
-             c.quote(group_) + ", " + c.quote(topic) + ", " + std::to_string(partition) + ", " + std::to_string(end) +
-             ", " + std::to_string(end) + ", " + c.quote(sanitize_utf8(host_, 128)) + ", NOW(3))") == 1;
+             c.quote(group_) + ", " + c.quote(topic) + ", " + std::to_string(partition) + ", " +
+             std::to_string(offset) + ", " + std::to_string(offset) + ", FROM_UNIXTIME(" +
+             std::to_string(began_ms / 1000) + "." + std::to_string(1000 + began_ms % 1000).substr(1) + "), " +
+             c.quote(sanitize_utf8(host_, 128)) + ", NOW(3))") == 1;
 }
 
 std::map<std::pair<std::string, int32_t>, int64_t> OffsetStore::first_offsets(db::Connection& c) const {
   std::map<std::pair<std::string, int32_t>, int64_t> out;
+  // A schema from before start_at has no such column, and no such start.
+  if (c.query("SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = "
+              "'idemsink_offsets' AND COLUMN_NAME = 'first_offset'")
+          .empty())
+    return out;
   for (auto& r : c.query("SELECT topic, part, first_offset FROM idemsink_offsets WHERE group_id = " + c.quote(group_) +
                          " AND first_offset IS NOT NULL"))
     out[{*r[0], std::stoi(*r[1])}] = std::stoll(*r[2]);

@@ -10,12 +10,14 @@
 // from it when it is behind Kafka's: the lost window is read again. Kafka's
 // commit stays as the mirror that lag and tooling read.
 //
-// A group that begins a partition at the log's end (route.start_at =
-// "latest") stores that end first (begin_at_end), as a concrete offset.
+// A group that begins its topic at the end (route.start_at = "latest")
+// stores when it began, and for each partition the offset it began at
+// (begin_at), before it takes a record.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -42,13 +44,15 @@ class OffsetStore {
                                                           std::span<const std::pair<std::string, int32_t>> tps) const;
   /// Stores these offsets, one statement.
   void write(db::Connection& c, std::span<const StoredOffset> offsets) const;
-  /// A partition nobody committed, begun at the log's end `end` (start_at
-  /// latest): stored before a record is taken, so that a member taking it
-  /// over after a crash starts here too, not at a later end (which would
-  /// pass over what arrived between), and so that the audit knows where the
-  /// group began. False when a row was there already (then read it).
-  bool begin_at_end(db::Connection& c, const std::string& topic, int32_t partition, int64_t end) const;
-  /// Where the group began partitions at the log's end (the audit starts there).
+  /// start_at latest: when the group began `topic` (epoch ms), if it has.
+  std::optional<int64_t> topic_began(db::Connection& c, const std::string& topic) const;
+  /// A partition nobody committed, begun at `offset` (the first record
+  /// stamped at or after `began_ms`, when the group began the topic): stored
+  /// before a record is taken, so that a member taking it over after a crash
+  /// begins there too, and so that the audit knows where the group began.
+  /// False when a row was there already (then read it).
+  bool begin_at(db::Connection& c, const std::string& topic, int32_t partition, int64_t offset, int64_t began_ms) const;
+  /// Where the group began partitions (start_at latest; the audit starts there).
   std::map<std::pair<std::string, int32_t>, int64_t> first_offsets(db::Connection& c) const;
 
  private:

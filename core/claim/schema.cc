@@ -232,10 +232,14 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
           "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS call_started DATETIME(3) NULL COMMENT 'at-most-once: a "
           "call may have started (written before it goes out); kept until its outcome is known' AFTER uncertain_calls");
 
+  // Tables made before routes could begin at "latest" by time.
   run_ddl(c,
           "ALTER TABLE idemsink_offsets ADD COLUMN IF NOT EXISTS first_offset BIGINT NULL COMMENT 'where the group "
-          "began the partition at the log end (start_at latest, no commit anywhere); the audit reads from here' AFTER "
-          "next_offset");
+          "began the partition (start_at latest, no commit anywhere); the audit reads from here' AFTER next_offset");
+  run_ddl(c,
+          "ALTER TABLE idemsink_offsets ADD COLUMN IF NOT EXISTS began_at DATETIME(3) NULL COMMENT 'start_at latest: "
+          "when the group began the topic; a partition it never committed begins at the first record stamped then or "
+          "later' AFTER first_offset");
 
   return maintain_partitions(c, now, opt);
 }

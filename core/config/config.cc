@@ -421,24 +421,23 @@ void read_routes(const toml::table& doc, Config& c, const std::string& file, con
   std::map<std::pair<std::string, std::string>, std::string> reader;  // (topic, group) -> route
   for (const auto& elem : *doc.get("route")->as_array()) {
     RouteConfig rc = read_route(*elem.as_table(), file, base_dir);
+    const Reader route(elem.as_table(), "route", file, rc.pos);
     if (const toml::node* own = elem.as_table()->get("database")) rc.database = route_database(c.database, *own, file);
     if (!names.insert(rc.name).second) fail(rc.pos, "route.name", "duplicate route name \"" + rc.name + "\"");
     if (rc.group_id.empty()) rc.group_id = c.kafka.group_id;
     if (auto [it, fresh] = reader.try_emplace({rc.topic, rc.group_id}, rc.name); !fresh)
-      fail(rc.pos, "route.group_id",
+      fail(route.pos_of_key(route.node("group_id") ? "group_id" : "topic"), "route.group_id",
            "routes " + it->second + " and " + rc.name + " both read topic \"" + rc.topic + "\" in consumer group \"" +
-               rc.group_id + "\": each route of a topic needs a group of its own (group_id = \"" + c.kafka.group_id +
-               "." + rc.name + "\", say), or they would split its partitions; the route keeping \"" + rc.group_id +
-               "\" keeps its committed offsets");
-    const auto shown = [](const std::string& at) { return at.empty() ? std::string("unset") : "\"" + at + "\""; };
+               rc.group_id +
+               "\": each route of a topic needs a group of its own, or they would split its "
+               "partitions. The route that read the topic before keeps \"" +
+               rc.group_id + "\" (its committed offsets and its retry topics " + rc.topic +
+               ".retry.N); give the new one a group of its own: group_id = \"" + rc.group_id + "." + rc.name +
+               "\" if " + rc.name + " is new, \"" + rc.group_id + "." + it->second + "\" if " + it->second +
+               " is (and start_at)");
     if (!rc.start_at.empty() && rc.start_at != "earliest" && rc.start_at != "latest")
-      fail(rc.pos, "route.start_at", "must be \"earliest\" or \"latest\", not \"" + rc.start_at + "\"");
-    for (const auto& other : c.routes)
-      if (other.group_id == rc.group_id && other.start_at != rc.start_at)
-        fail(rc.pos, "route.start_at",
-             "routes " + other.name + " and " + rc.name + " share consumer group \"" + rc.group_id +
-                 "\" but not where it starts (" + shown(other.start_at) + " and " + shown(rc.start_at) +
-                 "): one group starts one way");
+      fail(route.pos_of_key("start_at"), "route.start_at",
+           "must be \"earliest\" or \"latest\", not \"" + rc.start_at + "\"");
     // The route reading its topic in kafka.group_id keeps the retry topics a
     // topic's route always had; a route in a group of its own gets its own,
     // named after it. So adding a route never renames another's retry
@@ -446,6 +445,11 @@ void read_routes(const toml::table& doc, Config& c, const std::string& file, con
     rc.retry.stem = rc.group_id == c.kafka.group_id ? rc.topic : rc.topic + "." + rc.name;
     c.routes.push_back(std::move(rc));
   }
+  // Each route knows the others of its topic: a replayed copy meant for one
+  // of them is not its own.
+  for (auto& rc : c.routes)
+    for (const auto& other : c.routes)
+      if (other.topic == rc.topic && other.name != rc.name) rc.topic_siblings.push_back(other.name);
 }
 
 // What the relay publishes (a refused record's copy, a forward) carries up
@@ -473,6 +477,8 @@ void check_publishing(const Config& c) {
                "): lower it, or raise message.max.bytes in [kafka.producer] (and the broker's limit)");
     if (topics.count(rc.dlq.topic))
       fail(rc.pos, "route.dlq.topic", "DLQ topic \"" + rc.dlq.topic + "\" is the source topic of a route");
+    if (retry_topics.count(rc.dlq.topic))
+      fail(rc.pos, "route.dlq.topic", "DLQ topic \"" + rc.dlq.topic + "\" is a route's retry topic");
     for (size_t tier = 1; tier <= rc.retry.topics.size(); ++tier)
       if (topics.count(rc.retry_topic(tier)))
         fail(rc.pos, "route.retry.topics",

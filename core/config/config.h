@@ -233,6 +233,13 @@ struct RouteConfig {
   std::string group_id;
   /// "earliest", "latest", or empty: the consumer's auto.offset.reset.
   std::string start_at;
+  /// The other routes reading the same topic (in groups of their own).
+  std::vector<std::string> topic_siblings;
+  bool shares_topic_with(std::string_view route) const {
+    for (const auto& s : topic_siblings)
+      if (s == route) return true;
+    return false;
+  }
   std::filesystem::path plugin;
   SourcePos plugin_pos;
   KeySource key_source{};  // MessageKey

@@ -315,7 +315,9 @@ constexpr Setting kSettings[] = {
          .doc = "Where the route's group starts a partition it never committed: \"earliest\" (everything the topic "
                 "still holds) or \"latest\" (records arriving from now on); default: [kafka.consumer] "
                 "auto.offset.reset, itself earliest. Matters for a route added to a topic that already has records; "
-                "a group that committed keeps its offsets. Routes of one group agree on it."}),
+                "a group that committed keeps its offsets. \"latest\" is the moment the group first began the topic: "
+                "a partition it never committed (added later, say) begins at its first record stamped then or later "
+                "(docs/routes.md). Retry topics always begin at their start."}),
     declare(Type::Condition,
             {.path = "route.when",
              .doc = "Which records the route takes, decided from the record alone (docs/routes.md): a test, "

@@ -29,10 +29,9 @@ std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name) 
   return out;
 }
 
-bool replayed_for_another_route(const rd_kafka_message_t* msg, std::string_view route) {
-  if (!text(msg, kReplayed)) return false;
-  const auto target = text(msg, kRoute);
-  return target && *target != route;
+std::optional<std::string_view> replay_target(const rd_kafka_message_t* msg) {
+  if (!text(msg, kReplayed)) return std::nullopt;
+  return text(msg, kRoute);
 }
 
 }  // namespace idemsink::dlq::headers

@@ -66,9 +66,12 @@ std::optional<std::string_view> text(const rd_kafka_message_t* msg, const char* 
 /// The decimal integer value of a record's last header `name`.
 std::optional<int64_t> integer(const rd_kafka_message_t* msg, const char* name);
 
-/// A copy `idemsink replay` put back on a source topic is meant for the route
-/// whose dead letter it was: the other routes of that topic took the record
-/// once already and skip the copy.
-bool replayed_for_another_route(const rd_kafka_message_t* msg, std::string_view route);
+/// The route a copy `idemsink replay` put back on a source topic is meant
+/// for (the route whose dead letter it was), if `msg` is such a copy. The
+/// other routes of that topic took the record once already and skip it;
+/// the route itself takes it whatever its [route.when] says now, as it took
+/// it before. (A copy of such a record elsewhere, a stream processor's
+/// output carrying its headers, names no route of that topic: taken.)
+std::optional<std::string_view> replay_target(const rd_kafka_message_t* msg);
 
 }  // namespace idemsink::dlq::headers

@@ -490,15 +490,6 @@ std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPar
   return offsets_of(list.get());
 }
 
-std::map<TopicPartition, int64_t> Consumer::log_ends(const std::vector<TopicPartition>& tps, int timeout_ms) {
-  std::vector<std::pair<std::string, int32_t>> asked;
-  for (const auto& tp : tps) asked.emplace_back(tp.topic, tp.partition);
-  std::map<TopicPartition, int64_t> out;
-  for (const auto& [key, marks] : query_watermarks(rk_.get(), asked, timeout_ms))
-    out[{key.first, key.second}] = marks.high;
-  return out;
-}
-
 std::optional<int> Consumer::partition_count(const std::string& topic, int timeout_ms) {
   rd_kafka_topic_t* t = rd_kafka_topic_new(rk_.get(), topic.c_str(), nullptr);
   if (t == nullptr) return std::nullopt;

@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -123,9 +124,10 @@ class Consumer {
   /// Partitions of `topic` per the cluster's metadata (blocking), or nullopt
   /// when it does not answer.
   std::optional<int> partition_count(const std::string& topic, int timeout_ms);
-  /// The log end (high watermark) of these partitions, asked of their
-  /// leaders (blocking, at most `timeout_ms`): those that answered.
-  std::map<TopicPartition, int64_t> log_ends(const std::vector<TopicPartition>& tps, int timeout_ms);
+  /// Runs `job` on the poll thread before its next poll, with the handle:
+  /// for a question of the cluster that may wait (never on the engine
+  /// thread). Dropped when the consumer closes first.
+  void on_poll_thread(std::function<void(rd_kafka_t*)> job);
   /// Committed offsets of the group for these partitions (blocking; tests, audit).
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartition>& tps, int timeout_ms);
   /// True when close() had to leave the handle to the process exit (see
@@ -139,9 +141,10 @@ class Consumer {
 
  private:
   struct Command {
-    enum class Kind { Pause, Resume, Seek } kind;
+    enum class Kind { Pause, Resume, Seek, Run } kind;
     std::vector<TopicPartition> tps;
-    int64_t offset = 0;  // Seek
+    int64_t offset = 0;                    // Seek
+    std::function<void(rd_kafka_t*)> job;  // Run
   };
   // The poll thread's view of one assigned partition.
   struct Stream {

@@ -190,6 +190,10 @@ void Consumer::wake() {
   if (!closing_) rd_kafka_queue_yield(queue_);
 }
 
+void Consumer::on_poll_thread(std::function<void(rd_kafka_t*)> job) {
+  enqueue(Command{Command::Kind::Run, {}, 0, std::move(job)});
+}
+
 void Consumer::enqueue(Command c) {
   {
     std::lock_guard lk(commands_mu_);
@@ -222,6 +226,7 @@ void Consumer::apply_commands() {
         seek_stream(tp, it->second, c.offset);
         break;
       }
+      case Command::Kind::Run: c.job(rk_.get()); break;
     }
   }
 }

@@ -31,6 +31,19 @@ rd_kafka_resp_err_t query_watermarks(rd_kafka_t* rk, const std::string& topic, i
   return query_end(rk, topic, partition, RD_KAFKA_OFFSET_BEGINNING, left, out.low);
 }
 
+rd_kafka_resp_err_t offset_at_time(rd_kafka_t* rk, const std::string& topic, int32_t partition, int64_t time_ms,
+                                   int timeout_ms, int64_t& offset) {
+  const auto start = std::chrono::steady_clock::now();
+  if (auto err = query_end(rk, topic, partition, time_ms, timeout_ms, offset)) return err;
+  if (offset >= 0) return RD_KAFKA_RESP_ERR_NO_ERROR;
+  // No record stamped so late: the log's end, as an offset.
+  const auto spent =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  const int left = timeout_ms - static_cast<int>(spent);
+  if (left <= 0) return RD_KAFKA_RESP_ERR__TIMED_OUT;
+  return query_end(rk, topic, partition, RD_KAFKA_OFFSET_END, left, offset);
+}
+
 std::map<std::pair<std::string, int32_t>, Watermarks> query_watermarks(
     rd_kafka_t* rk, const std::vector<std::pair<std::string, int32_t>>& partitions, int timeout_ms) {
   std::map<std::pair<std::string, int32_t>, Watermarks> out;

@@ -26,6 +26,11 @@ struct Watermarks {
 rd_kafka_resp_err_t query_watermarks(rd_kafka_t* rk, const std::string& topic, int32_t partition, int timeout_ms,
                                      Watermarks& out);
 
+/// The first offset of `topic`[`partition`] whose record is stamped at or
+/// after `time_ms`, or the log's end when none is yet, within `timeout_ms`.
+rd_kafka_resp_err_t offset_at_time(rd_kafka_t* rk, const std::string& topic, int32_t partition, int64_t time_ms,
+                                   int timeout_ms, int64_t& offset);
+
 /// Both ends of many partitions, asked together within `timeout_ms` in
 /// all: those whose leaders answered in time.
 std::map<std::pair<std::string, int32_t>, Watermarks> query_watermarks(

@@ -174,9 +174,11 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     if (!msg->err && msg->offset < pa.committed) {
       // Decided as the host decides it (from the record alone); a retry
       // tier's records were taken already.
-      const bool source = topic == route.topic;
-      if (source && (dlq::headers::replayed_for_another_route(msg.get(), route.name) ||
-                     (filter && filter->decide(msg.get()).verdict == pipeline::RouteFilter::Verdict::Skip))) {
+      const auto replayed_for = topic == route.topic ? dlq::headers::replay_target(msg.get()) : std::nullopt;
+      const bool skipped = topic == route.topic && (replayed_for ? route.shares_topic_with(*replayed_for)
+                                                                 : filter && filter->decide(msg.get()).verdict ==
+                                                                                 pipeline::RouteFilter::Verdict::Skip);
+      if (skipped) {
         pages[msg->partition].push_back({msg->offset, std::nullopt, true});
       } else {
         auto key = extractor.extract(msg.get());

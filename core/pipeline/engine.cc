@@ -128,7 +128,7 @@ std::vector<Engine::FeedPlan> Engine::feeds() const {
   for (const auto& f : feeds_) {
     std::vector<std::string> topics;
     for (const auto& [topic, tr] : f->route_by_topic) topics.push_back(topic);
-    out.push_back({f->group, std::move(topics), f->routes.front()->cfg.start_at, f.get()});
+    out.push_back({f->group, std::move(topics), f.get()});
   }
   return out;
 }
@@ -289,20 +289,11 @@ void Engine::on_assigned(Feed& feed, const std::vector<kafka::TopicPartitionOffs
   std::map<std::string, int> sizes;
   for (const auto& topic : topics)
     if (auto n = feed.consumer->partition_count(topic, 5000)) sizes[topic] = *n;
-  // A group beginning at the log's end (start_at latest) needs that end as
-  // an offset for the partitions it never committed (Partitions::started).
-  std::map<kafka::TopicPartition, int64_t> ends;
-  if (feed.partitions.starts_at_end()) {
-    std::vector<kafka::TopicPartition> uncommitted;
-    for (const auto& s : starts)
-      if (s.offset < 0) uncommitted.push_back(s.tp);
-    if (!uncommitted.empty()) ends = feed.consumer->log_ends(uncommitted, 5000);
-  }
   std::promise<void> done;
   auto fut = done.get_future();
   asio::post(io_, [&] {
     for (const auto& [topic, n] : sizes) topic_sizes_[topic] = n;
-    feed.partitions.assigned(starts, ends);
+    feed.partitions.assigned(starts);
     update_rate_shares();
     done.set_value();
   });
@@ -403,11 +394,12 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
     // copy, or a record [route.when] leaves out. It needs no key, no claim,
     // no pipeline record (a retry tier's record was taken already).
     std::optional<RouteFilter::Result> refused_by_filter;
-    if (tier == 0 && dlq::headers::replayed_for_another_route(msg.get(), route->cfg.name)) {
+    const auto replayed_for = tier == 0 ? dlq::headers::replay_target(msg.get()) : std::nullopt;
+    if (replayed_for && route->cfg.shares_topic_with(*replayed_for)) {
       skip(*route, *part, msg->offset);
       continue;
     }
-    if (route->filter && tier == 0) {
+    if (route->filter && tier == 0 && !replayed_for) {
       auto decided = route->filter->decide(msg.get());
       if (decided.verdict == RouteFilter::Verdict::Skip) {
         skip(*route, *part, msg->offset);

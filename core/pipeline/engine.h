@@ -75,7 +75,6 @@ class Engine : public RemoteGate {
   struct FeedPlan {
     std::string group;
     std::vector<std::string> topics;
-    std::string start_at;  // the routes' start_at: empty, "earliest" or "latest"
     kafka::Consumer::Listener* listener;
   };
   std::vector<FeedPlan> feeds() const;

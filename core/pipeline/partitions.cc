@@ -4,6 +4,7 @@
 
 #include "core/common/log.h"
 #include "core/dlq/headers.h"
+#include "core/kafka/watermarks.h"
 
 namespace idemsink::pipeline {
 
@@ -26,11 +27,12 @@ Partitions::Partitions(asio::io_context& io, const config::Config& cfg, metrics:
                        db::Pool& pool, const claim::OffsetStore& offsets,
                        const std::vector<const config::RouteConfig*>& routes)
     : io_(io), cfg_(cfg), metrics_(metrics), gate_(gate), pool_(pool), offsets_(offsets) {
+  bool consumer_latest = false;
   for (const auto* props : {&cfg.kafka.properties, &cfg.kafka.consumer_properties})
     if (auto it = props->find("auto.offset.reset"); it != props->end())
-      starts_at_end_ = it->second == "latest" || it->second == "largest" || it->second == "end";
+      consumer_latest = it->second == "latest" || it->second == "largest" || it->second == "end";
   for (const config::RouteConfig* rc : routes) {
-    if (!rc->start_at.empty()) starts_at_end_ = rc->start_at == "latest";  // the group's routes agree on it
+    if (rc->start_at.empty() ? consumer_latest : rc->start_at == "latest") latest_topics_.insert(rc->topic);
     for (const auto& topic : rc->topics()) route_of_topic_[topic] = TopicOf{rc->name, &metrics.route(rc->name)};
   }
 }
@@ -56,8 +58,7 @@ std::shared_ptr<Partition> Partitions::active(const kafka::TopicPartition& tp) c
   return it->second;
 }
 
-void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts,
-                          const std::map<kafka::TopicPartition, int64_t>& ends) {
+void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts) {
   rebalance_reached();
   std::vector<kafka::TopicPartition> tps;
   std::vector<std::shared_ptr<Partition>> parts;
@@ -71,7 +72,6 @@ void Partitions::assigned(const std::vector<kafka::TopicPartitionOffset>& starts
     p->metrics->committed.store(offset);
     p->metrics->stalled.store(0);
     p->kafka_start = offset >= 0 ? offset : -1;
-    if (auto end = ends.find(tp); end != ends.end()) p->log_end = end->second;
     parts_[tp] = p;
     tps.push_back(tp);
     parts.push_back(p);
@@ -107,19 +107,20 @@ void Partitions::started(const std::vector<std::shared_ptr<Partition>>& parts,
       }
       start = db->second;
     }
-    if (start < 0 && starts_at_end_) {
-      if (p->log_end >= 0) {
-        begin_at_end(p, p->log_end);
-        continue;
-      }
-      spdlog::warn(
-          "kafka: {}[{}]: nobody committed the partition and its log end could not be asked; it begins at the end "
-          "as Kafka places it, and a member taking it over before the first commit may begin at a later end",
-          p->tp.topic, p->tp.partition);
+    if (start < 0 && begins_at_end(p->tp.topic)) {
+      begin_latest(p);
+      continue;
     }
     start_taking(*p, start);
   }
   update_gauges();
+}
+
+bool Partitions::begins_at_end(const std::string& topic) const { return latest_topics_.count(topic) > 0; }
+
+bool Partitions::current(const std::shared_ptr<Partition>& p) const {
+  auto it = parts_.find(p->tp);
+  return !p->revoked && it != parts_.end() && it->second == p;
 }
 
 void Partitions::start_taking(Partition& p, int64_t start) {
@@ -134,44 +135,84 @@ void Partitions::start_taking(Partition& p, int64_t start) {
   }
   p.starting = false;
   // What was fetched while the start was read was dropped: fetched again.
-  rewind(p, start >= 0 ? start : (starts_at_end_ ? RD_KAFKA_OFFSET_END : RD_KAFKA_OFFSET_BEGINNING));
+  rewind(p, start >= 0 ? start : RD_KAFKA_OFFSET_BEGINNING);
   gate_.release(p.tp, FetchGate::Hold::Start);
 }
 
-void Partitions::begin_at_end(const std::shared_ptr<Partition>& p, int64_t end) {
-  // Kafka's "latest" is where the log ends when the consumer asks, so a
-  // member taking the partition over after a crash, before any commit,
-  // would begin at a later end: what arrived between would be nobody's.
-  // Stored first as an offset, the beginning is everyone's.
+// Kafka's "latest" is the log's end when a consumer asks. Taken as it is, a
+// host that began a partition there, took records and died before its first
+// commit would leave the next owner to begin at a later end (what arrived
+// between would be nobody's); and a partition added to the topic months
+// later, never committed, would begin at its end too, passing over what was
+// produced to it before the group's first rebalance saw it. So "latest"
+// means the moment the group began the topic: each partition begins at its
+// first record stamped then or later, an offset stored before a record is
+// taken (a takeover begins there too, and the audit starts there).
+void Partitions::begin_latest(const std::shared_ptr<Partition>& p) {
   pool_.submit(
-      "store where the group begins a partition",
-      [this, p, end](db::Connection& c) {
-        int64_t from = end;
-        if (!offsets_.begin_at_end(c, p->tp.topic, p->tp.partition, end)) {
-          const std::pair<std::string, int32_t> key{p->tp.topic, p->tp.partition};
-          const auto stored = offsets_.read(c, std::span(&key, 1));
-          if (auto it = stored.find(key); it != stored.end()) from = it->second;
-        }
-        asio::post(io_, [this, p, end, from] {
-          auto it = parts_.find(p->tp);
-          if (p->revoked || it == parts_.end() || it->second != p) return;
-          spdlog::info("kafka: {}[{}]: nobody committed the partition; the group begins it at {} (log end {})",
-                       p->tp.topic, p->tp.partition, from, end);
-          start_taking(*p, from);
-          update_gauges();
+      "read when the group began the topic",
+      [this, p](db::Connection& c) {
+        const auto began = offsets_.topic_began(c, p->tp.topic);
+        asio::post(io_, [this, p, began] {
+          if (!current(p)) return;
+          begin_latest_at(p, began.value_or(wall_clock_ms()), !began.has_value());
         });
       },
       [this, p](const db::DbError& e) {
-        spdlog::error(
-            "kafka: {}[{}]: storing where the group begins the partition gave up ({}); it begins at the "
-            "end as Kafka places it",
-            p->tp.topic, p->tp.partition, e.what());
-        asio::post(io_, [this, p] {
-          auto it = parts_.find(p->tp);
-          if (p->revoked || it == parts_.end() || it->second != p) return;
-          start_taking(*p, -1);
-        });
+        spdlog::warn("kafka: {}[{}]: reading when the group began the topic failed ({}); the partition waits",
+                     p->tp.topic, p->tp.partition, e.what());
+        asio::post(io_, [this, p] { begin_latest_later(p); });
       });
+}
+
+void Partitions::begin_latest_at(const std::shared_ptr<Partition>& p, int64_t began_ms, bool first) {
+  // The offset is asked of the cluster on the poll thread (the engine thread
+  // never waits for it), then stored, then the partition starts.
+  consumer_->on_poll_thread([this, p, began_ms, first](rd_kafka_t* rk) {
+    int64_t offset = -1;
+    const auto err = kafka::offset_at_time(rk, p->tp.topic, p->tp.partition, began_ms, 5000, offset);
+    asio::post(io_, [this, p, began_ms, first, err, offset] {
+      if (!current(p)) return;
+      if (err) {
+        spdlog::warn("kafka: {}[{}]: where the group begins the partition could not be asked ({}); it waits",
+                     p->tp.topic, p->tp.partition, rd_kafka_err2str(err));
+        begin_latest_later(p);
+        return;
+      }
+      pool_.submit(
+          "store where the group begins a partition",
+          [this, p, began_ms, first, offset](db::Connection& c) {
+            int64_t from = offset;
+            if (!offsets_.begin_at(c, p->tp.topic, p->tp.partition, offset, began_ms)) {
+              const std::pair<std::string, int32_t> key{p->tp.topic, p->tp.partition};
+              const auto stored = offsets_.read(c, std::span(&key, 1));
+              if (auto it = stored.find(key); it != stored.end()) from = it->second;
+            }
+            asio::post(io_, [this, p, first, offset, from] {
+              if (!current(p)) return;
+              spdlog::info("kafka: {}[{}]: nobody committed the partition; the group begins it at {} ({})", p->tp.topic,
+                           p->tp.partition, from,
+                           from != offset ? "stored by another member"
+                           : first        ? "the log's end: the group begins the topic now"
+                                          : "the first record since the group began the topic");
+              start_taking(*p, from);
+              update_gauges();
+            });
+          },
+          [this, p](const db::DbError& e) {
+            spdlog::warn("kafka: {}[{}]: storing where the group begins the partition failed ({}); it waits",
+                         p->tp.topic, p->tp.partition, e.what());
+            asio::post(io_, [this, p] { begin_latest_later(p); });
+          });
+    });
+  });
+}
+
+void Partitions::begin_latest_later(const std::shared_ptr<Partition>& p) {
+  auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::seconds(1));
+  timer->async_wait([this, p, timer](boost::system::error_code ec) {
+    if (!ec && current(p)) begin_latest(p);
+  });
 }
 
 void Partitions::recheck_stored() {

@@ -55,13 +55,7 @@ class Partitions {
 
   /// Partitions newly assigned, with the group's committed offsets: each is
   /// held until the database's offset is read, then starts from the lower.
-  /// `ends`: the log ends of those nobody committed, when the group begins
-  /// at the end (starts_at_end).
-  void assigned(const std::vector<kafka::TopicPartitionOffset>& starts,
-                const std::map<kafka::TopicPartition, int64_t>& ends = {});
-  /// Whether a partition nobody committed begins at the log's end
-  /// (auto.offset.reset, or the routes' start_at, says latest).
-  bool starts_at_end() const { return starts_at_end_; }
+  void assigned(const std::vector<kafka::TopicPartitionOffset>& starts);
   /// Stops the partitions taking new records; returns their state.
   std::vector<std::shared_ptr<Partition>> begin_revoke(const std::vector<kafka::TopicPartition>& tps);
   /// Answers `done` with the offsets to commit once no record of `parts` is
@@ -133,11 +127,23 @@ class Partitions {
   /// thread; `then(false)` if they were not written (another server answers
   /// since the partitions started, or the job gave up).
   void store(std::vector<kafka::TopicPartitionOffset> offsets, std::function<void(bool)> then);
-  /// A partition nobody committed begins at the log's end `end`: stored
-  /// first, then started (from what is stored, if another member was first).
-  void begin_at_end(const std::shared_ptr<Partition>& p, int64_t end);
-  /// Starts taking the partition's records at `start` (-1: where Kafka's
-  /// auto.offset.reset puts it) and lets it fetch.
+  /// Whether a partition of `topic` nobody committed begins at the end: a
+  /// route's source topic with start_at "latest" (or, unset, the consumer's
+  /// auto.offset.reset). A retry topic always begins at its start: its
+  /// records are the route's own.
+  bool begins_at_end(const std::string& topic) const;
+  /// A partition nobody committed, of a topic that begins at the end: it
+  /// begins at the first record stamped at or after the moment the group
+  /// began the topic (now, for the first partition), stored before a record
+  /// is taken. Held, and tried again, until that is done.
+  void begin_latest(const std::shared_ptr<Partition>& p);
+  void begin_latest_at(const std::shared_ptr<Partition>& p, int64_t began_ms, bool first);
+  void begin_latest_later(const std::shared_ptr<Partition>& p);
+  /// Whether the partition state is still the one assigned (not revoked, not
+  /// assigned again meanwhile).
+  bool current(const std::shared_ptr<Partition>& p) const;
+  /// Starts taking the partition's records at `start` (-1: its log's start)
+  /// and lets it fetch.
   void start_taking(Partition& p, int64_t start);
 
   boost::asio::io_context& io_;
@@ -156,7 +162,7 @@ class Partitions {
   // The server (@@server_id) the stored offsets were read from; written from
   // pool workers, hence atomic.
   std::atomic<uint64_t> server_id_{0};
-  bool starts_at_end_ = false;  // auto.offset.reset = latest: where a partition nobody committed starts
+  std::set<std::string> latest_topics_;  // source topics whose uncommitted partitions begin at the end
   kafka::Consumer* consumer_ = nullptr;
   std::map<kafka::TopicPartition, std::shared_ptr<Partition>> parts_;
   std::vector<std::unique_ptr<Drain>> drains_;

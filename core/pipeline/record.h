@@ -99,7 +99,6 @@ struct Partition {
   // polled meanwhile are dropped, and fetched again from the start chosen.
   bool starting = true;
   int64_t kafka_start = -1;     // the group's committed offset (-1: none, or unreadable)
-  int64_t log_end = -1;         // no commit, beginning at the log's end: that end (-1: not asked, or unknown)
   int64_t first_consumed = -1;  // the first offset this host took of the partition, this assignment
   // Records below this offset were committed in Kafka on the strength of
   // outcomes the database has lost (-1: none): re-processed, and an

@@ -35,10 +35,10 @@ std::vector<TestMessage> orders(int from, int to) {
 // waybill, inventory and sms from one orders topic: the waybill route keeps
 // the host's group, the others have groups of their own.
 std::vector<RouteSpec> fan_out(const FakeServices& services, const std::string& extra = "") {
-  return {shipped_route("waybill", "orders", services.url(), "2s", extra),
-          shipped_route("inventory", "orders", services.url(), "2s", group_line("g.inventory") + extra),
-          shipped_route("sms", "orders", services.url(), "300ms",
-                        group_line("g.sms") + "call_timeout = \"5s\"\n" + extra)};
+  return {
+      shipped_route("waybill", "orders", services.url(), "2s", extra),
+      shipped_route("inventory", "orders", services.url(), "2s", group_line("g.inventory") + extra),
+      shipped_route("sms", "orders", services.url(), "300ms", group_line("g.sms") + "call_timeout = \"5s\"\n" + extra)};
 }
 const std::vector<std::string> kGroups = {"g", "g.inventory", "g.sms"};
 
@@ -91,10 +91,10 @@ std::map<std::string, RouteAudit> audit_by_route(const std::string& out) {
 // once; the gateway sends each text at most once, and a text in flight at a
 // kill that was never sent is failed and dead-lettered, never sent twice.
 BOOST_AUTO_TEST_CASE(three_routes_on_one_topic_through_kills_and_a_rebalance) {
-  FakeServices services(fake_services_binary(),
-                        {"--seed", "44", "--hold", "1500", "--faults", "waybill:latency_mean_ms=5,latency_p99_ms=40",
-                         "--faults", "inventory:latency_mean_ms=5,latency_p99_ms=40", "--faults",
-                         "sms:latency_mean_ms=5,latency_p99_ms=40"});
+  FakeServices services(
+      fake_services_binary(),
+      {"--seed", "44", "--hold", "1500", "--faults", "waybill:latency_mean_ms=5,latency_p99_ms=40", "--faults",
+       "inventory:latency_mean_ms=5,latency_p99_ms=40", "--faults", "sms:latency_mean_ms=5,latency_p99_ms=40"});
   Scenario s("routes_fan_out");
   s.topic("orders", 6).topic("orders.dlq", 1);
   constexpr int kOrders = 3000;
@@ -158,10 +158,10 @@ BOOST_AUTO_TEST_CASE(three_routes_on_one_topic_through_kills_and_a_rebalance) {
 // at their own pace (each route's group fetches for itself). Then the
 // gateway recovers and the texts catch up, each sent once.
 BOOST_AUTO_TEST_CASE(one_route_down_for_30s_holds_the_others_back_in_nothing) {
-  FakeServices services(fake_services_binary(),
-                        {"--seed", "45", "--faults", "waybill:latency_mean_ms=25,latency_p99_ms=60", "--faults",
-                         "inventory:latency_mean_ms=25,latency_p99_ms=60", "--faults",
-                         "sms:latency_mean_ms=25,latency_p99_ms=60"});
+  FakeServices services(
+      fake_services_binary(),
+      {"--seed", "45", "--faults", "waybill:latency_mean_ms=25,latency_p99_ms=60", "--faults",
+       "inventory:latency_mean_ms=25,latency_p99_ms=60", "--faults", "sms:latency_mean_ms=25,latency_p99_ms=60"});
   Scenario s("routes_one_down");
   s.topic("orders", 4).topic("orders.dlq", 1);
   constexpr int kOrders = 16000;
@@ -239,10 +239,10 @@ BOOST_AUTO_TEST_CASE(a_mixed_topic_feeds_each_route_its_own_types) {
     for (const auto& type : types) {
       const std::string event = "E" + std::to_string(order) + "-" + type;
       events_of[type].insert(event);
-      msgs.push_back({"K" + std::to_string(order),
-                      "{\"event_id\":\"" + event + "\",\"type\":\"" + type + "\",\"order_id\":\"K" +
-                          std::to_string(order) + "\"}",
-                      {{"event-type", type}}});
+      msgs.push_back(
+          {"K" + std::to_string(order),
+           "{\"event_id\":\"" + event + "\",\"type\":\"" + type + "\",\"order_id\":\"K" + std::to_string(order) + "\"}",
+           {{"event-type", type}}});
     }
   constexpr int kNotJson = 10;
   for (int i = 0; i < kNotJson; ++i)
@@ -252,9 +252,9 @@ BOOST_AUTO_TEST_CASE(a_mixed_topic_feeds_each_route_its_own_types) {
   const std::string by_event = "key = { from = \"json\", json = \"event_id\" }";
   auto waybill = s.scripted("waybill", "orders", "[route.when]\njson = \"type\"\nequals = \"order.paid\"\n");
   waybill.key_toml = by_event;
-  auto inventory = s.scripted("inventory", "orders",
-                              group_line("g.inventory") +
-                                  "[route.when]\njson = \"type\"\none_of = [\"order.created\", \"order.cancelled\"]\n");
+  auto inventory = s.scripted(
+      "inventory", "orders",
+      group_line("g.inventory") + "[route.when]\njson = \"type\"\none_of = [\"order.created\", \"order.cancelled\"]\n");
   inventory.key_toml = by_event;
   auto sms = s.scripted("sms", "orders",
                         group_line("g.sms") + "[route.when]\nheader = \"event-type\"\nstarts_with = \"order.ship\"\n");
@@ -265,7 +265,8 @@ BOOST_AUTO_TEST_CASE(a_mixed_topic_feeds_each_route_its_own_types) {
   // Each handler called for its types only, each event once.
   std::map<std::string, std::set<std::string>> called;  // route -> biz_keys
   for (const auto& [key, calls] : s.calls_by_key())
-    for (const auto& cols : calls) BOOST_TEST(called[cols.at(0)].insert(key).second, cols.at(0) << " called twice for " << key);
+    for (const auto& cols : calls)
+      BOOST_TEST(called[cols.at(0)].insert(key).second, cols.at(0) << " called twice for " << key);
   BOOST_TEST(called["waybill"] == events_of["order.paid"]);
   std::set<std::string> stock = events_of["order.created"];
   stock.insert(events_of["order.cancelled"].begin(), events_of["order.cancelled"].end());
@@ -276,9 +277,8 @@ BOOST_AUTO_TEST_CASE(a_mixed_topic_feeds_each_route_its_own_types) {
 
   // The rest skipped, and counted so.
   const int64_t total = static_cast<int64_t>(msgs.size());
-  const std::map<std::string, int64_t> expected_skips = {{"waybill", total - 400 - kNotJson},
-                                                         {"inventory", total - 800 - kNotJson},
-                                                         {"sms", total - 400}};
+  const std::map<std::string, int64_t> expected_skips = {
+      {"waybill", total - 400 - kNotJson}, {"inventory", total - 800 - kNotJson}, {"sms", total - 400}};
   for (const auto& [route, skips] : expected_skips)
     BOOST_TEST(admin_metric(admin, "idemsink_records_skipped_total{route=\"" + route + "\"}") == skips, route);
   // What a JSON test could not read: dead-lettered once per route that needed it.
@@ -335,9 +335,13 @@ BOOST_AUTO_TEST_CASE(routes_added_to_a_topic_start_where_their_config_says) {
   auto sms = s.scripted("sms", "orders", group_line("g.sms") + "start_at = \"latest\"\n");
   auto& host = s.host("host-a", {waybill, inventory, sms});
   // The late route's group begins every partition at its end, stored first.
-  wait_until([&] { return s.scalar("SELECT COUNT(*) FROM idemsink_offsets WHERE group_id = 'g.sms' AND first_offset "
-                                   "IS NOT NULL") == 3; },
-             60s, "the sms group to begin its partitions");
+  wait_until(
+      [&] {
+        return s.scalar(
+                   "SELECT COUNT(*) FROM idemsink_offsets WHERE group_id = 'g.sms' AND first_offset "
+                   "IS NOT NULL") == 3;
+      },
+      60s, "the sms group to begin its partitions");
   s.kafka.produce("orders", orders(500, 600));
   wait_all_committed(s, host, kGroups);
   BOOST_TEST(host.stop() == 0);
@@ -361,4 +365,57 @@ BOOST_AUTO_TEST_CASE(routes_added_to_a_topic_start_where_their_config_says) {
   const auto by_route = audit_by_route(s.audit(host).second);
   BOOST_TEST(by_route.at("sms").records == 100);
   BOOST_TEST(by_route.at("inventory").records == 600);
+}
+
+// `idemsink replay` puts a dead record back on its source topic, which other
+// routes read too: the copy is its route's alone. The other route, which
+// took the record once, skips it; its route takes it even after its
+// [route.when] changed to leave such records out.
+BOOST_AUTO_TEST_CASE(a_replayed_copy_is_its_routes_alone) {
+  Scenario s("routes_replay");
+  s.topic("orders", 2).topic("orders.dlq", 1);
+  std::vector<TestMessage> msgs = {{"retry3-1", R"({"type":"paid"})"}};
+  for (int i = 0; i < 10; ++i) msgs.push_back({"K" + std::to_string(i), R"({"type":"paid"})"});
+  s.kafka.produce("orders", msgs);
+  const std::string fast_retries = "backoff_initial = \"100ms\"\nbackoff_max = \"200ms\"\n";
+  // waybill gives up after two calls, inventory's five are enough.
+  auto waybill_with = [&](const std::string& type) {
+    return s.scripted("waybill", "orders",
+                      "[route.retry]\nmax_attempts = 2\n" + fast_retries +
+                          "[route.when]\njson = \"type\"\nequals = \"" + type + "\"\n");
+  };
+  const auto inventory =
+      s.scripted("inventory", "orders", group_line("g.inventory") + "[route.retry]\nmax_attempts = 5\n" + fast_retries);
+  auto calls_of = [&](const std::string& route) {
+    int n = 0;
+    const auto calls = s.calls_by_key();
+    if (auto it = calls.find("retry3-1"); it != calls.end())
+      for (const auto& cols : it->second) n += cols.at(0) == route;
+    return n;
+  };
+  {
+    auto& host = s.host("host-a", {waybill_with("paid"), inventory});
+    wait_all_committed(s, host, {"g", "g.inventory"});
+    BOOST_TEST(host.stop() == 0);
+  }
+  BOOST_TEST(claims(s, "waybill", "biz_key = 'retry3-1' AND " + sql_status_is(claim::Status::Failed)) == 1);
+  BOOST_TEST(claims(s, "inventory", "biz_key = 'retry3-1' AND " + sql_status_is(claim::Status::Done)) == 1);
+  const int waybill_before = calls_of("waybill"), inventory_before = calls_of("inventory");
+  BOOST_TEST(waybill_before == 2);
+  BOOST_TEST(inventory_before == 4);
+
+  // waybill's condition now leaves "paid" out; its replay is still its own.
+  auto& host = s.host("host-a", {waybill_with("refund"), inventory}, {.admin = true});
+  const auto [rc, out] = run_cli(
+      s.dir, "replay", {"replay", "--config", host.config_path().string(), "--route", "waybill", "--key", "retry3-1"});
+  BOOST_TEST(rc == 0, out);
+  wait_until([&] { return calls_of("waybill") > waybill_before; }, 60s, "waybill to take its replayed copy");
+  wait_until(
+      [&] { return claims(s, "waybill", "biz_key = 'retry3-1' AND " + status_is_not(claim::Status::Pending)) == 1; },
+      60s, "the replayed copy's outcome");
+  wait_all_committed(s, host, {"g", "g.inventory"});
+  BOOST_TEST(admin_metric(s.admin_port(host), "idemsink_records_skipped_total{route=\"inventory\"}") == 1);
+  BOOST_TEST(calls_of("inventory") == inventory_before);  // never called again
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
 }

@@ -89,9 +89,10 @@ BOOST_AUTO_TEST_CASE(missing_required_keys_are_errors) {
 BOOST_AUTO_TEST_CASE(route_rules) {
   expect_error(kMinimal + "\n[[route]]\nname = \"waybill\"\ntopic = \"other\"\nplugin = \"p.so\"\n",
                {"duplicate route name"});
-  expect_error(kMinimal + "\n[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"p.so\"\n",
-               {"test.toml:12:", "route.group_id", "routes waybill and sms both read topic \"orders\"",
-                "group_id = \"idemsink.sms\""});
+  expect_error(
+      kMinimal + "\n[[route]]\nname = \"sms\"\ntopic = \"orders\"\nplugin = \"p.so\"\n",
+      {"test.toml:14:", "route.group_id", "routes waybill and sms both read topic \"orders\"", "keeps \"idemsink\"",
+       "group_id = \"idemsink.sms\" if sms is new", "\"idemsink.waybill\" if waybill is"});
   expect_error(kMinimal + "\n[[route]]\nname = \"bad name!\"\ntopic = \"t2\"\nplugin = \"p.so\"\n", {"route.name"});
   expect_error(kMinimal + "[route.key]\nfrom = \"json\"\n", {"route.key.json", "required when from"});
   expect_error(kMinimal + "[route.key]\nfrom = \"body\"\n", {"route.key.from"});
