@@ -69,20 +69,6 @@ constexpr const char* kLog4j =
     "logger.request.name = kafka.request.logger\n"
     "logger.request.level = warn\n";
 
-// The java launcher: $JAVA_HOME/bin/java, else the first on $PATH.
-std::string java_binary() {
-  if (const char* home = std::getenv("JAVA_HOME"); home && *home) {
-    const auto java = std::filesystem::path(home) / "bin" / "java";
-    if (std::filesystem::exists(java)) return java.string();
-  }
-  std::istringstream path(std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin");
-  std::string dir;
-  while (std::getline(path, dir, ':'))
-    if (!dir.empty() && ::access((std::filesystem::path(dir) / "java").c_str(), X_OK) == 0)
-      return (std::filesystem::path(dir) / "java").string();
-  throw std::runtime_error("no java on PATH (or in JAVA_HOME): install a JRE 17 (scripts/install-deps)");
-}
-
 }  // namespace
 
 std::filesystem::path KafkaCluster::libs_dir() {

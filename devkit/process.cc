@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -143,6 +144,19 @@ std::string read_file(const std::filesystem::path& p) {
 void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
+}
+
+std::string java_binary() {
+  if (const char* home = std::getenv("JAVA_HOME"); home && *home) {
+    const auto java = std::filesystem::path(home) / "bin" / "java";
+    if (std::filesystem::exists(java)) return java.string();
+  }
+  std::istringstream path(std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin");
+  std::string dir;
+  while (std::getline(path, dir, ':'))
+    if (!dir.empty() && ::access((std::filesystem::path(dir) / "java").c_str(), X_OK) == 0)
+      return (std::filesystem::path(dir) / "java").string();
+  throw std::runtime_error("no java on PATH (or in JAVA_HOME): install a JRE 17 (scripts/install-deps)");
 }
 
 }  // namespace idemsink::devkit

@@ -45,6 +45,9 @@ class Process {
 /// range and not handed out before by this process.
 int free_port();
 
+/// The java launcher: $JAVA_HOME/bin/java, else the first on $PATH.
+std::string java_binary();
+
 /// Polls `pred` every `interval` until it holds or `timeout` passes;
 /// throws std::runtime_error naming `what` on timeout.
 template <class Pred>

@@ -33,9 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   msg.key_len = size;
   using idemsink::config::KeySource;
   for (const char* path : {"order.id", "id", "a.b.c.d"}) {
-    auto r = extractor(KeySource::JsonField, path).extract(&msg);
+    auto r = extractor(KeySource::JsonField, path).extract(idemsink::pipeline::RecordView::raw(&msg));
     if (auto* key = std::get_if<std::string>(&r); key && key->empty()) __builtin_trap();
   }
-  (void)extractor(KeySource::MessageKey, "").extract(&msg);
+  (void)extractor(KeySource::MessageKey, "").extract(idemsink::pipeline::RecordView::raw(&msg));
   return 0;
 }

@@ -24,6 +24,7 @@
 #include "core/common/util.h"
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
+#include "core/format/registry.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/login.h"
 #include "core/kafka/producer.h"
@@ -298,6 +299,9 @@ class HostRun {
     slices_.reserve(slice_cfgs.size());
     for (size_t index = 0; index < slice_cfgs.size(); ++index)
       wire_slice(slices_.emplace_back(Slice{slice_cfgs[index]}), index);
+    for (const format::Registry* r : registries_.all())
+      metrics_.watch_registry(
+          r->config().url, [r] { return r->problem(); }, [r] { return r->waiting(); });
     if (slices_.size() > 1)
       spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
                    slices_.size(), cfg_.kafka.group_id);
@@ -371,6 +375,10 @@ class HostRun {
       if (rc.order_by.enabled())
         routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
       if (rc.when) routes.back()->filter.emplace(*rc.when);
+      if (format::RecordDecoder::needed(rc))
+        routes.back()->decoder.emplace(rc, config::in_registry(rc.value_format) || config::in_registry(rc.key_format)
+                                               ? &registries_.of(rc.schema_registry)
+                                               : nullptr);
       spdlog::info("route {}: topic {} (group {}{}) -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic,
                    rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
                    plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
@@ -479,6 +487,9 @@ class HostRun {
   pipeline::Periodic heartbeat_{io_};
   std::vector<Slice> slices_;
   std::vector<Engine*> engines_;
+  // Declared after the slices: its threads stop before the engines their
+  // answers are posted to go away.
+  format::Registries registries_;
   std::unique_ptr<admin::AdminServer> admin_;
   int exit_code_ = 0;
   bool stopping_ = false;  // engine thread only: no slice starts once shutdown began

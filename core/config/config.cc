@@ -129,6 +129,26 @@ Condition read_condition(const toml::table& t, const std::string& path, const st
   return c;
 }
 
+Format read_format(const Reader& section, const std::string& path) {
+  const std::string text = section.str("format");
+  for (Format f : {Format::Json, Format::Avro, Format::Protobuf, Format::JsonSchema, Format::String, Format::Bytes})
+    if (text == to_string(f)) return f;
+  fail(section.pos_of_key("format"), path,
+       "must be json, avro, protobuf, json_schema, string or bytes, not \"" + text + "\"");
+}
+
+// What reads a value as JSON cannot read one the route says is opaque.
+void check_formats(const RouteConfig& rc, const Reader& r) {
+  if (rc.value_format != Format::String && rc.value_format != Format::Bytes) return;
+  const std::string why = std::string("the value format is ") + std::string(to_string(rc.value_format)) +
+                          ", which has no fields (route.value.format)";
+  if (rc.key_source == KeySource::JsonField)
+    fail(r.sub("key").pos_of_key("json"), "route.key.json", "a json path cannot be read: " + why);
+  if (rc.order_by.source == KeySource::JsonField)
+    fail(r.sub("order_by").pos_of_key("json"), "route.order_by.json", "a json path cannot be read: " + why);
+  if (rc.when && rc.when->needs_json()) fail(rc.when->pos, "route.when", "a json test cannot be decided: " + why);
+}
+
 RouteConfig read_route(const toml::table& t, const std::string& file, const std::filesystem::path& base_dir) {
   const Reader r(&t, "route", file, pos_of(file, t));
   RouteConfig rc;
@@ -175,6 +195,10 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   if (rc.dlq.topic == rc.topic) fail(dlq.pos_of_key("topic"), "route.dlq.topic", "must differ from the source topic");
 
   if (const toml::node* when = r.node("when")) rc.when = read_condition(*when->as_table(), "route.when", file);
+  const Reader value = r.sub("value"), key_format = r.sub("key_format");
+  rc.value_format = read_format(value, "route.value.format");
+  rc.key_format = read_format(key_format, "route.key_format.format");
+  check_formats(rc, r);
 
   if (const toml::node* opts = r.node("options")) {
     for (const auto& [k, v] : *opts->as_table()) {
@@ -397,6 +421,55 @@ void check_shutdown_grace(const Config& c, const Reader& host) {
              "raise max.poll.interval.ms in [kafka.consumer]");
 }
 
+// The secrets of [schema_registry] (or a route's own), from the
+// environment, and the URL and CA checked.
+void finish_registry(SchemaRegistryConfig& g, const Reader& r, const std::string& section) {
+  for (const auto& [key, target] :
+       {std::pair<const char*, std::string*>{"password_env", &g.password}, {"token_env", &g.token}}) {
+    const toml::node* n = r.node(key);
+    if (n == nullptr) continue;
+    const std::string name = **n->as_string();
+    const char* v = name.empty() ? nullptr : std::getenv(name.c_str());
+    if (v == nullptr) fail(r.pos_of_key(key), section + "." + key, "environment variable " + name + " is not set");
+    *target = v;
+  }
+  if (!g.token.empty() && !g.username.empty())
+    fail(r.pos_of_key("token_env"), section + ".token_env", "basic auth (username) or a bearer token, not both");
+  if (!g.password.empty() && g.username.empty())
+    fail(r.pos_of_key("password_env"), section + ".username", "is required with password_env");
+  if (!g.url.empty()) {
+    if (g.url.rfind("https://", 0) != 0 && g.url.rfind("http://", 0) != 0)
+      fail(r.pos_of_key("url"), section + ".url", "must be an http:// or https:// URL, not \"" + g.url + "\"");
+    while (g.url.size() > 8 && g.url.back() == '/') g.url.pop_back();
+  }
+  if (!g.tls_ca.empty() && !std::filesystem::is_regular_file(g.tls_ca))
+    fail(r.pos_of_key("tls_ca"), section + ".tls_ca", "no such file: " + g.tls_ca);
+}
+
+// A route's registry: [schema_registry], then what [route.schema_registry]
+// sets; required when a format of the route is in the registry.
+SchemaRegistryConfig route_registry(const SchemaRegistryConfig& inherited, const toml::table& route,
+                                    const RouteConfig& rc, const std::string& file) {
+  Config scratch;
+  scratch.schema_registry = inherited;
+  const Reader r(&route, "route", file, rc.pos);
+  if (const toml::node* own = route.get("schema_registry")) {
+    const toml::table& t = *own->as_table();
+    for (const auto& s : settings()) {
+      if (s.store == nullptr || !s.path.starts_with("schema_registry.")) continue;
+      if (const toml::node* n = t.get(s.path.substr(16)))
+        s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, *own)));
+    }
+    finish_registry(scratch.schema_registry, r.sub("schema_registry"), "route.schema_registry");
+  }
+  for (const auto& [format, section] : {std::pair{rc.value_format, "value"}, {rc.key_format, "key_format"}})
+    if (in_registry(format) && !scratch.schema_registry.enabled())
+      fail(r.sub(section).pos_of_key("format"), std::string("route.") + section + ".format",
+           std::string(to_string(format)) +
+               " needs a schema registry: [schema_registry] url (or the route's [route.schema_registry])");
+  return std::move(scratch.schema_registry);
+}
+
 // A route's own [route.database]: [database] inherited, then what the
 // route's table sets.
 DatabaseConfig route_database(const DatabaseConfig& inherited, const toml::node& own, const std::string& file) {
@@ -423,6 +496,7 @@ void read_routes(const toml::table& doc, Config& c, const std::string& file, con
     RouteConfig rc = read_route(*elem.as_table(), file, base_dir);
     const Reader route(elem.as_table(), "route", file, rc.pos);
     if (const toml::node* own = elem.as_table()->get("database")) rc.database = route_database(c.database, *own, file);
+    rc.schema_registry = route_registry(c.schema_registry, *elem.as_table(), rc, file);
     if (!names.insert(rc.name).second) fail(rc.pos, "route.name", "duplicate route name \"" + rc.name + "\"");
     if (rc.group_id.empty()) rc.group_id = c.kafka.group_id;
     if (auto [it, fresh] = reader.try_emplace({rc.topic, rc.group_id}, rc.name); !fresh)
@@ -506,6 +580,7 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
   finish_host(c.host, root.sub("host"));
   finish_database(c.database, root.sub("database"), "database");
   finish_oauth(c.kafka, root.sub("kafka"));
+  finish_registry(c.schema_registry, root.sub("schema_registry"), "schema_registry");
   check_shutdown_grace(c, root.sub("host"));
   const Reader claim = root.sub("claim");
   if (c.claim.horizon_margin_days >= c.claim.retention_days)
@@ -521,6 +596,18 @@ Config build(const toml::table& doc, const std::string& file, const std::filesys
 }
 
 }  // namespace
+
+std::string_view to_string(Format f) {
+  switch (f) {
+    case Format::Json: return "json";
+    case Format::Avro: return "avro";
+    case Format::Protobuf: return "protobuf";
+    case Format::JsonSchema: return "json_schema";
+    case Format::String: return "string";
+    case Format::Bytes: return "bytes";
+  }
+  return "?";
+}
 
 bool Condition::needs_json() const {
   if (kind == Kind::Test) return subject == Subject::Json;

@@ -75,6 +75,28 @@ struct OAuthConfig {
   bool enabled() const { return !token_endpoint.empty(); }
 };
 
+/// [schema_registry] (or a route's own [route.schema_registry]): a
+/// Confluent-compatible schema registry the avro, protobuf and json_schema
+/// formats fetch writer schemas from, by id (docs/formats.md).
+struct SchemaRegistryConfig {
+  std::string url;       // empty: none
+  std::string username;  // basic auth, with password
+  std::string password;  // from password_env; never logged
+  std::string token;     // bearer, from token_env; never logged
+  std::string tls_ca;    // PEM CAs the registry's certificate must chain to; empty: the system's
+  Millis timeout{};
+  bool enabled() const { return !url.empty(); }
+  bool operator==(const SchemaRegistryConfig&) const = default;
+};
+
+/// How a record's value (or key) is written: JSON text, the Confluent wire
+/// format with a schema in the registry (avro, protobuf, json_schema), or
+/// opaque (string, bytes).
+enum class Format { Json, Avro, Protobuf, JsonSchema, String, Bytes };
+std::string_view to_string(Format f);
+/// Whether the format is the Confluent wire format (a schema id in the registry).
+inline bool in_registry(Format f) { return f == Format::Avro || f == Format::Protobuf || f == Format::JsonSchema; }
+
 struct KafkaConfig {
   std::string bootstrap_servers;
   std::string group_id;
@@ -260,6 +282,13 @@ struct RouteConfig {
   /// [database] unless set); empty: the route uses [database].
   std::optional<DatabaseConfig> database;
   std::optional<Condition> when;  // none: every record
+  /// [route.value] and [route.key_format]: how the value and the key are
+  /// written; downstream of decoding everything sees them as JSON.
+  Format value_format = Format::Json;
+  Format key_format = Format::String;
+  /// The registry of a route with a registry format ([schema_registry],
+  /// with what [route.schema_registry] sets).
+  SchemaRegistryConfig schema_registry;
   std::map<std::string, OptionValue> options;
   SourcePos pos;
 
@@ -279,6 +308,7 @@ struct Config {
   KafkaConfig kafka;
   DatabaseConfig database;
   ClaimConfig claim;
+  SchemaRegistryConfig schema_registry;
   std::vector<RouteConfig> routes;
 
   const RouteConfig* route_for_topic(const std::string& topic) const;

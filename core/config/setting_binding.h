@@ -35,6 +35,11 @@ struct Section<OAuthConfig> {
   static OAuthConfig& of(const Target& t) { return t.config->kafka.oauth; }
 };
 template <>
+struct Section<SchemaRegistryConfig> {
+  static constexpr std::string_view path = "schema_registry";
+  static SchemaRegistryConfig& of(const Target& t) { return t.config->schema_registry; }
+};
+template <>
 struct Section<DatabaseConfig> {
   static constexpr std::string_view path = "database";
   static DatabaseConfig& of(const Target& t) { return t.config->database; }

@@ -150,6 +150,32 @@ constexpr Setting kSettings[] = {
                                   .doc = "How long one token request may take."}),
 
     declare(Type::Section,
+            {.path = "schema_registry",
+             .doc = "A Confluent-compatible schema registry (Confluent's, Apicurio's /apis/ccompat/v7, Karapace): "
+                    "where routes with value or key format avro, protobuf or json_schema fetch the writer's schema by "
+                    "the id each record carries (docs/formats.md). Schemas are cached for the process's life (an id "
+                    "never changes). While it cannot be reached, records needing a schema it has not yet given wait "
+                    "(their partition holds; /readyz and idemsink_schema_registry_up say so); nothing is "
+                    "dead-lettered for it."}),
+    field<&SchemaRegistryConfig::url>(
+        {.path = "schema_registry.url",
+         .doc = "Base URL, e.g. \"https://registry.internal:8081\" or \"http://127.0.0.1:8080/apis/ccompat/v7\"."}),
+    field<&SchemaRegistryConfig::username>(
+        {.path = "schema_registry.username", .doc = "Basic auth user; its password from password_env."}),
+    declare(Type::String, {.path = "schema_registry.password_env",
+                           .doc = "Name of an environment variable holding the basic auth password."}),
+    declare(Type::String, {.path = "schema_registry.token_env",
+                           .doc = "Name of an environment variable holding a bearer token (instead of basic auth)."}),
+    field<&SchemaRegistryConfig::tls_ca>(
+        {.path = "schema_registry.tls_ca",
+         .doc = "PEM file of the CAs an https:// registry's certificate must chain to; empty: the system's."}),
+    field<&SchemaRegistryConfig::timeout>({.path = "schema_registry.timeout",
+                                           .default_value = "5s",
+                                           .min = 100,
+                                           .max = 120000,
+                                           .doc = "How long one request to the registry may take."}),
+
+    declare(Type::Section,
             {.path = "database", .required = true, .doc = "The business MariaDB holding the claim table."}),
     field<&DatabaseConfig::host>({.path = "database.host", .default_value = "127.0.0.1", .doc = "Server host (TCP)."}),
     field<&DatabaseConfig::port>(
@@ -424,6 +450,29 @@ constexpr Setting kSettings[] = {
                 "toward retry.max_attempts again. It bounds the wait of a record that the remote refuses for itself "
                 "when it is the only one left to probe with (a quiet topic: nothing new to fetch). 0 = wait as long as "
                 "the circuit stays open."}),
+    declare(Type::Section,
+            {.path = "route.value",
+             .doc = "How the route's record values are written (docs/formats.md). Downstream of decoding, the "
+                    "biz_key and order_by paths, [route.when], the plugin (Record::json()) and the payload check see "
+                    "the value as JSON; dead letters keep the original bytes."}),
+    declare(Type::String,
+            {.path = "route.value.format",
+             .default_value = "json",
+             .doc = "\"json\" (JSON text), \"avro\", \"protobuf\" or \"json_schema\" (Confluent's wire format: "
+                    "a zero byte, the schema's 4-byte id, the encoded record; needs [schema_registry]), \"string\" or "
+                    "\"bytes\" (opaque: no json paths or tests on it). A value that does not decode is "
+                    "dead-lettered as undecodable_value, naming the schema id."}),
+    declare(Type::Section, {.path = "route.key_format", .doc = "How the route's Kafka keys are written."}),
+    declare(Type::String,
+            {.path = "route.key_format.format",
+             .default_value = "string",
+             .doc = "\"string\" (the key's bytes as they are; the default), \"bytes\" (the same), \"json\", or a "
+                    "registry format (\"avro\", \"protobuf\", \"json_schema\"): the key decoded to JSON, and a key "
+                    "that is a JSON string or number is its text, an object or array its compact JSON (sorted keys)."}),
+    declare(Type::Section,
+            {.path = "route.schema_registry",
+             .doc = "This route's own schema registry, with the keys of [schema_registry]; each one not set here is "
+                    "inherited from [schema_registry]."}),
     declare(Type::Section,
             {.path = "route.database",
              .doc = "This route's own database, with the keys of [database]; each one not set here is inherited from "

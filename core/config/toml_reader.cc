@@ -67,6 +67,8 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
     const Setting* s = find_setting(path);
     // [route.database] takes the keys of [database].
     if (s == nullptr && path.starts_with("route.database.")) s = find_setting(path.substr(6));
+    // [route.schema_registry] takes the keys of [schema_registry].
+    if (s == nullptr && path.starts_with("route.schema_registry.")) s = find_setting(path.substr(6));
     const SourcePos pos = pos_of(file, node);
     if (s == nullptr) {
       fail(pos, path, prefix.empty() ? "unknown section or key" : "unknown key in [" + prefix + "]");

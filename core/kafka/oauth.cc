@@ -1,14 +1,5 @@
 #include "core/kafka/oauth.h"
 
-#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/core/detail/base64.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -16,47 +7,15 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/common/http_fetch.h"
 #include "core/common/log.h"
 
 namespace idemsink::kafka::oauth {
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
-
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-struct Url {
-  bool tls = false;
-  std::string host;
-  std::string port;
-  std::string target;
-};
-
-Url parse(const std::string& url) {
-  Url u;
-  std::string rest;
-  if (url.rfind("https://", 0) == 0) {
-    u.tls = true;
-    rest = url.substr(8);
-  } else if (url.rfind("http://", 0) == 0) {
-    rest = url.substr(7);
-  } else {
-    throw std::runtime_error("not an http(s) URL");
-  }
-  const auto slash = rest.find('/');
-  u.target = slash == std::string::npos ? "/" : rest.substr(slash);
-  rest = rest.substr(0, slash);
-  const auto colon = rest.rfind(':');
-  u.host = colon == std::string::npos ? rest : rest.substr(0, colon);
-  u.port = colon == std::string::npos ? (u.tls ? "443" : "80") : rest.substr(colon + 1);
-  if (u.host.empty()) throw std::runtime_error("no host in the URL");
-  return u;
 }
 
 std::string form_encode(const std::string& s) {
@@ -74,12 +33,6 @@ std::string form_encode(const std::string& s) {
   return out;
 }
 
-std::string base64(const std::string& s) {
-  std::string out(beast::detail::base64::encoded_size(s.size()), '\0');
-  out.resize(beast::detail::base64::encode(out.data(), s.data(), s.size()));
-  return out;
-}
-
 // The claims of a JWT (its middle part, base64url), or nothing.
 std::optional<nlohmann::json> jwt_claims(const std::string& token) {
   const auto a = token.find('.');
@@ -87,58 +40,28 @@ std::optional<nlohmann::json> jwt_claims(const std::string& token) {
   if (b == std::string::npos) return std::nullopt;
   std::string part = token.substr(a + 1, b - a - 1);
   for (auto& c : part) c = c == '-' ? '+' : c == '_' ? '/' : c;
-  while (part.size() % 4) part += '=';
-  std::string raw(beast::detail::base64::decoded_size(part.size()), '\0');
-  raw.resize(beast::detail::base64::decode(raw.data(), part.data(), part.size()).first);
+  std::string raw;
+  if (!base64_decode(part, raw)) return std::nullopt;
   auto j = nlohmann::json::parse(raw, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   return j;
 }
 
 // One POST, synchronous, every step within `timeout`.
-http::response<http::string_body> post(const config::OAuthConfig& cfg, const Url& url, const std::string& body) {
-  asio::io_context io;
-  http::request<http::string_body> req{http::verb::post, url.target, 11};
-  req.set(http::field::host, url.host);
-  req.set(http::field::content_type, "application/x-www-form-urlencoded");
-  req.set(http::field::accept, "application/json");
-  // RFC 6749 2.3.1: the client authenticates with HTTP Basic, its id and
-  // secret form-encoded first.
-  req.set(http::field::authorization,
-          "Basic " + base64(form_encode(cfg.client_id) + ":" + form_encode(cfg.client_secret)));
-  req.body() = body;
-  req.prepare_payload();
-  http::response<http::string_body> res;
-  beast::flat_buffer buf;
-  tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(url.host, url.port);
-  if (!url.tls) {
-    beast::tcp_stream stream(io);
-    stream.expires_after(cfg.timeout);
-    stream.connect(endpoints);
-    http::write(stream, req);
-    http::read(stream, buf, res);
-    return res;
-  }
-  asio::ssl::context tls(asio::ssl::context::tls_client);
-  tls.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
-                  asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
-  if (cfg.tls_ca.empty()) {
-    tls.set_default_verify_paths();
-  } else {
-    tls.load_verify_file(cfg.tls_ca);
-  }
-  tls.set_verify_mode(asio::ssl::verify_peer);
-  tls.set_verify_callback(asio::ssl::host_name_verification(url.host));
-  beast::ssl_stream<beast::tcp_stream> stream(io, tls);
-  if (!SSL_set_tlsext_host_name(stream.native_handle(), url.host.c_str()))
-    throw std::runtime_error("TLS: cannot set the server name");
-  beast::get_lowest_layer(stream).expires_after(cfg.timeout);
-  beast::get_lowest_layer(stream).connect(endpoints);
-  stream.handshake(asio::ssl::stream_base::client);
-  http::write(stream, req);
-  http::read(stream, buf, res);
-  return res;
+HttpAnswer post(const config::OAuthConfig& cfg, const HttpUrl& url, const std::string& body) {
+  HttpFetch req;
+  req.method = "POST";
+  req.url = url;
+  req.headers = {
+      {"Content-Type", "application/x-www-form-urlencoded"},
+      {"Accept", "application/json"},
+      // RFC 6749 2.3.1: the client authenticates with HTTP Basic,
+      // its id and secret form-encoded first.
+      {"Authorization", "Basic " + base64_encode(form_encode(cfg.client_id) + ":" + form_encode(cfg.client_secret))}};
+  req.body = body;
+  req.tls_ca = cfg.tls_ca;
+  req.timeout = cfg.timeout;
+  return http_fetch(req);
 }
 
 // The process's token, shared by its clients while more than half of its
@@ -213,24 +136,24 @@ void attach(rd_kafka_t* rk, const config::KafkaConfig& cfg) {
 
 Token fetch(const config::OAuthConfig& cfg) {
   const std::string where = "OAuth token endpoint " + cfg.token_endpoint;
-  Url url;
+  HttpUrl url;
   try {
-    url = parse(cfg.token_endpoint);
+    url = parse_http_url(cfg.token_endpoint);
   } catch (const std::exception& e) {
     throw std::runtime_error(where + ": " + e.what());
   }
   std::string body = "grant_type=client_credentials";
   if (!cfg.scope.empty()) body += "&scope=" + form_encode(cfg.scope);
-  http::response<http::string_body> res;
+  HttpAnswer res;
   try {
     res = post(cfg, url, body);
   } catch (const std::exception& e) {
     throw std::runtime_error(where + " did not answer: " + e.what());
   }
-  const auto j = nlohmann::json::parse(res.body(), nullptr, false);
-  if (res.result_int() != 200) {
+  const auto j = nlohmann::json::parse(res.body, nullptr, false);
+  if (res.status != 200) {
     // An OAuth error answer names its error (invalid_client, ...); the body is not echoed further.
-    std::string what = "HTTP " + std::to_string(res.result_int());
+    std::string what = "HTTP " + std::to_string(res.status);
     if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_string())
       what += " " + j["error"].get<std::string>();
     throw std::runtime_error(where + " refused the client: " + what);

@@ -102,9 +102,19 @@ std::string Metrics::db_problem() const {
   return out;
 }
 
+void Metrics::watch_registry(std::string url, std::function<std::string()> problem, std::function<size_t()> waiting) {
+  std::lock_guard lk(mu_);
+  registries_.push_back({std::move(url), std::move(problem), std::move(waiting)});
+}
+
 std::string Metrics::readiness_problem() const {
   std::string out = db_problem();
   std::lock_guard lk(mu_);
+  // Records whose schema it has not given wait: their partitions hold.
+  for (const auto& r : registries_)
+    if (const std::string p = r.problem(); !p.empty())
+      out += "schema registry " + r.url + " does not answer (" + p + "); records needing a schema it has not given " +
+             "wait (" + std::to_string(r.waiting()) + " schemas)\n";
   for (const auto& s : slices_) {
     if (s->kafka.empty()) continue;
     const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
@@ -171,6 +181,16 @@ std::string Metrics::prometheus() const {
          "1 while /readyz answers 200: databases reachable, Kafka reachable and authenticated, partitions assigned "
          "or the group joining.");
   out += "idemsink_ready " + std::to_string(ready ? 1 : 0) + "\n";
+  if (!registries_.empty()) {
+    family(out, "idemsink_schema_registry_up", "gauge",
+           "1 while the schema registry answers; 0 while records needing a schema it has not given wait.");
+    for (const auto& r : registries_)
+      out += "idemsink_schema_registry_up{url=\"" + r.url + "\"} " + (r.problem().empty() ? "1" : "0") + "\n";
+    family(out, "idemsink_schema_registry_waiting_schemas", "gauge",
+           "Schemas being fetched that records wait for (their partitions hold until the schema is known).");
+    for (const auto& r : registries_)
+      out += "idemsink_schema_registry_waiting_schemas{url=\"" + r.url + "\"} " + std::to_string(r.waiting()) + "\n";
+  }
   render_clients(out);
   return out;
 }

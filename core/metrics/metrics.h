@@ -7,6 +7,7 @@
 #include <limits>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -209,6 +210,11 @@ class Metrics {
   /// The slice of one database (created on first use).
   SliceMetrics& slice(const std::string& database);
 
+  /// A schema registry the host reads writer schemas from: `problem` says
+  /// why it cannot answer (empty: it does), `waiting` how many schemas
+  /// records wait for (core/format/registry.h).
+  void watch_registry(std::string url, std::function<std::string()> problem, std::function<size_t()> waiting);
+
   /// Labels of the idemsink_build_info gauge (version, commit, library versions).
   void set_build_info(std::map<std::string, std::string> labels);
   /// The engine loop proves it runs (every second); /livez reads how long ago.
@@ -237,6 +243,12 @@ class Metrics {
   std::map<std::tuple<std::string, std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
   std::vector<std::unique_ptr<SliceMetrics>> slices_;
   std::map<std::string, std::string> build_info_;
+  struct WatchedRegistry {
+    std::string url;
+    std::function<std::string()> problem;
+    std::function<size_t()> waiting;
+  };
+  std::vector<WatchedRegistry> registries_;
   // Since when each slice has been settled in its group with no partition (readiness).
   static constexpr std::chrono::seconds kUnassignedGrace{12};
   mutable std::map<const SliceMetrics*, std::chrono::steady_clock::time_point> unassigned_since_;

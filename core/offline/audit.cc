@@ -9,6 +9,7 @@
 #include "core/claim/offsets.h"
 #include "core/dlq/headers.h"
 #include "core/dlq/outbox.h"
+#include "core/format/decoder.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/oauth.h"
@@ -116,8 +117,9 @@ std::string ranges(const std::vector<int64_t>& offsets, size_t max_ranges) {
 // group began it, when it began at the log's end) up to the group's
 // committed offset, all partitions at once, and accounts for each record.
 void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
-                 pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter, const std::string& topic,
-                 const std::map<std::pair<std::string, int32_t>, int64_t>& began, AuditReport& report) {
+                 pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter, const format::RecordDecoder* decoder,
+                 const std::string& topic, const std::map<std::pair<std::string, int32_t>, int64_t>& began,
+                 AuditReport& report) {
   const int parts = partition_count(group, topic);
   if (parts == 0) return;
   kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_new(parts));
@@ -172,16 +174,26 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     if (it == index.end()) continue;
     const PartitionAudit& pa = report.partitions[it->second];
     if (!msg->err && msg->offset < pa.committed) {
-      // Decided as the host decides it (from the record alone); a retry
-      // tier's records were taken already.
+      // Decided as the host decides it (from the record alone, decoded as
+      // the route's formats say); a retry tier's records were taken already.
+      pipeline::RecordView view = pipeline::RecordView::raw(msg.get());
+      format::DecodedRecord decoded;
+      if (decoder) {
+        decoded = decoder->decode_now(view.msg->payload ? std::optional(view.value) : std::nullopt, view.key);
+        if (decoded.value_json) view.value = *decoded.value_json;
+        if (decoded.key_text) view.key = *decoded.key_text;
+      }
       const auto replayed_for = topic == route.topic ? dlq::headers::replay_target(msg.get()) : std::nullopt;
-      const bool skipped = topic == route.topic && (replayed_for ? route.shares_topic_with(*replayed_for)
-                                                                 : filter && filter->decide(msg.get()).verdict ==
-                                                                                 pipeline::RouteFilter::Verdict::Skip);
+      const bool filter_decides = filter && !replayed_for && !(decoded.undecodable && filter->condition().needs_json());
+      const bool skipped =
+          topic == route.topic &&
+          (replayed_for ? route.shares_topic_with(*replayed_for)
+                        : filter_decides && filter->decide(view).verdict == pipeline::RouteFilter::Verdict::Skip);
       if (skipped) {
         pages[msg->partition].push_back({msg->offset, std::nullopt, true});
       } else {
-        auto key = extractor.extract(msg.get());
+        auto key = extractor.extract(view);
+        if (decoded.undecodable) key = pipeline::KeyProblem{dlq::Reason::UndecodableValue, *decoded.undecodable};
         pages[msg->partition].push_back({msg->offset, std::holds_alternative<std::string>(key)
                                                           ? std::optional(std::get<std::string>(key))
                                                           : std::nullopt});
@@ -236,6 +248,7 @@ AuditReport audit(const config::Config& cfg) {
     std::map<std::pair<std::string, int32_t>, int64_t> began;
   };
   std::map<std::string, Group> groups;  // each route's
+  format::Registries registries;        // for routes whose records are in a registry's format
   for (const auto& route : cfg.routes) {
     auto& group = groups[route.group_id];
     if (!group.handle) {
@@ -245,9 +258,14 @@ AuditReport audit(const config::Config& cfg) {
     pipeline::KeyExtractor extractor(route);
     std::optional<pipeline::RouteFilter> filter;
     if (route.when) filter.emplace(*route.when);
+    std::optional<format::RecordDecoder> decoder;
+    if (format::RecordDecoder::needed(route))
+      decoder.emplace(route, config::in_registry(route.value_format) || config::in_registry(route.key_format)
+                                 ? &registries.of(route.schema_registry)
+                                 : nullptr);
     for (const auto& topic : route.topics())
-      audit_topic(group.handle.get(), reader.get(), db, route, extractor, filter ? &*filter : nullptr, topic,
-                  group.began, report);
+      audit_topic(group.handle.get(), reader.get(), db, route, extractor, filter ? &*filter : nullptr,
+                  decoder ? &*decoder : nullptr, topic, group.began, report);
   }
   return report;
 }

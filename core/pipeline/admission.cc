@@ -3,14 +3,14 @@
 namespace idemsink::pipeline {
 
 std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const config::ClaimConfig& claim,
-                                         KeyExtractor& extractor, const rd_kafka_message_t* msg, int64_t timestamp_ms,
+                                         KeyExtractor& extractor, const RecordView& record, int64_t timestamp_ms,
                                          int64_t now_ms) {
   using dlq::Reason;
-  const int64_t size = static_cast<int64_t>(msg->len + msg->key_len);
+  const int64_t size = static_cast<int64_t>(record.msg->len + record.msg->key_len);
   if (size > route.max_record_bytes)
     return Refusal{Reason::RecordTooLarge, "record is " + std::to_string(size) + " bytes, route limit " +
                                                std::to_string(route.max_record_bytes)};
-  auto key = extractor.extract(msg);
+  auto key = extractor.extract(record);
   if (auto* problem = std::get_if<KeyProblem>(&key)) return Refusal{problem->reason, problem->detail};
   std::string biz_key = std::move(std::get<std::string>(key));
   if (biz_key.size() > 255)
@@ -29,8 +29,8 @@ std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const
   return biz_key;
 }
 
-std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const rd_kafka_message_t* msg) {
-  auto key = extractor.extract(msg);
+std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const RecordView& record) {
+  auto key = extractor.extract(record);
   if (auto* problem = std::get_if<KeyProblem>(&key)) return Refusal{problem->reason, "order key: " + problem->detail};
   std::string order_key = std::move(std::get<std::string>(key));
   if (order_key.size() > 255)

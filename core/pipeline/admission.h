@@ -20,16 +20,16 @@ struct Refusal {
   std::string detail;
 };
 
-/// The biz_key of `msg`, or why the route refuses it. The checks, in order:
+/// The biz_key of `record`, or why the route refuses it. The checks, in order:
 /// size, key, key length, timestamp present, within the replay horizon
 /// (claim rows older than retention may be dropped, so such a record could
 /// not be de-duplicated), not too far in the future.
 std::variant<std::string, Refusal> admit(const config::RouteConfig& route, const config::ClaimConfig& claim,
-                                         KeyExtractor& extractor, const rd_kafka_message_t* msg, int64_t timestamp_ms,
+                                         KeyExtractor& extractor, const RecordView& record, int64_t timestamp_ms,
                                          int64_t now_ms);
 
-/// The entity of `msg` on a route with [route.order_by], or why the route
+/// The entity of `record` on a route with [route.order_by], or why the route
 /// refuses it (no ordering key, or one above 255 bytes).
-std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const rd_kafka_message_t* msg);
+std::variant<std::string, Refusal> admit_order_key(KeyExtractor& extractor, const RecordView& record);
 
 }  // namespace idemsink::pipeline

@@ -243,6 +243,11 @@ idemsink_record Dispatcher::abi_record(const Record& r, std::vector<idemsink_hea
   rec.idem_token = r.token.c_str();
   rec.attempt = r.calls;
   rec.timeout_ms = r.route->cfg.call_timeout.count();
+  if (r.value_json)
+    rec.value_json = {r.value_json->data(), r.value_json->size()};
+  else if (r.route->cfg.value_format == config::Format::Json)
+    rec.value_json = rec.value;
+  if (r.key_json) rec.key_json = {r.key_json->data(), r.key_json->size()};
   return rec;
 }
 

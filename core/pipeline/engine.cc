@@ -389,23 +389,40 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
     auto route_it = feed.route_by_topic.find(tp.topic);
     if (!part || route_it == feed.route_by_topic.end()) continue;  // fetched before a revoke
     const auto [route, tier] = route_it->second;
+    format::DecodedRecord decoded;
+    if (route->decoder) {
+      decoded = route->decoder->decode(
+          msg->payload ? std::optional(std::string_view(static_cast<const char*>(msg->payload), msg->len))
+                       : std::nullopt,
+          msg->key ? std::optional(std::string_view(static_cast<const char*>(msg->key), msg->key_len)) : std::nullopt);
+      if (decoded.registry != nullptr) {
+        if (feed.partitions.next_in_line(*part, *msg, batch.seek_generation))
+          feed.partitions.wait_for_schema(part, msg->offset, *decoded.registry, decoded.schema_id);
+        continue;
+      }
+    }
     if (!feed.partitions.take(part, *msg, batch.seek_generation, tier > 0)) continue;
+    RecordView view = RecordView::raw(msg.get());
+    if (decoded.value_json) view.value = *decoded.value_json;
+    if (decoded.key_text) view.key = *decoded.key_text;
     // What the route does not take comes first: another route's replayed
     // copy, or a record [route.when] leaves out. It needs no key, no claim,
-    // no pipeline record (a retry tier's record was taken already).
-    std::optional<RouteFilter::Result> refused_by_filter;
+    // no pipeline record (a retry tier's record was taken already). A record
+    // that does not decode is the route's to dead-letter unless a condition
+    // that needs no value leaves it out.
+    std::optional<std::string> undecodable = std::move(decoded.undecodable);
     const auto replayed_for = tier == 0 ? dlq::headers::replay_target(msg.get()) : std::nullopt;
     if (replayed_for && route->cfg.shares_topic_with(*replayed_for)) {
       skip(*route, *part, msg->offset);
       continue;
     }
-    if (route->filter && tier == 0 && !replayed_for) {
-      auto decided = route->filter->decide(msg.get());
+    if (route->filter && tier == 0 && !replayed_for && !(undecodable && route->filter->condition().needs_json())) {
+      auto decided = route->filter->decide(view);
       if (decided.verdict == RouteFilter::Verdict::Skip) {
         skip(*route, *part, msg->offset);
         continue;
       }
-      if (decided.verdict == RouteFilter::Verdict::Undecodable) refused_by_filter = std::move(decided);
+      if (decided.verdict == RouteFilter::Verdict::Undecodable && !undecodable) undecodable = std::move(decided.why);
     }
     ++kept;
 
@@ -416,6 +433,9 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
     r.tier = tier;
     r.part = part;
     r.offset = msg->offset;
+    r.value_json = std::move(decoded.value_json);
+    r.key_json = std::move(decoded.key_json);
+    r.key_text = std::move(decoded.key_text);
     rd_kafka_timestamp_type_t ts_type;
     r.timestamp_ms = rd_kafka_message_timestamp(msg.get(), &ts_type);
     // Back from a retry topic: attempts continue where the last tier stopped.
@@ -430,18 +450,18 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
     route->metrics->consumed.fetch_add(1, std::memory_order_relaxed);
     if (!health_.record_arrived(*route)) --kept;  // held for the circuit: out of the backpressure count at once
 
-    if (refused_by_filter) {
-      refuse(r, dlq::Reason::UndecodableValue, std::move(refused_by_filter->why));
+    if (undecodable) {
+      refuse(r, dlq::Reason::UndecodableValue, std::move(*undecodable));
       continue;
     }
-    auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.msg.get(), r.timestamp_ms, now);
+    auto admitted = admit(route->cfg, cfg_.claim, route->extractor, r.view(), r.timestamp_ms, now);
     if (auto* refusal = std::get_if<Refusal>(&admitted)) {
       refuse(r, refusal->reason, std::move(refusal->detail));
       continue;
     }
     r.biz_key = std::move(std::get<std::string>(admitted));
     if (route->order_extractor) {
-      auto entity = admit_order_key(*route->order_extractor, r.msg.get());
+      auto entity = admit_order_key(*route->order_extractor, r.view());
       if (auto* refusal = std::get_if<Refusal>(&entity)) {
         refuse(r, refusal->reason, std::move(refusal->detail));
         continue;
@@ -454,7 +474,11 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
                                         dlq::headers::integer(r.msg.get(), dlq::headers::kReplayed));
       if (!by_hold) r.entity_id = route->cfg.name + '\0' + *r.order_key;
     }
-    r.payload_hash = payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
+    // A decoded value's hash is of its data, not of its encoding: another
+    // schema version of the same data is the same payload (docs/formats.md).
+    r.payload_hash = r.value_json
+                         ? payload_hash(format::canonical_json(*r.value_json))
+                         : payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
     r.key_id = route->cfg.name + '\0' + r.biz_key;
     // An entity's records line up by entity first, and only its first joins
     // its biz_key's line: a record must never wait in a key's line behind one

@@ -7,6 +7,7 @@
 //     release the records waiting for them; resumes at half the limit), or
 //   - it is a retry-topic partition held until its next record is due, or
 //   - it was just assigned and its start is being read from the database, or
+//   - its next record needs a schema the registry has not given yet, or
 //   - its route's circuit is open (the remote is down), or
 //   - an operator paused its route (persisted; every host obeys), or
 //   - its route holds route.order_by.max_waiting records waiting for
@@ -57,6 +58,7 @@ class FetchGate {
   enum class Hold : unsigned {
     NotDue = 1,  ///< a retry-topic partition waits for its next record to be due
     Start = 2,   ///< newly assigned: its start is being read from the database
+    Schema = 4,  ///< its next record needs a schema the registry has not given yet
   };
   void hold(const kafka::TopicPartition& tp, Hold reason);
   void release(const kafka::TopicPartition& tp, Hold reason);

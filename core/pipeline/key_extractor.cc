@@ -31,11 +31,12 @@ KeyExtractor::KeyExtractor(config::KeySource source, const std::string& header, 
 KeyExtractor::~KeyExtractor() = default;
 KeyExtractor::KeyExtractor(KeyExtractor&&) noexcept = default;
 
-std::variant<std::string, KeyProblem> KeyExtractor::extract(const rd_kafka_message_t* msg) {
+std::variant<std::string, KeyProblem> KeyExtractor::extract(const RecordView& record) {
+  const rd_kafka_message_t* msg = record.msg;
   switch (source_) {
     case config::KeySource::MessageKey:
-      if (msg->key == nullptr || msg->key_len == 0) return KeyProblem{dlq::Reason::MissingKey, "record has no key"};
-      return std::string(static_cast<const char*>(msg->key), msg->key_len);
+      if (!record.key || record.key->empty()) return KeyProblem{dlq::Reason::MissingKey, "record has no key"};
+      return std::string(*record.key);
     case config::KeySource::Header: {
       rd_kafka_headers_t* hdrs = nullptr;
       const void* v = nullptr;
@@ -47,12 +48,11 @@ std::variant<std::string, KeyProblem> KeyExtractor::extract(const rd_kafka_messa
       return std::string(static_cast<const char*>(v), n);
     }
     case config::KeySource::JsonField: {
-      if (msg->payload == nullptr || msg->len == 0)
-        return KeyProblem{dlq::Reason::UndecodableValue, "empty value, expected JSON"};
+      if (record.value.empty()) return KeyProblem{dlq::Reason::UndecodableValue, "empty value, expected JSON"};
       // The DOM parser validates the whole value: a record the handler could
       // not decode either is refused here, not halfway through its side effect.
       simdjson::dom::element doc;
-      if (auto err = json_->parser.parse(static_cast<const char*>(msg->payload), msg->len).get(doc))
+      if (auto err = json_->parser.parse(record.value.data(), record.value.size()).get(doc))
         return KeyProblem{dlq::Reason::UndecodableValue,
                           std::string("value is not JSON: ") + simdjson::error_message(err)};
       simdjson::dom::element v;

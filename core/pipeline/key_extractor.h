@@ -11,6 +11,7 @@
 
 #include "core/config/config.h"
 #include "core/dlq/reason.h"
+#include "core/pipeline/record_view.h"
 
 namespace idemsink::pipeline {
 
@@ -28,7 +29,7 @@ class KeyExtractor {
   ~KeyExtractor();
   KeyExtractor(KeyExtractor&&) noexcept;
 
-  std::variant<std::string, KeyProblem> extract(const rd_kafka_message_t* msg);
+  std::variant<std::string, KeyProblem> extract(const RecordView& record);
 
  private:
   struct Json;

@@ -399,6 +399,27 @@ void Partitions::check_drains() {
   }
 }
 
+bool Partitions::next_in_line(const Partition& part, const rd_kafka_message_t& msg, uint64_t seek_generation) const {
+  return !part.starting && seek_generation >= part.seek_ticket &&
+         part.tracker.check(msg.offset) == OffsetTracker::Admit::Next;
+}
+
+void Partitions::wait_for_schema(const std::shared_ptr<Partition>& part, int64_t offset, format::Registry& registry,
+                                 int32_t id) {
+  gate_.hold(part->tp, FetchGate::Hold::Schema);
+  rewind(*part, offset);
+  spdlog::info("{}[{}]: record {} needs schema id {} from the registry; the partition waits for it", part->tp.topic,
+               part->tp.partition, offset, id);
+  // Answered on the registry's thread, once the schema is known (or known
+  // to be unknown: the record is then dead-lettered when read again).
+  registry.when_cached(id, [this, weak = std::weak_ptr<Partition>(part)] {
+    asio::post(io_, [this, weak] {
+      auto p = weak.lock();
+      if (p && current(p)) gate_.release(p->tp, FetchGate::Hold::Schema);
+    });
+  });
+}
+
 bool Partitions::take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
                       bool retry_topic) {
   if (part->starting) return false;                       // fetched again once the start is known

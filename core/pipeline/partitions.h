@@ -72,6 +72,14 @@ class Partitions {
   bool take(const std::shared_ptr<Partition>& part, const rd_kafka_message_t& msg, uint64_t seek_generation,
             bool retry_topic);
 
+  /// Whether `msg` is the record `part` takes next (take()'s checks, without
+  /// taking it).
+  bool next_in_line(const Partition& part, const rd_kafka_message_t& msg, uint64_t seek_generation) const;
+  /// The record at `offset` needs schema `id`, which `registry` has not
+  /// given yet: the partition holds, rewound to it, until the registry
+  /// answers (records after it were dropped and are fetched again).
+  void wait_for_schema(const std::shared_ptr<Partition>& part, int64_t offset, format::Registry& registry, int32_t id);
+
   /// Offsets Kafka deleted by retention before this group read them: no
   /// outcome will ever exist for them. The commit point stays at `from`
   /// until the loss is recorded (Engine), then passes it.

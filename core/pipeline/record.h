@@ -16,6 +16,7 @@
 #include "core/common/util.h"
 #include "core/config/config.h"
 #include "core/dlq/reason.h"
+#include "core/format/decoder.h"
 #include "core/kafka/client.h"
 #include "core/pipeline/circuit_breaker.h"
 #include "core/pipeline/rate_limiter.h"
@@ -23,6 +24,7 @@
 
 #include "core/pipeline/fetch_gate.h"
 #include "core/pipeline/key_extractor.h"
+#include "core/pipeline/record_view.h"
 #include "core/pipeline/route_filter.h"
 #include "core/metrics/metrics.h"
 #include "core/pipeline/offset_tracker.h"
@@ -45,6 +47,9 @@ struct Route {
   std::optional<KeyExtractor> order_extractor;
   /// Which records it takes ([route.when]); none: every record.
   std::optional<RouteFilter> filter;
+  /// [route.value], [route.key_format]: the value and key decoded to JSON
+  /// before anything reads them; none: read as written.
+  std::optional<format::RecordDecoder> decoder;
   /// The fetch gate of the consumer (group) reading the route's topics.
   FetchGate* gate = nullptr;
   CircuitBreaker circuit{cfg.circuit};
@@ -118,6 +123,12 @@ struct Record {
   std::shared_ptr<Partition> part;
   int64_t offset = 0;
   int64_t timestamp_ms = 0;
+  // The value and key decoded to JSON (route.decoder),
+  // and the key's text as the biz_key and [route.when] read it; none: read
+  // as written. Dead letters keep the bytes as written.
+  std::optional<std::string> value_json;
+  std::optional<std::string> key_json;
+  std::optional<std::string> key_text;
   Stage stage = Stage::New;  // changed only by move_to
   std::string biz_key;
   std::string key_id;  // empty: not in a key queue (refused before a key existed)
@@ -185,6 +196,13 @@ struct Record {
   /// logged as a bug.
   void move_to(Stage to);
   bool maybe_applied() const { return uncertain_calls > 0 || owner_died; }
+  /// The record as its route reads it (decoded where its formats say so).
+  RecordView view() const {
+    RecordView v = RecordView::raw(msg.get());
+    if (value_json) v.value = *value_json;
+    if (key_text) v.key = *key_text;
+    return v;
+  }
   claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
 };
 

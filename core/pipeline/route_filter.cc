@@ -54,9 +54,9 @@ Field header_field(const rd_kafka_message_t* msg, const std::string& name) {
   return {true, v ? std::optional(std::string(static_cast<const char*>(v), n)) : std::nullopt};
 }
 
-Field key_field(const rd_kafka_message_t* msg) {
-  if (msg->key == nullptr) return {};
-  return {true, std::string(static_cast<const char*>(msg->key), msg->key_len)};
+Field key_field(const RecordView& record) {
+  if (!record.key) return {};
+  return {true, std::string(*record.key)};
 }
 
 bool passes(const Condition& c, const Field& f) {
@@ -73,23 +73,23 @@ bool passes(const Condition& c, const Field& f) {
   return false;
 }
 
-bool holds(const Condition& c, const rd_kafka_message_t* msg, simdjson::dom::element doc) {
+bool holds(const Condition& c, const RecordView& record, simdjson::dom::element doc) {
   switch (c.kind) {
     case Condition::Kind::All:
       for (const auto& p : c.parts)
-        if (!holds(p, msg, doc)) return false;
+        if (!holds(p, record, doc)) return false;
       return true;
     case Condition::Kind::Any:
       for (const auto& p : c.parts)
-        if (holds(p, msg, doc)) return true;
+        if (holds(p, record, doc)) return true;
       return false;
-    case Condition::Kind::Not: return !holds(c.parts.front(), msg, doc);
+    case Condition::Kind::Not: return !holds(c.parts.front(), record, doc);
     case Condition::Kind::Test: break;
   }
   switch (c.subject) {
     case Condition::Subject::Json: return passes(c, json_field(doc, c.name));
-    case Condition::Subject::Header: return passes(c, header_field(msg, c.name));
-    case Condition::Subject::Key: return passes(c, key_field(msg));
+    case Condition::Subject::Header: return passes(c, header_field(record.msg, c.name));
+    case Condition::Subject::Key: return passes(c, key_field(record));
   }
   return false;
 }
@@ -100,16 +100,16 @@ RouteFilter::RouteFilter(Condition condition) : condition_(std::move(condition))
 RouteFilter::~RouteFilter() = default;
 RouteFilter::RouteFilter(RouteFilter&&) noexcept = default;
 
-RouteFilter::Result RouteFilter::decide(const rd_kafka_message_t* msg) {
+RouteFilter::Result RouteFilter::decide(const RecordView& record) {
   simdjson::dom::element doc;
   if (condition_.needs_json()) {
-    if (msg->payload == nullptr || msg->len == 0)
+    if (record.value.empty())
       return {Verdict::Undecodable, "empty value; [route.when] (" + condition_.describe() + ") needs it as JSON"};
-    if (auto err = json_->parser.parse(static_cast<const char*>(msg->payload), msg->len).get(doc))
+    if (auto err = json_->parser.parse(record.value.data(), record.value.size()).get(doc))
       return {Verdict::Undecodable, std::string("value is not JSON (") + simdjson::error_message(err) +
                                         "); [route.when] (" + condition_.describe() + ") needs it as JSON"};
   }
-  return {holds(condition_, msg, doc) ? Verdict::Take : Verdict::Skip, {}};
+  return {holds(condition_, record, doc) ? Verdict::Take : Verdict::Skip, {}};
 }
 
 }  // namespace idemsink::pipeline

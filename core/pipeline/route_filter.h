@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/config/config.h"
+#include "core/pipeline/record_view.h"
 
 namespace idemsink::pipeline {
 
@@ -27,7 +28,7 @@ class RouteFilter {
     Verdict verdict;
     std::string why;  // Undecodable: what the value is not
   };
-  Result decide(const rd_kafka_message_t* msg);
+  Result decide(const RecordView& record);
 
   const config::Condition& condition() const { return condition_; }
 

@@ -144,7 +144,7 @@ inline bool valid_utf8(std::string_view s) { return simdjson::validate_utf8(s.da
 inline std::optional<std::string> unsendable(const sdk::Record& rec) {
   if (!valid_utf8(rec.biz_key()))
     return std::string("the biz_key is not valid UTF-8 and cannot be carried in a JSON request");
-  if (const size_t depth = json_depth(rec.value()); depth > kMaxJsonDepth)
+  if (const size_t depth = json_depth(rec.json()); depth > kMaxJsonDepth)
     return "the record value nests " + std::to_string(depth) + " levels deep (at most " +
            std::to_string(kMaxJsonDepth) + ")";
   return std::nullopt;
@@ -168,11 +168,11 @@ inline std::string order_json(const sdk::Record& rec);
 /// The record value as JSON when it is JSON, as a string when it is other
 /// text, and as {"value_base64": ...} when it is not UTF-8 (binary).
 inline nlohmann::json order_payload(const sdk::Record& rec) {
-  auto j = nlohmann::json::parse(rec.value(), nullptr, false);
+  auto j = nlohmann::json::parse(rec.json(), nullptr, false);
   if (!j.is_discarded()) return j;
-  if (valid_utf8(rec.value())) return nlohmann::json(std::string(rec.value()));
-  std::string b64(boost::beast::detail::base64::encoded_size(rec.value().size()), '\0');
-  b64.resize(boost::beast::detail::base64::encode(b64.data(), rec.value().data(), rec.value().size()));
+  if (valid_utf8(rec.json())) return nlohmann::json(std::string(rec.json()));
+  std::string b64(boost::beast::detail::base64::encoded_size(rec.json().size()), '\0');
+  b64.resize(boost::beast::detail::base64::encode(b64.data(), rec.json().data(), rec.json().size()));
   return nlohmann::json{{"value_base64", b64}};
 }
 
@@ -180,8 +180,7 @@ inline std::string order_json(const sdk::Record& rec) {
   // A leading byte-order mark is accepted by the parser but is no JSON a
   // service reads inside a body: such a value is written out again.
   constexpr std::string_view kBom = "\xEF\xBB\xBF";
-  if (rec.value().substr(0, kBom.size()) != kBom && nlohmann::json::accept(rec.value()))
-    return std::string(rec.value());
+  if (rec.json().substr(0, kBom.size()) != kBom && nlohmann::json::accept(rec.json())) return std::string(rec.json());
   return order_payload(rec).dump();
 }
 

@@ -297,7 +297,7 @@ class Http {
     try {
       mustache::data d = record_data(rec);
       target = path_.render(d);
-      body = body_ ? body_->render(d) : std::string(rec.value());
+      body = body_ ? body_->render(d) : std::string(rec.json());
       // The look-up target is rendered now: the record does not outlive invoke().
       if (lookup_) lookup = lookup_->render(d);
     } catch (const std::invalid_argument& e) {

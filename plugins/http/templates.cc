@@ -217,7 +217,7 @@ mustache::data record_data(const sdk::Record& rec) {
   // The one walk of a record's value, for every template (call, look-up):
   // the tree is built recursively, so a value nested deeper than the JSON
   // writer can take is refused here, before anything walks it.
-  if (const size_t depth = json_depth(rec.value()); depth > kMaxJsonDepth)
+  if (const size_t depth = json_depth(rec.json()); depth > kMaxJsonDepth)
     throw std::invalid_argument("the record value nests " + std::to_string(depth) + " levels deep (at most " +
                                 std::to_string(kMaxJsonDepth) + ")");
   const json value = order_payload(rec);

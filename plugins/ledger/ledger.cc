@@ -68,7 +68,7 @@ class Ledger {
         entry_type_(o.str("entry_type")) {}
 
   void apply(const sdk::Record& rec, sdk::Tx& tx, sdk::Completion done) {
-    auto j = nlohmann::json::parse(rec.value(), nullptr, false);
+    auto j = nlohmann::json::parse(rec.json(), nullptr, false);
     if (j.is_discarded()) return done.permanent("value is not JSON");
     const auto* account = at_path(j, account_field_);
     const auto* amount = at_path(j, amount_field_);

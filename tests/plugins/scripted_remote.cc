@@ -11,7 +11,7 @@
 //                   form, a byte above F4, a surrogate)
 //   anything else   ok after `delay`
 // Every call appends one line to the `log` file before reporting:
-//   route \t hex(biz_key) \t idem_token \t attempt \t outcome \t unix ms
+//   route \t hex(biz_key) \t idem_token \t attempt \t outcome \t unix ms \t hex(the value as JSON)
 // so a test can prove what was really invoked, even across SIGKILLs.
 #include <fcntl.h>
 #include <unistd.h>
@@ -92,7 +92,7 @@ class Scripted {
                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::system_clock::now().time_since_epoch())
                                           .count()) +
-                       "\n";
+                       "\t" + hex(rec.json()) + "\n";
     if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
       throw std::runtime_error("log write");
     if (key.starts_with("hang-")) {

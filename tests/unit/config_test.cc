@@ -566,3 +566,37 @@ BOOST_AUTO_TEST_CASE(kafka_oauth_takes_its_secret_from_the_environment_or_a_priv
   BOOST_TEST(from_file.kafka.oauth.client_secret == "from-a-file");
   std::remove(file.c_str());
 }
+
+BOOST_AUTO_TEST_CASE(record_formats_and_their_registry) {
+  setenv("IDEMSINK_TEST_REGISTRY_PASSWORD", "s3cret", 1);
+  Config c = load_string(kMinimal +
+                             "[route.value]\nformat = \"avro\"\n[route.key_format]\nformat = \"json\"\n"
+                             "[route.schema_registry]\ntimeout = \"2s\"\n"
+                             "[schema_registry]\nurl = \"https://registry.internal:8081/\"\nusername = \"idemsink\"\n"
+                             "password_env = \"IDEMSINK_TEST_REGISTRY_PASSWORD\"\n",
+                         "test.toml");
+  const auto& r = c.routes.at(0);
+  BOOST_TEST((r.value_format == Format::Avro));
+  BOOST_TEST((r.key_format == Format::Json));
+  BOOST_TEST(r.schema_registry.url == "https://registry.internal:8081");  // the slash dropped
+  BOOST_TEST(r.schema_registry.password == "s3cret");                     // inherited
+  BOOST_TEST(r.schema_registry.timeout.count() == 2000);                  // its own
+  BOOST_TEST(c.schema_registry.timeout.count() == 5000);
+  // The defaults: JSON values, keys as their bytes, no registry needed.
+  const Config plain = load_string(kMinimal, "test.toml");
+  BOOST_TEST((plain.routes.at(0).value_format == Format::Json));
+  BOOST_TEST((plain.routes.at(0).key_format == Format::String));
+
+  expect_error(kMinimal + "[route.value]\nformat = \"protobuf\"\n",
+               {"test.toml:", "route.value.format", "protobuf needs a schema registry"});
+  expect_error(kMinimal + "[route.value]\nformat = \"xml\"\n",
+               {"route.value.format", "must be json, avro, protobuf, json_schema, string or bytes"});
+  expect_error(kMinimal + "key = { from = \"json\", json = \"id\" }\n[route.value]\nformat = \"bytes\"\n",
+               {"route.key.json", "the value format is bytes"});
+  expect_error(kMinimal + "[route.value]\nformat = \"string\"\n[route.when]\njson = \"type\"\nequals = \"x\"\n",
+               {"route.when", "a json test cannot be decided"});
+  expect_error(kMinimal + "[schema_registry]\nurl = \"registry:8081\"\n",
+               {"schema_registry.url", "must be an http:// or https:// URL"});
+  expect_error(kMinimal + "[schema_registry]\nurl = \"http://r\"\ntoken_env = \"IDEMSINK_TEST_NO_SUCH_VARIABLE\"\n",
+               {"schema_registry.token_env", "IDEMSINK_TEST_NO_SUCH_VARIABLE is not set"});
+}

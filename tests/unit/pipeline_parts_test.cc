@@ -64,7 +64,7 @@ BOOST_AUTO_TEST_CASE(admission_refuses_in_order_and_admits_the_rest) {
   const auto& route = c.routes.at(0);
   KeyExtractor ex(route);
   auto refusal = [&](const Message& m, int64_t ts) {
-    auto r = admit(route, c.claim, ex, &m.raw, ts, kNow);
+    auto r = admit(route, c.claim, ex, pipeline::RecordView::raw(&m.raw), ts, kNow);
     return std::holds_alternative<Refusal>(r) ? std::get<Refusal>(r).reason : Reason::Retry;
   };
   BOOST_TEST((refusal(Message("k", std::string(100, 'v')), kNow) == Reason::RecordTooLarge));
@@ -74,7 +74,7 @@ BOOST_AUTO_TEST_CASE(admission_refuses_in_order_and_admits_the_rest) {
   BOOST_TEST((refusal(Message("k", "v"), kNow - horizon - 1) == Reason::BeyondReplayHorizon));
   BOOST_TEST((refusal(Message("k", "v"), kNow + c.claim.max_future_skew.count() + 1) == Reason::TimestampInFuture));
   Message ok("order-7", "v");
-  auto admitted = admit(route, c.claim, ex, &ok.raw, kNow - horizon + kDay, kNow);
+  auto admitted = admit(route, c.claim, ex, pipeline::RecordView::raw(&ok.raw), kNow - horizon + kDay, kNow);
   BOOST_REQUIRE(std::holds_alternative<std::string>(admitted));
   BOOST_TEST(std::get<std::string>(admitted) == "order-7");
 }
@@ -84,7 +84,7 @@ BOOST_AUTO_TEST_CASE(admission_refuses_keys_longer_than_the_claim_column) {
   c.routes[0].max_record_bytes = 10'000;
   KeyExtractor ex(c.routes[0]);
   Message long_key(std::string(256, 'k'), "v");
-  auto r = admit(c.routes[0], c.claim, ex, &long_key.raw, kNow, kNow);
+  auto r = admit(c.routes[0], c.claim, ex, pipeline::RecordView::raw(&long_key.raw), kNow, kNow);
   BOOST_REQUIRE(std::holds_alternative<Refusal>(r));
   BOOST_TEST((std::get<Refusal>(r).reason == Reason::BizKeyTooLong));
 }
@@ -431,7 +431,7 @@ plugin = "/dev/null"
   using V = RouteFilter::Verdict;
   auto verdict = [](RouteFilter& f, const std::string& key, const std::string& value) {
     Message m(key, value);
-    return f.decide(&m.raw).verdict;
+    return f.decide(pipeline::RecordView::raw(&m.raw)).verdict;
   };
 
   auto type = when("json = \"event.type\"\none_of = [\"order.created\", \"order.paid\"]\n");
@@ -446,7 +446,7 @@ plugin = "/dev/null"
   BOOST_TEST((verdict(type, "k", "") == V::Undecodable));
   BOOST_TEST((verdict(type, "k", R"({"event":{"type":"order.paid")") == V::Undecodable));
   Message broken("k", "{\"event\": tru}");
-  const auto why = type.decide(&broken.raw).why;
+  const auto why = type.decide(pipeline::RecordView::raw(&broken.raw)).why;
   BOOST_TEST(why.find("not JSON") != std::string::npos, why);
   BOOST_TEST(why.find("event.type") != std::string::npos, why);
 

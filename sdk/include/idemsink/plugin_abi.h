@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define IDEMSINK_ABI_MAJOR 1
-#define IDEMSINK_ABI_MINOR 1
+#define IDEMSINK_ABI_MINOR 2
 
 /** The exported entry function of this ABI major version, as an identifier
  *  (to define it) and as a string (to look it up). */
@@ -208,6 +208,15 @@ typedef struct idemsink_record {
    *  happen): the host may already have asked the remote about it, been told
    *  "never sent" and sent it again. */
   int64_t timeout_ms;
+  /* --- ABI v1.2: present when struct_size covers it --- */
+  /** The value as JSON: decoded from the format the route names
+   *  ([route.value] avro, protobuf or json_schema; dead letters keep `value`
+   *  as written), or `value` itself when the route reads JSON. data is NULL
+   *  when the route reads its values as string or bytes. */
+  idemsink_bytes value_json;
+  /** The key as JSON likewise ([route.key_format]); data NULL unless the
+   *  route reads its keys as JSON or a registry format. */
+  idemsink_bytes key_json;
 } idemsink_record;
 
 /**

@@ -126,9 +126,22 @@ class Record {
       if (name == r_->headers[i].name && r_->headers[i].value.data) return detail::view(r_->headers[i].value);
     return std::nullopt;
   }
+  /// The value as JSON: decoded when the route's format is a schema
+  /// registry's (avro, protobuf, json_schema), the value itself otherwise
+  /// (an older host, or a route reading string or bytes: value()).
+  std::string_view json() const {
+    if (has_v12() && r_->value_json.data) return detail::view(r_->value_json);
+    return value();
+  }
+  /// The key as JSON, when the route reads its keys as JSON or decodes them.
+  std::optional<std::string_view> key_json() const {
+    if (has_v12() && r_->key_json.data) return detail::view(r_->key_json);
+    return std::nullopt;
+  }
   const idemsink_record* raw() const { return r_; }
 
  private:
+  bool has_v12() const { return r_->struct_size >= offsetof(idemsink_record, key_json) + sizeof r_->key_json; }
   const idemsink_record* r_;
 };
 

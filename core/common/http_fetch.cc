@@ -1,0 +1,114 @@
+#include "core/common/http_fetch.h"
+
+#include <utility>  // before Boost.Asio 1.74: its awaitable.hpp uses std::exchange
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/core/detail/base64.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <stdexcept>
+
+namespace idemsink {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+template <class Stream>
+HttpAnswer exchange(Stream& stream, http::request<http::string_body>& req) {
+  http::write(stream, req);
+  beast::flat_buffer buf;
+  // An interim answer (1xx, RFC 9110 15.2) is read past: the final one follows.
+  for (int interim = 0;; ++interim) {
+    http::response<http::string_body> res;
+    http::read(stream, buf, res);
+    const int status = static_cast<int>(res.result_int());
+    if (status >= 200 || status == 101) return {status, std::move(res.body())};
+    if (interim == 8) throw std::runtime_error("more than eight interim answers");
+  }
+}
+
+}  // namespace
+
+HttpUrl parse_http_url(const std::string& url) {
+  HttpUrl u;
+  std::string rest;
+  if (url.rfind("https://", 0) == 0) {
+    u.tls = true;
+    rest = url.substr(8);
+  } else if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else {
+    throw std::runtime_error("not an http(s) URL");
+  }
+  const auto slash = rest.find('/');
+  u.target = slash == std::string::npos ? "/" : rest.substr(slash);
+  rest = rest.substr(0, slash);
+  const auto colon = rest.rfind(':');
+  u.host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  u.port = colon == std::string::npos ? (u.tls ? "443" : "80") : rest.substr(colon + 1);
+  if (u.host.empty()) throw std::runtime_error("no host in the URL");
+  return u;
+}
+
+HttpAnswer http_fetch(const HttpFetch& r) {
+  asio::io_context io;
+  http::request<http::string_body> req{r.method == "POST" ? http::verb::post : http::verb::get, r.url.target, 11};
+  req.set(http::field::host, r.url.host);
+  for (const auto& [name, value] : r.headers) req.set(name, value);
+  if (!r.body.empty() || r.method == "POST") {
+    req.body() = r.body;
+    req.prepare_payload();
+  }
+  tcp::resolver resolver(io);
+  const auto endpoints = resolver.resolve(r.url.host, r.url.port);
+  if (!r.url.tls) {
+    beast::tcp_stream stream(io);
+    stream.expires_after(r.timeout);
+    stream.connect(endpoints);
+    return exchange(stream, req);
+  }
+  asio::ssl::context tls(asio::ssl::context::tls_client);
+  tls.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                  asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+  if (r.tls_ca.empty()) {
+    tls.set_default_verify_paths();
+  } else {
+    tls.load_verify_file(r.tls_ca);
+  }
+  tls.set_verify_mode(asio::ssl::verify_peer);
+  tls.set_verify_callback(asio::ssl::host_name_verification(r.url.host));
+  beast::ssl_stream<beast::tcp_stream> stream(io, tls);
+  if (!SSL_set_tlsext_host_name(stream.native_handle(), r.url.host.c_str()))
+    throw std::runtime_error("TLS: cannot set the server name");
+  beast::get_lowest_layer(stream).expires_after(r.timeout);
+  beast::get_lowest_layer(stream).connect(endpoints);
+  stream.handshake(asio::ssl::stream_base::client);
+  return exchange(stream, req);
+}
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out(beast::detail::base64::encoded_size(bytes.size()), '\0');
+  out.resize(beast::detail::base64::encode(out.data(), bytes.data(), bytes.size()));
+  return out;
+}
+
+bool base64_decode(std::string_view text, std::string& out) {
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  for (char c : text)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/')) return false;
+  std::string padded(text);
+  while (padded.size() % 4) padded += '=';
+  out.assign(beast::detail::base64::decoded_size(padded.size()), '\0');
+  // Beast stops reading at the padding: everything before it must be read.
+  const auto [written, read] = beast::detail::base64::decode(out.data(), padded.data(), padded.size());
+  out.resize(written);
+  return read >= text.size();
+}
+
+}  // namespace idemsink

@@ -1,0 +1,34 @@
+// Protobuf values read with the writer's schema as the registry holds it:
+// .proto text (or a serialized FileDescriptorProto in base64, as some
+// serializers register it), its imports resolved from the schema's
+// references and the well-known types libprotobuf carries, the message picked
+// by the record's message indexes, printed as protobuf's JSON mapping
+// (docs/formats.md).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace idemsink::format {
+
+class ProtobufSchema {
+ public:
+  /// `references`: (import name, schema text) of every file the schema
+  /// imports, directly or not, those a file imports before it. Throws
+  /// std::runtime_error naming what does not parse or resolve.
+  ProtobufSchema(std::string_view schema, const std::vector<std::pair<std::string, std::string>>& references);
+  ~ProtobufSchema();
+
+  /// The JSON of the message the indexes at the front of `bytes` name;
+  /// throws std::runtime_error when the bytes do not decode.
+  std::string to_json(std::string_view bytes) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idemsink::format
