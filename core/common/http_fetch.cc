@@ -19,14 +19,48 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+// Blocking calls on Beast's streams ignore their timers: every step runs as
+// an asynchronous operation on the request's own io_context, with the whole
+// request's deadline on the stream's timer and on the context itself (name
+// resolution has no timer of its own).
+class Steps {
+ public:
+  Steps(asio::io_context& io, std::chrono::milliseconds timeout)
+      : io_(io), deadline_(std::chrono::steady_clock::now() + timeout) {}
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+
+  /// Starts `op` with a completion handler and runs until it completes or
+  /// the deadline passes; throws on either failure.
+  template <class Op>
+  void run(const char* what, Op op) {
+    bool done = false;
+    boost::system::error_code result;
+    op([&](boost::system::error_code ec, auto&&...) {
+      result = ec;
+      done = true;
+    });
+    io_.restart();
+    io_.run_until(deadline_);
+    if (!done) {
+      io_.stop();
+      throw std::runtime_error(std::string(what) + ": timed out");
+    }
+    if (result) throw std::runtime_error(std::string(what) + ": " + result.message());
+  }
+
+ private:
+  asio::io_context& io_;
+  const std::chrono::steady_clock::time_point deadline_;
+};
+
 template <class Stream>
-HttpAnswer exchange(Stream& stream, http::request<http::string_body>& req) {
-  http::write(stream, req);
+HttpAnswer exchange(Steps& steps, Stream& stream, http::request<http::string_body>& req) {
+  steps.run("sending the request", [&](auto handler) { http::async_write(stream, req, handler); });
   beast::flat_buffer buf;
   // An interim answer (1xx, RFC 9110 15.2) is read past: the final one follows.
   for (int interim = 0;; ++interim) {
     http::response<http::string_body> res;
-    http::read(stream, buf, res);
+    steps.run("reading the answer", [&](auto handler) { http::async_read(stream, buf, res, handler); });
     const int status = static_cast<int>(res.result_int());
     if (status >= 200 || status == 101) return {status, std::move(res.body())};
     if (interim == 8) throw std::runtime_error("more than eight interim answers");
@@ -58,6 +92,7 @@ HttpUrl parse_http_url(const std::string& url) {
 
 HttpAnswer http_fetch(const HttpFetch& r) {
   asio::io_context io;
+  Steps steps(io, r.timeout);
   http::request<http::string_body> req{r.method == "POST" ? http::verb::post : http::verb::get, r.url.target, 11};
   req.set(http::field::host, r.url.host);
   for (const auto& [name, value] : r.headers) req.set(name, value);
@@ -66,12 +101,19 @@ HttpAnswer http_fetch(const HttpFetch& r) {
     req.prepare_payload();
   }
   tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(r.url.host, r.url.port);
+  tcp::resolver::results_type endpoints;
+  steps.run("resolving the host", [&](auto handler) {
+    resolver.async_resolve(r.url.host, r.url.port,
+                           [&endpoints, handler](boost::system::error_code ec, tcp::resolver::results_type found) {
+                             endpoints = std::move(found);
+                             handler(ec);
+                           });
+  });
   if (!r.url.tls) {
     beast::tcp_stream stream(io);
-    stream.expires_after(r.timeout);
-    stream.connect(endpoints);
-    return exchange(stream, req);
+    stream.expires_at(steps.deadline());
+    steps.run("connecting", [&](auto handler) { stream.async_connect(endpoints, handler); });
+    return exchange(steps, stream, req);
   }
   asio::ssl::context tls(asio::ssl::context::tls_client);
   tls.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
@@ -86,10 +128,11 @@ HttpAnswer http_fetch(const HttpFetch& r) {
   beast::ssl_stream<beast::tcp_stream> stream(io, tls);
   if (!SSL_set_tlsext_host_name(stream.native_handle(), r.url.host.c_str()))
     throw std::runtime_error("TLS: cannot set the server name");
-  beast::get_lowest_layer(stream).expires_after(r.timeout);
-  beast::get_lowest_layer(stream).connect(endpoints);
-  stream.handshake(asio::ssl::stream_base::client);
-  return exchange(stream, req);
+  beast::get_lowest_layer(stream).expires_at(steps.deadline());
+  steps.run("connecting", [&](auto handler) { beast::get_lowest_layer(stream).async_connect(endpoints, handler); });
+  steps.run("the TLS handshake",
+            [&](auto handler) { stream.async_handshake(asio::ssl::stream_base::client, handler); });
+  return exchange(steps, stream, req);
 }
 
 std::string base64_encode(std::string_view bytes) {

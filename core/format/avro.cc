@@ -1,6 +1,7 @@
 #include "core/format/avro.h"
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -15,11 +16,11 @@ struct AvroSchema::Type {
   std::string name;  // full name of a named type; the primitive's name otherwise
   bool decimal = false;
   int scale = 0;
-  size_t size = 0;                                      // fixed
+  size_t size = 0;                                          // fixed
   std::vector<std::pair<std::string, const Type*>> fields;  // record
-  std::vector<std::string> symbols;                    // enum
-  const Type* items = nullptr;                         // array items, map values
-  std::vector<const Type*> branches;                   // union
+  std::vector<std::string> symbols;                         // enum
+  const Type* items = nullptr;                              // array items, map values
+  std::vector<const Type*> branches;                        // union
 };
 
 namespace {
@@ -30,17 +31,17 @@ using Kind = AvroSchema::Type::Kind;
 [[noreturn]] void bad_schema(const std::string& why) { throw std::runtime_error("Avro schema: " + why); }
 
 const std::map<std::string, Kind>& primitives() {
-  static const std::map<std::string, Kind> k{{"null", Kind::Null},     {"boolean", Kind::Boolean},
-                                             {"int", Kind::Int},       {"long", Kind::Long},
-                                             {"float", Kind::Float},   {"double", Kind::Double},
-                                             {"bytes", Kind::Bytes},   {"string", Kind::String}};
+  static const std::map<std::string, Kind> k{
+      {"null", Kind::Null},   {"boolean", Kind::Boolean}, {"int", Kind::Int},     {"long", Kind::Long},
+      {"float", Kind::Float}, {"double", Kind::Double},   {"bytes", Kind::Bytes}, {"string", Kind::String}};
   return k;
 }
 
 std::string full_name(const Json& j, const std::string& ns) {
   const std::string name = j.at("name").get<std::string>();
   if (name.find('.') != std::string::npos) return name;
-  const std::string own = j.contains("namespace") && j["namespace"].is_string() ? j["namespace"].get<std::string>() : ns;
+  const std::string own =
+      j.contains("namespace") && j["namespace"].is_string() ? j["namespace"].get<std::string>() : ns;
   return own.empty() ? name : own + "." + name;
 }
 
@@ -52,7 +53,14 @@ std::string space_of(const std::string& full) {
 // Reads the encoding from front to back; every read checks what is left.
 class Reader {
  public:
-  explicit Reader(std::string_view b) : b_(b) {}
+  // A record decodes to at most a few values per byte (plus a margin for
+  // empty records and nulls, which take none): beyond that the schema and
+  // the bytes conspire to blow the output up (zero-width array items, a
+  // named type used twice at every level), and the record is refused.
+  explicit Reader(std::string_view b) : b_(b), budget_(8 * b.size() + 1024) {}
+  void count_value() {
+    if (budget_-- == 0) throw std::runtime_error("decodes to more values than its size allows");
+  }
   bool done() const { return pos_ == b_.size(); }
   size_t left() const { return b_.size() - pos_; }
 
@@ -88,6 +96,7 @@ class Reader {
  private:
   std::string_view b_;
   size_t pos_ = 0;
+  size_t budget_;
 };
 
 // A decimal's unscaled value (big-endian two's complement) as decimal text
@@ -126,6 +135,7 @@ Json number(double d) {
 
 Json decode(const AvroSchema::Type& t, Reader& in, int depth) {
   if (depth > 200) throw std::runtime_error("nested more than 200 deep");
+  in.count_value();
   switch (t.kind) {
     case Kind::Null: return nullptr;
     case Kind::Boolean: {
@@ -141,6 +151,9 @@ Json decode(const AvroSchema::Type& t, Reader& in, int depth) {
     case Kind::Bytes:
     case Kind::Fixed: {
       const auto raw = t.kind == Kind::Bytes ? in.sized() : in.take(t.size);
+      // 64 bytes hold 150 digits; the text conversion is quadratic in them.
+      if (t.decimal && raw.size() > 64)
+        throw std::runtime_error("a decimal of " + std::to_string(raw.size()) + " bytes (at most 64)");
       if (t.decimal) return decimal_text(raw, t.scale);
       return base64_encode(raw);
     }
@@ -160,6 +173,7 @@ Json decode(const AvroSchema::Type& t, Reader& in, int depth) {
       Json out = t.kind == Kind::Array ? Json::array() : Json::object();
       for (int64_t n = in.varlong(); n != 0; n = in.varlong()) {
         if (n < 0) {  // a block with its size in bytes after the count
+          if (n == std::numeric_limits<int64_t>::min()) throw std::runtime_error("a block count out of range");
           n = -n;
           in.varlong();
         }
@@ -198,10 +212,10 @@ AvroSchema::AvroSchema(std::string_view schema, const std::vector<std::string>& 
   try {
     for (const auto& ref : references) {
       const Json r = Json::parse(ref);
-      parse(&r, "");
+      parse(&r, "", 0);
     }
     const Json doc = Json::parse(schema);
-    root_ = parse(&doc, "");
+    root_ = parse(&doc, "", 0);
   } catch (const Json::exception& e) {
     bad_schema(e.what());
   }
@@ -210,13 +224,15 @@ AvroSchema::AvroSchema(std::string_view schema, const std::vector<std::string>& 
 AvroSchema::~AvroSchema() = default;
 
 const AvroSchema::Type* AvroSchema::named(const std::string& name, const std::string& ns) const {
-  if (auto it = names_.find(name); it != names_.end()) return it->second;
+  // A simple name is in the enclosing namespace first, as the spec reads.
   if (name.find('.') == std::string::npos && !ns.empty())
     if (auto it = names_.find(ns + "." + name); it != names_.end()) return it->second;
+  if (auto it = names_.find(name); it != names_.end()) return it->second;
   bad_schema("unknown type \"" + name + "\" (not defined before its use, nor in a referenced schema)");
 }
 
-const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& ns) {
+const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& ns, int depth) {
+  if (depth > 200) bad_schema("nested more than 200 deep");
   const Json& j = *static_cast<const Json*>(node);
   if (j.is_string()) {
     const std::string name = j.get<std::string>();
@@ -232,17 +248,18 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
     Type& t = *types_.emplace_back(std::make_unique<Type>());
     t.kind = Kind::Union;
     t.name = "union";
-    for (const auto& b : j) t.branches.push_back(parse(&b, ns));
+    for (const auto& b : j) t.branches.push_back(parse(&b, ns, depth + 1));
     if (t.branches.empty()) bad_schema("an empty union");
     return &t;
   }
   if (!j.is_object() || !j.contains("type")) bad_schema("a type must be a name, a union or an object with \"type\"");
   const Json& type = j["type"];
-  if (!type.is_string()) return parse(&type, ns);  // {"type": {...}} or {"type": [...]}
+  if (!type.is_string()) return parse(&type, ns, depth + 1);  // {"type": {...}} or {"type": [...]}
   const std::string kind = type.get<std::string>();
   Type& t = *types_.emplace_back(std::make_unique<Type>());
   t.name = kind;
-  const std::string logical = j.contains("logicalType") && j["logicalType"].is_string() ? j["logicalType"].get<std::string>() : "";
+  const std::string logical =
+      j.contains("logicalType") && j["logicalType"].is_string() ? j["logicalType"].get<std::string>() : "";
   if (auto p = primitives().find(kind); p != primitives().end()) {
     t.kind = p->second;
   } else if (kind == "record" || kind == "error" || kind == "enum" || kind == "fixed") {
@@ -256,14 +273,15 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
       t.size = j.at("size").get<size_t>();
     } else {
       t.kind = Kind::Record;
-      for (const auto& f : j.at("fields")) t.fields.emplace_back(f.at("name").get<std::string>(), parse(&f.at("type"), space_of(t.name)));
+      for (const auto& f : j.at("fields"))
+        t.fields.emplace_back(f.at("name").get<std::string>(), parse(&f.at("type"), space_of(t.name), depth + 1));
     }
   } else if (kind == "array") {
     t.kind = Kind::Array;
-    t.items = parse(&j.at("items"), ns);
+    t.items = parse(&j.at("items"), ns, depth + 1);
   } else if (kind == "map") {
     t.kind = Kind::Map;
-    t.items = parse(&j.at("values"), ns);
+    t.items = parse(&j.at("values"), ns, depth + 1);
   } else {
     types_.pop_back();
     return named(kind, ns);

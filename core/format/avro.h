@@ -29,7 +29,7 @@ class AvroSchema {
   struct Type;
 
  private:
-  const Type* parse(const void* json, const std::string& ns);
+  const Type* parse(const void* json, const std::string& ns, int depth);
   const Type* named(const std::string& name, const std::string& ns) const;
 
   std::vector<std::unique_ptr<Type>> types_;  // types point at each other

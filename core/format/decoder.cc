@@ -1,5 +1,6 @@
 #include "core/format/decoder.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace idemsink::format {
@@ -22,6 +23,33 @@ void drop_nulls(Json& j) {
   }
 }
 
+// Deeper JSON is refused before nlohmann's recursive parts (dump, the
+// null-dropping walk) see it: the engine thread's stack is not for records.
+constexpr size_t kMaxJsonDepth = 128;
+
+size_t json_depth(std::string_view json) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 Decoder::Decoder(config::Format format, Registry* registry, std::string what)
@@ -38,9 +66,9 @@ std::variant<std::string, Undecodable, NeedsSchema> Decoder::decode(std::string_
   if (!config::in_registry(format_)) return std::string(bytes);
   const auto id = schema_id(bytes);
   if (!id)
-    return Undecodable{"the " + what_ + " is not in the schema registry's wire format (" +
-                       std::string(config::to_string(format_)) + "): " +
-                       (bytes.empty() ? "it is empty" : "its first byte is not 0, or it is shorter than 5 bytes")};
+    return Undecodable{
+        "the " + what_ + " is not in the schema registry's wire format (" + std::string(config::to_string(format_)) +
+        "): " + (bytes.empty() ? "it is empty" : "its first byte is not 0, or it is shorter than 5 bytes")};
   auto schema = registry_->cached(*id);
   if (!schema) return NeedsSchema{*id};
   auto out = with(*schema, bytes.substr(5));
@@ -66,6 +94,8 @@ std::variant<std::string, Undecodable> Decoder::with(const Schema& schema, std::
   try {
     if (schema.avro) return schema.avro->to_json(body);
     if (schema.protobuf) return schema.protobuf->to_json(body);
+    if (json_depth(body) > kMaxJsonDepth)
+      return Undecodable{at + ": nested more than " + std::to_string(kMaxJsonDepth) + " deep"};
     if (!Json::accept(body)) return Undecodable{at + ": the payload after the schema id is not JSON"};
     return std::string(body);
   } catch (const std::exception& e) {
@@ -127,18 +157,29 @@ DecodedRecord RecordDecoder::run(std::optional<std::string_view> value, std::opt
   }
   if (!d.key_json) return d;
   d.key_text = key_text(*d.key_json);
-  if (!d.key_text && !d.undecodable) d.undecodable = "the key is not JSON (route.key_format.format = json)";
+  if (!d.key_text && !d.undecodable)
+    d.undecodable = "the key is not JSON, or nested more than 128 deep (route.key_format.format)";
   return d;
 }
 
 std::optional<std::string> key_text(std::string_view json) {
+  if (json_depth(json) > kMaxJsonDepth) return std::nullopt;
   auto j = Json::parse(json, nullptr, false);
   if (j.is_discarded()) return std::nullopt;
   if (j.is_string()) return j.get<std::string>();
+  // A number as written (nlohmann would print 1.50 as 1.5).
+  if (j.is_number()) {
+    const auto first = json.find_first_not_of(" \t\r\n"), last = json.find_last_not_of(" \t\r\n");
+    return std::string(json.substr(first, last - first + 1));
+  }
+  // A key written under a later schema version with an optional field left
+  // null is the same key: the same claim.
+  drop_nulls(j);
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string canonical_json(std::string_view json) {
+  if (json_depth(json) > kMaxJsonDepth) return std::string(json);
   auto j = Json::parse(json, nullptr, false);
   if (j.is_discarded()) return std::string(json);
   drop_nulls(j);

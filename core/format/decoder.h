@@ -79,8 +79,10 @@ class RecordDecoder {
 };
 
 /// A key's text as the biz_key and [route.when] read it: a JSON string's
-/// text, a number or boolean as written, anything else compact JSON with its
-/// keys sorted; nullopt when it is not JSON.
+/// text, a number as written, anything else compact JSON with its keys
+/// sorted and null members dropped (so a later schema version adding an
+/// optional field left null keeps the key); nullopt when it is not JSON (or
+/// nested more than 128 deep).
 std::optional<std::string> key_text(std::string_view json);
 
 /// JSON with object keys sorted and null members dropped, compact: what the

@@ -115,8 +115,11 @@ std::string ProtobufSchema::to_json(std::string_view bytes) const {
     throw std::runtime_error("does not parse as " + d->full_name());
   std::string out;
   pb::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;   // the names the schema writes, as paths name them
-  options.always_print_primitive_fields = true;  // a zero is a value, not an absent field
+  // The names the schema writes, as paths name them. A field at its default
+  // (0, "", false) is left out, as proto3 cannot tell it from one never set:
+  // so a record written under a later version with a field added and left
+  // unset reads as the same JSON (the same payload, the same key).
+  options.preserve_proto_field_names = true;
   if (auto status = pb::util::MessageToJsonString(*msg, &out, options); !status.ok())
     throw std::runtime_error(d->full_name() + " cannot be printed as JSON: " + std::string(status.message()));
   return out;

@@ -78,9 +78,11 @@ void collect_references(const config::SchemaRegistryConfig& cfg, const Json& ans
     const std::string name = ref.value("name", "");
     if (std::any_of(out.begin(), out.end(), [&](const auto& r) { return r.first == name; })) continue;
     const std::string subject = ref.value("subject", "");
-    const std::string version = ref.contains("version") ? ref["version"].dump() : "latest";
+    const Json& v = ref.contains("version") ? ref["version"] : Json("latest");
+    const std::string version = v.is_string() ? v.get<std::string>() : v.dump();
     auto sub = get(cfg, "/subjects/" + url_encode(subject) + "/versions/" + url_encode(version));
-    if (!sub) throw std::runtime_error("reference " + name + " (subject " + subject + " version " + version + ") is unknown");
+    if (!sub)
+      throw std::runtime_error("reference " + name + " (subject " + subject + " version " + version + ") is unknown");
     collect_references(cfg, *sub, out, depth + 1);
     out.emplace_back(name, (*sub)["schema"].get<std::string>());
   }
@@ -102,19 +104,23 @@ Registry::~Registry() {
 std::shared_ptr<const Schema> Registry::cached(int32_t id) const {
   std::lock_guard lk(mu_);
   auto it = cache_.find(id);
-  return it == cache_.end() ? nullptr : it->second;
+  if (it == cache_.end()) return nullptr;
+  // "Unknown" may be a registry behind its leader, or one pointed at the
+  // wrong place and corrected since: asked again after a minute.
+  if (it->second->unknown && std::chrono::steady_clock::now() - it->second->fetched > std::chrono::minutes(1))
+    return nullptr;
+  return it->second;
 }
 
 void Registry::when_cached(int32_t id, std::function<void()> ready) {
-  {
-    std::lock_guard lk(mu_);
-    if (!cache_.count(id)) {
-      waiters_[id].push_back(std::move(ready));
-      wake_.notify_all();
-      return;
-    }
+  if (cached(id)) {
+    ready();
+    return;
   }
-  ready();
+  // Cached meanwhile: the thread fetches it again, and answers.
+  std::lock_guard lk(mu_);
+  waiters_[id].push_back(std::move(ready));
+  wake_.notify_all();
 }
 
 std::string Registry::problem() const {
@@ -127,15 +133,19 @@ size_t Registry::waiting() const {
   return waiters_.size();
 }
 
-std::shared_ptr<const Schema> Registry::load(int32_t id) {
+std::shared_ptr<Schema> Registry::load(int32_t id) {
   auto s = std::make_shared<Schema>();
   s->id = id;
   const auto answer = get(cfg_, "/schemas/ids/" + std::to_string(id));
   if (!answer) {
     s->error = "schema id " + std::to_string(id) + " is unknown to the registry (" + cfg_.url + ")";
+    s->unknown = true;
     return s;
   }
-  s->type = answer->value("schemaType", "AVRO");  // absent: Avro, the registry's first format
+  // Absent: Avro, the registry's first format.
+  s->type = answer->contains("schemaType") && (*answer)["schemaType"].is_string()
+                ? (*answer)["schemaType"].get<std::string>()
+                : "AVRO";
   const std::string text = (*answer)["schema"].get<std::string>();
   try {
     std::vector<std::pair<std::string, std::string>> refs;
@@ -161,39 +171,69 @@ std::shared_ptr<const Schema> Registry::fetch_now(int32_t id) {
   if (auto s = cached(id)) return s;
   auto s = load(id);
   std::lock_guard lk(mu_);
-  return cache_.emplace(id, std::move(s)).first->second;
+  return cache_[id] = std::move(s);
 }
 
+// One id at a time, the one due first: an id that keeps failing backs off
+// on its own (1 s doubling to 30 s) and never holds up the others.
 void Registry::run() {
-  auto backoff = std::chrono::milliseconds(1000);
+  using Clock = std::chrono::steady_clock;
+  struct Attempt {
+    Clock::time_point due;
+    std::chrono::milliseconds backoff{1000};
+    bool seen_unknown = false;
+  };
+  std::map<int32_t, Attempt> attempts;
   std::unique_lock lk(mu_);
   for (;;) {
     wake_.wait(lk, [&] { return stopping_ || !waiters_.empty(); });
     if (stopping_) return;
-    const int32_t id = waiters_.begin()->first;
+    int32_t id = 0;
+    auto due = Clock::time_point::max();
+    for (const auto& [waiting, _] : waiters_) {
+      const auto at = attempts.try_emplace(waiting, Attempt{Clock::now()}).first->second.due;
+      if (at < due) {
+        due = at;
+        id = waiting;
+      }
+    }
+    if (due > Clock::now()) {
+      wake_.wait_until(lk, due, [&] { return stopping_; });
+      continue;
+    }
     lk.unlock();
-    std::shared_ptr<const Schema> schema;
+    std::shared_ptr<Schema> schema;
     std::string problem;
     try {
       schema = load(id);
     } catch (const std::exception& e) {
       problem = e.what();
     }
+    Attempt& attempt = attempts[id];
+    // The first "unknown" is asked again once: a registry follower may not
+    // have the id its leader just gave the producer.
+    if (schema && schema->unknown && !attempt.seen_unknown) {
+      attempt.seen_unknown = true;
+      attempt.due = Clock::now() + std::chrono::seconds(2);
+      lk.lock();
+      continue;
+    }
     lk.lock();
     if (!schema) {
       if (up_.exchange(false) || problem_ != problem)
         spdlog::warn("schema registry: {}; records needing schema id {} wait, asked again in {}s", problem, id,
-                     backoff.count() / 1000);
+                     attempt.backoff.count() / 1000);
       problem_ = problem;
-      wake_.wait_for(lk, backoff, [&] { return stopping_; });
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(30000));
+      attempt.due = Clock::now() + attempt.backoff;
+      attempt.backoff = std::min(attempt.backoff * 2, std::chrono::milliseconds(30000));
       continue;
     }
     if (!up_.exchange(true)) spdlog::info("schema registry: {} answers again", cfg_.url);
     problem_.clear();
-    backoff = std::chrono::milliseconds(1000);
+    attempts.erase(id);
     if (!schema->error.empty()) spdlog::error("schema registry: {}", schema->error);
-    cache_.emplace(id, schema);
+    schema->fetched = Clock::now();
+    cache_[id] = schema;
     auto ready = std::move(waiters_[id]);
     waiters_.erase(id);
     lk.unlock();

@@ -5,10 +5,12 @@
 // never waits for the registry. While the registry cannot be reached (or
 // refuses the host's credentials) a schema is asked again, 1 s doubling to
 // 30 s, and whoever waits for it waits on; only an answer about the id itself
-// (unknown, or a schema that does not parse) ends the wait with an error.
+// (unknown, asked twice; or a schema that does not parse) ends the wait
+// with an error. An id is asked one at a time, each backing off on its own.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -33,7 +35,9 @@ struct Schema {
   std::string type;  // AVRO, PROTOBUF or JSON
   std::unique_ptr<AvroSchema> avro;
   std::unique_ptr<ProtobufSchema> protobuf;
-  std::string error;  // set: the id is unknown, or its schema does not parse
+  std::string error;     // set: the id is unknown, or its schema does not parse
+  bool unknown = false;  // the registry does not know the id (kept a minute only)
+  std::chrono::steady_clock::time_point fetched = std::chrono::steady_clock::now();
 };
 
 class Registry {
@@ -62,13 +66,13 @@ class Registry {
   const config::SchemaRegistryConfig& config() const { return cfg_; }
 
  private:
-  std::shared_ptr<const Schema> load(int32_t id);
+  std::shared_ptr<Schema> load(int32_t id);
   void run();
 
   const config::SchemaRegistryConfig cfg_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::map<int32_t, std::shared_ptr<const Schema>> cache_;
+  std::map<int32_t, std::shared_ptr<Schema>> cache_;
   std::map<int32_t, std::vector<std::function<void()>>> waiters_;
   std::string problem_;
   std::atomic<bool> up_{true};

@@ -396,7 +396,11 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
                        : std::nullopt,
           msg->key ? std::optional(std::string_view(static_cast<const char*>(msg->key), msg->key_len)) : std::nullopt);
       if (decoded.registry != nullptr) {
-        if (feed.partitions.next_in_line(*part, *msg, batch.seek_generation))
+        // Not the partition's next record: take() says why it is passed
+        // over (and re-reads the partition after a gap); it never takes it.
+        if (!feed.partitions.next_in_line(*part, *msg, batch.seek_generation))
+          feed.partitions.take(part, *msg, batch.seek_generation, tier > 0);
+        else
           feed.partitions.wait_for_schema(part, msg->offset, *decoded.registry, decoded.schema_id);
         continue;
       }

@@ -43,12 +43,11 @@ std::vector<std::string> encode(const std::string& topic, const std::string& for
     for (const auto& o : objects) in += o + "\n";
     return in;
   }());
-  std::string cmd = std::string(IDEMSINK_BUILD_DIR) + "/format-tools/venv/bin/python3 " +
-                    (kSchemas / "encode_records.py").string() + " --registry " + registry().registry.url() +
-                    " --topic " + topic + " --format " + format + " --schema " + (kSchemas / schema).string() +
-                    (message.empty() ? "" : " --message " + message) + (key ? " --key" : "") + " < " +
-                    (work / "in.jsonl").string() + " > " + (work / "out.hex").string() + " 2> " +
-                    (work / "err.txt").string();
+  std::string cmd =
+      std::string(IDEMSINK_BUILD_DIR) + "/format-tools/venv/bin/python3 " + (kSchemas / "encode_records.py").string() +
+      " --registry " + registry().registry.url() + " --topic " + topic + " --format " + format + " --schema " +
+      (kSchemas / schema).string() + (message.empty() ? "" : " --message " + message) + (key ? " --key" : "") + " < " +
+      (work / "in.jsonl").string() + " > " + (work / "out.hex").string() + " 2> " + (work / "err.txt").string();
   if (std::system(cmd.c_str()) != 0)
     throw std::runtime_error("encoding failed: " + cmd + "\n" + read_file(work / "err.txt"));
   std::vector<std::string> out;
@@ -74,8 +73,8 @@ int64_t letters(Scenario& s, const std::string& route, const std::string& reason
 }
 
 std::string payment(int i, const std::string& type, const std::string& extra = "") {
-  return R"({"order_id": "P-)" + std::to_string(i) + R"(", "type": ")" + type + R"(", "amount": )" +
-         std::to_string(i) + ".50, \"note\": " + (i % 2 ? "null" : "\"gift\"") + extra + "}";
+  return R"({"order_id": "P-)" + std::to_string(i) + R"(", "type": ")" + type + R"(", "amount": )" + std::to_string(i) +
+         ".50, \"note\": " + (i % 2 ? "null" : "\"gift\"") + extra + "}";
 }
 
 }  // namespace
@@ -153,7 +152,8 @@ BOOST_AUTO_TEST_CASE(protobuf_values_json_schema_values_and_avro_keys) {
   for (int i = 0; i < 12; ++i) {
     shipments.push_back(R"({"shipment_id": "S-)" + std::to_string(i) +
                         R"(", "to": {"city": "Hangzhou"}, "cod": {"currency": "CNY", "cents": )" +
-                        std::to_string(1000 + i) + R"(}, "ready_at": "2026-12-06T08:00:00Z", "parcels": [{"sku": "A"}]})");
+                        std::to_string(1000 + i) +
+                        R"(}, "ready_at": "2026-12-06T08:00:00Z", "parcels": [{"sku": "A"}]})");
     keys.push_back(R"({"shipment_id": "S-)" + std::to_string(i) + R"("})");
     tickets.push_back(R"({"ticket": "T-)" + std::to_string(i) + R"(", "seats": )" + std::to_string(i % 4) + "}");
   }
@@ -193,43 +193,62 @@ BOOST_AUTO_TEST_CASE(protobuf_values_json_schema_values_and_avro_keys) {
   s.audit_clean(host);
 }
 
-// The registry unreachable: records needing a schema the host has not
-// fetched wait (nothing called, nothing dead-lettered, the commit does not
-// move, /readyz and idemsink_schema_registry_up say so); once it answers,
-// every record runs once.
+// The registry cut off mid-run: records needing a schema the host has not
+// fetched (a second schema version) wait: nothing called, nothing
+// dead-lettered, the commit does not move, /readyz and
+// idemsink_schema_registry_up say so. The host is killed (SIGKILL) while
+// they wait and started again with the registry still away; once it
+// answers, every record runs, none twice, none lost.
 BOOST_AUTO_TEST_CASE(records_wait_while_the_registry_is_unreachable) {
   Scenario s("formats_outage");
   s.topic("payments", 2);
-  std::vector<std::string> objects;
-  for (int i = 0; i < 20; ++i) objects.push_back(payment(i, "paid"));
-  const auto values = encode("payments", "avro", "payment_v1.avsc", objects);
-  std::vector<TestMessage> msgs;
-  for (size_t i = 0; i < values.size(); ++i) msgs.push_back({"k" + std::to_string(i), values[i]});
-  s.kafka.produce("payments", msgs);
+  std::vector<std::string> first, second;
+  for (int i = 0; i < 40; ++i) first.push_back(payment(i, "paid"));
+  for (int i = 40; i < 80; ++i) second.push_back(payment(i, "paid", R"(, "channel": "app")"));
+  const auto v1 = encode("payments", "avro", "payment_v1.avsc", first);
+  const auto v2 = encode("payments", "avro", "payment_v2.avsc", second);
+  auto messages = [](const std::vector<std::string>& values, int from) {
+    std::vector<TestMessage> out;
+    for (size_t i = 0; i < values.size(); ++i) out.push_back({"k" + std::to_string(from + i), values[i]});
+    return out;
+  };
 
   const int registry_port = std::stoi(registry().registry.url().substr(17));
-  TcpProxy proxy(free_port());  // nothing listens there: every connection is refused
+  TcpProxy proxy(registry_port);
   const std::string via_proxy = "http://127.0.0.1:" + std::to_string(proxy.port()) + "/apis/ccompat/v7";
-  auto& host = s.host("host-a",
-                      {s.scripted("payments", "payments",
-                                  "[route.value]\nformat = \"avro\"\n[route.key]\nfrom = \"json\"\njson = "
-                                  "\"order_id\"\n")},
-                      {.admin = true, .tables = registry_table(via_proxy) + "timeout = \"1s\"\n"});
-  const int admin = s.admin_port(host);
-  wait_until([&] { return admin_metric(admin, "idemsink_schema_registry_up{url=\"" + via_proxy + "\"}") == 0; }, 60s,
-             "the registry reported down");
+  const auto route = s.scripted(
+      "payments", "payments", "[route.value]\nformat = \"avro\"\n[route.key]\nfrom = \"json\"\njson = \"order_id\"\n");
+  const Scenario::HostOptions options{.admin = true, .tables = registry_table(via_proxy) + "timeout = \"1s\"\n"};
+  auto* host = &s.host("host-a", {route}, options);
+  s.kafka.produce("payments", messages(v1, 0));
+  s.wait_committed(*host, {"payments"});
+  BOOST_TEST(s.calls_by_key().size() == 40u);
+
+  proxy.retarget(free_port());  // nothing listens there: every connection is refused
+  s.kafka.produce("payments", messages(v2, 40));
+  int admin = s.admin_port(*host);
+  const std::string up = "idemsink_schema_registry_up{url=\"" + via_proxy + "\"}";
+  wait_until([&] { return admin_metric(admin, up) == 0; }, 60s, "the registry reported down");
   BOOST_TEST(http_status(admin, "/readyz") == 503);
-  std::this_thread::sleep_for(3s);  // a while down: nothing may move meanwhile
-  BOOST_TEST(s.calls_by_key().empty());
+  std::this_thread::sleep_for(3s);  // a while down: nothing of the second version may move
+  BOOST_TEST(s.calls_by_key().size() == 40u);
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
-  for (const auto& [p, offset] : s.kafka.committed("g", "payments", 2)) BOOST_TEST(offset < 1, p << ": " << offset);
+  const auto held = s.kafka.committed("g", "payments", 2);
+  host->kill();
+  host = &s.host("host-a", {route}, options);
+  admin = s.admin_port(*host);
+  wait_until([&] { return admin_metric(admin, up) == 0; }, 60s, "the registry reported down after the restart");
+  std::this_thread::sleep_for(2s);
+  BOOST_TEST(s.calls_by_key().size() == 40u);
+  BOOST_TEST((s.kafka.committed("g", "payments", 2) == held));
 
   proxy.retarget(registry_port);
-  s.wait_committed(host, {"payments"});
-  const auto calls = json_calls(s);
-  BOOST_TEST(calls.size() == 20u);
+  s.wait_committed(*host, {"payments"});
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
+  const auto calls = s.calls_by_key();
+  BOOST_TEST(calls.size() == 80u);
   for (const auto& [key, list] : calls) BOOST_TEST(list.size() == 1u, key);
-  BOOST_TEST(admin_metric(admin, "idemsink_schema_registry_up{url=\"" + via_proxy + "\"}") == 1);
-  BOOST_TEST(host.stop() == 0);
-  s.audit_clean(host);
+  BOOST_TEST(admin_metric(admin, up) == 1);
+  BOOST_TEST(host->stop() == 0);
+  s.audit_clean(*host);
 }
