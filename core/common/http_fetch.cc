@@ -135,6 +135,21 @@ HttpAnswer http_fetch(const HttpFetch& r) {
   return exchange(steps, stream, req);
 }
 
+std::string percent_encode(std::string_view text) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 std::string base64_encode(std::string_view bytes) {
   std::string out(beast::detail::base64::encoded_size(bytes.size()), '\0');
   out.resize(beast::detail::base64::encode(out.data(), bytes.data(), bytes.size()));

@@ -40,6 +40,10 @@ struct HttpAnswer {
 /// TLS, timeout, a broken answer) with the cause in its message.
 HttpAnswer http_fetch(const HttpFetch& request);
 
+/// RFC 3986 percent-encoding: every byte but letters, digits and -_.~
+/// (a path segment, a form value).
+std::string percent_encode(std::string_view text);
+
 /// Standard base64 of bytes.
 std::string base64_encode(std::string_view bytes);
 /// The bytes of standard base64 (padding optional); false when it is not base64.

@@ -19,21 +19,6 @@ struct Unanswered : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string url_encode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
-}
-
 // One GET of the registry's API; the JSON answer, or nullopt for a 404 that
 // the registry itself gave (its error_code 404xx: no such schema or version).
 std::optional<Json> get(const config::SchemaRegistryConfig& cfg, const std::string& path) {
@@ -80,7 +65,7 @@ void collect_references(const config::SchemaRegistryConfig& cfg, const Json& ans
     const std::string subject = ref.value("subject", "");
     const Json& v = ref.contains("version") ? ref["version"] : Json("latest");
     const std::string version = v.is_string() ? v.get<std::string>() : v.dump();
-    auto sub = get(cfg, "/subjects/" + url_encode(subject) + "/versions/" + url_encode(version));
+    auto sub = get(cfg, "/subjects/" + percent_encode(subject) + "/versions/" + percent_encode(version));
     if (!sub)
       throw std::runtime_error("reference " + name + " (subject " + subject + " version " + version + ") is unknown");
     collect_references(cfg, *sub, out, depth + 1);

@@ -18,21 +18,6 @@ int64_t now_ms() {
       .count();
 }
 
-std::string form_encode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
-}
-
 // The claims of a JWT (its middle part, base64url), or nothing.
 std::optional<nlohmann::json> jwt_claims(const std::string& token) {
   const auto a = token.find('.');
@@ -52,12 +37,12 @@ HttpAnswer post(const config::OAuthConfig& cfg, const HttpUrl& url, const std::s
   HttpFetch req;
   req.method = "POST";
   req.url = url;
-  req.headers = {
-      {"Content-Type", "application/x-www-form-urlencoded"},
-      {"Accept", "application/json"},
-      // RFC 6749 2.3.1: the client authenticates with HTTP Basic,
-      // its id and secret form-encoded first.
-      {"Authorization", "Basic " + base64_encode(form_encode(cfg.client_id) + ":" + form_encode(cfg.client_secret))}};
+  req.headers = {{"Content-Type", "application/x-www-form-urlencoded"},
+                 {"Accept", "application/json"},
+                 // RFC 6749 2.3.1: the client authenticates with HTTP Basic,
+                 // its id and secret form-encoded first.
+                 {"Authorization",
+                  "Basic " + base64_encode(percent_encode(cfg.client_id) + ":" + percent_encode(cfg.client_secret))}};
   req.body = body;
   req.tls_ca = cfg.tls_ca;
   req.timeout = cfg.timeout;
@@ -143,7 +128,7 @@ Token fetch(const config::OAuthConfig& cfg) {
     throw std::runtime_error(where + ": " + e.what());
   }
   std::string body = "grant_type=client_credentials";
-  if (!cfg.scope.empty()) body += "&scope=" + form_encode(cfg.scope);
+  if (!cfg.scope.empty()) body += "&scope=" + percent_encode(cfg.scope);
   HttpAnswer res;
   try {
     res = post(cfg, url, body);
