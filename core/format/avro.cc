@@ -1,8 +1,10 @@
 #include "core/format/avro.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -21,6 +23,7 @@ struct AvroSchema::Type {
   std::vector<std::string> symbols;                         // enum
   const Type* items = nullptr;                              // array items, map values
   std::vector<const Type*> branches;                        // union
+  size_t non_null_branches = 0;                             // union
 };
 
 namespace {
@@ -104,73 +107,83 @@ class Reader {
 std::string decimal_text(std::string_view be, int scale) {
   if (be.empty()) return "0";
   const bool negative = static_cast<uint8_t>(be[0]) & 0x80;
-  std::vector<uint8_t> mag(be.begin(), be.end());
-  if (negative) {  // two's complement: invert and add one
-    for (auto& b : mag) b = static_cast<uint8_t>(~b);
-    for (size_t i = mag.size(); i-- > 0;)
-      if (++mag[i] != 0) break;
-  }
-  std::string digits;  // repeated division by ten, least significant first
-  for (bool any = true; any;) {
-    any = false;
-    unsigned rem = 0;
-    for (auto& b : mag) {
-      const unsigned cur = (rem << 8) | b;
-      b = static_cast<uint8_t>(cur / 10);
-      rem = cur % 10;
-      any = any || b != 0;
+  std::string digits;    // of the magnitude, most significant first
+  if (be.size() <= 8) {  // an amount in one machine word: the usual case, without division by hand
+    uint64_t v = negative ? ~uint64_t{0} : 0;  // sign-extended
+    for (char c : be) v = (v << 8) | static_cast<uint8_t>(c);
+    char buf[24];
+    digits.assign(buf, std::to_chars(buf, buf + sizeof buf, negative ? ~v + 1 : v).ptr);
+  } else {
+    std::vector<uint8_t> mag(be.begin(), be.end());
+    if (negative) {  // two's complement: invert and add one
+      for (auto& b : mag) b = static_cast<uint8_t>(~b);
+      for (size_t i = mag.size(); i-- > 0;)
+        if (++mag[i] != 0) break;
     }
-    digits += static_cast<char>('0' + rem);
+    for (bool any = true; any;) {  // repeated division by ten, least significant first
+      any = false;
+      unsigned rem = 0;
+      for (auto& b : mag) {
+        const unsigned cur = (rem << 8) | b;
+        b = static_cast<uint8_t>(cur / 10);
+        rem = cur % 10;
+        any = any || b != 0;
+      }
+      digits += static_cast<char>('0' + rem);
+    }
+    std::reverse(digits.begin(), digits.end());
   }
-  while (digits.size() <= static_cast<size_t>(scale)) digits += '0';
-  std::string out(digits.rbegin(), digits.rend());
-  if (scale > 0) out.insert(out.size() - scale, ".");
-  return negative ? "-" + out : out;
+  if (digits.size() <= static_cast<size_t>(scale))
+    digits.insert(0, static_cast<size_t>(scale) + 1 - digits.size(), '0');
+  if (scale > 0) digits.insert(digits.size() - static_cast<size_t>(scale), ".");
+  return negative ? "-" + digits : digits;
 }
 
-Json number(double d) {
-  if (std::isfinite(d)) return d;
-  return std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity";  // as JSON cannot hold them
+void number(JsonWriter& out, double d) {
+  if (std::isfinite(d)) return out.number(d);
+  out.string(std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity");  // as JSON cannot hold them
 }
 
-Json decode(const AvroSchema::Type& t, Reader& in, int depth) {
+void decode_value(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int depth) {
   if (depth > 200) throw std::runtime_error("nested more than 200 deep");
   in.count_value();
   switch (t.kind) {
-    case Kind::Null: return nullptr;
+    case Kind::Null: return out.null();
     case Kind::Boolean: {
       const auto b = in.take(1)[0];
       if (b != 0 && b != 1) throw std::runtime_error("a boolean that is neither 0 nor 1");
-      return b == 1;
+      return out.boolean(b == 1);
     }
     case Kind::Int:
-    case Kind::Long: return in.varlong();
-    case Kind::Float: return number(in.fixed_le<float>());
-    case Kind::Double: return number(in.fixed_le<double>());
-    case Kind::String: return std::string(in.sized());
+    case Kind::Long: return out.integer(in.varlong());
+    case Kind::Float: return number(out, in.fixed_le<float>());
+    case Kind::Double: return number(out, in.fixed_le<double>());
+    case Kind::String: return out.string(in.sized());
     case Kind::Bytes:
     case Kind::Fixed: {
       const auto raw = t.kind == Kind::Bytes ? in.sized() : in.take(t.size);
       // 64 bytes hold 150 digits; the text conversion is quadratic in them.
       if (t.decimal && raw.size() > 64)
         throw std::runtime_error("a decimal of " + std::to_string(raw.size()) + " bytes (at most 64)");
-      if (t.decimal) return decimal_text(raw, t.scale);
-      return base64_encode(raw);
+      return out.string(t.decimal ? decimal_text(raw, t.scale) : base64_encode(raw));
     }
     case Kind::Record: {
-      Json out = Json::object();
-      for (const auto& [name, type] : t.fields) out[name] = decode(*type, in, depth + 1);
-      return out;
+      out.begin_object();
+      for (const auto& [name, type] : t.fields) {
+        out.key(name);
+        decode_value(*type, in, out, depth + 1);
+      }
+      return out.end_object();
     }
     case Kind::Enum: {
       const int64_t i = in.varlong();
       if (i < 0 || static_cast<size_t>(i) >= t.symbols.size())
         throw std::runtime_error("enum " + t.name + " has no symbol " + std::to_string(i));
-      return t.symbols[static_cast<size_t>(i)];
+      return out.string(t.symbols[static_cast<size_t>(i)]);
     }
     case Kind::Array:
     case Kind::Map: {
-      Json out = t.kind == Kind::Array ? Json::array() : Json::object();
+      t.kind == Kind::Array ? out.begin_array() : out.begin_object();
       for (int64_t n = in.varlong(); n != 0; n = in.varlong()) {
         if (n < 0) {  // a block with its size in bytes after the count
           if (n == std::numeric_limits<int64_t>::min()) throw std::runtime_error("a block count out of range");
@@ -179,28 +192,24 @@ Json decode(const AvroSchema::Type& t, Reader& in, int depth) {
         }
         if (static_cast<uint64_t>(n) > in.left()) throw std::runtime_error("a block of more items than bytes left");
         for (int64_t i = 0; i < n; ++i) {
-          if (t.kind == Kind::Array) {
-            out.push_back(decode(*t.items, in, depth + 1));
-          } else {
-            std::string key(in.sized());
-            out[key] = decode(*t.items, in, depth + 1);
-          }
+          if (t.kind == Kind::Map) out.key(in.sized());  // a view of the record's bytes, as key() needs
+          decode_value(*t.items, in, out, depth + 1);
         }
       }
-      return out;
+      return t.kind == Kind::Array ? out.end_array() : out.end_object();
     }
     case Kind::Union: {
       const int64_t i = in.varlong();
       if (i < 0 || static_cast<size_t>(i) >= t.branches.size())
         throw std::runtime_error("union has no branch " + std::to_string(i));
       const auto& branch = *t.branches[static_cast<size_t>(i)];
-      Json v = decode(branch, in, depth + 1);
       // An optional value ([null, T]) is the value or null; a union of more
       // types says which, as Avro's JSON encoding does: {"type": value}.
-      size_t others = 0;
-      for (const auto* b : t.branches) others += b->kind != Kind::Null;
-      if (branch.kind == Kind::Null || others <= 1) return v;
-      return Json{{branch.name, std::move(v)}};
+      if (branch.kind == Kind::Null || t.non_null_branches <= 1) return decode_value(branch, in, out, depth + 1);
+      out.begin_object();
+      out.key(branch.name);
+      decode_value(branch, in, out, depth + 1);
+      return out.end_object();
     }
   }
   throw std::logic_error("unknown Avro kind");
@@ -250,6 +259,7 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
     t.name = "union";
     for (const auto& b : j) t.branches.push_back(parse(&b, ns, depth + 1));
     if (t.branches.empty()) bad_schema("an empty union");
+    for (const auto* b : t.branches) t.non_null_branches += b->kind != Kind::Null;
     return &t;
   }
   if (!j.is_object() || !j.contains("type")) bad_schema("a type must be a name, a union or an object with \"type\"");
@@ -294,11 +304,12 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
   return &t;
 }
 
-std::string AvroSchema::to_json(std::string_view bytes) const {
+DecodedJson AvroSchema::decode(std::string_view bytes) const {
   Reader in(bytes);
-  Json out = decode(*root_, in, 0);
+  JsonWriter out(bytes.size());
+  decode_value(*root_, in, out, 0);
   if (!in.done()) throw std::runtime_error(std::to_string(in.left()) + " bytes left after the record");
-  return out.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return out.finish();
 }
 
 }  // namespace idemsink::format

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/format/json_writer.h"
+
 namespace idemsink::format {
 
 class AvroSchema {
@@ -22,9 +24,11 @@ class AvroSchema {
   explicit AvroSchema(std::string_view schema, const std::vector<std::string>& references = {});
   ~AvroSchema();
 
-  /// The record's JSON; throws std::runtime_error when the bytes do not
-  /// decode under the schema (short, a bad union index, bytes left over).
-  std::string to_json(std::string_view bytes) const;
+  /// The record's JSON and its canonical form; throws std::runtime_error
+  /// when the bytes do not decode under the schema (short, a bad union
+  /// index, bytes left over).
+  DecodedJson decode(std::string_view bytes) const;
+  std::string to_json(std::string_view bytes) const { return decode(bytes).json; }
 
   struct Type;
 

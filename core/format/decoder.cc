@@ -62,8 +62,8 @@ std::optional<int32_t> Decoder::schema_id(std::string_view bytes) {
   return static_cast<int32_t>(id);
 }
 
-std::variant<std::string, Undecodable, NeedsSchema> Decoder::decode(std::string_view bytes) const {
-  if (!config::in_registry(format_)) return std::string(bytes);
+std::variant<DecodedJson, Undecodable, NeedsSchema> Decoder::decode(std::string_view bytes) const {
+  if (!config::in_registry(format_)) return DecodedJson{std::string(bytes), canonical_json(bytes)};
   const auto id = schema_id(bytes);
   if (!id)
     return Undecodable{
@@ -72,18 +72,18 @@ std::variant<std::string, Undecodable, NeedsSchema> Decoder::decode(std::string_
   auto schema = registry_->cached(*id);
   if (!schema) return NeedsSchema{*id};
   auto out = with(*schema, bytes.substr(5));
-  if (auto* json = std::get_if<std::string>(&out)) return std::move(*json);
+  if (auto* json = std::get_if<DecodedJson>(&out)) return std::move(*json);
   return std::get<Undecodable>(std::move(out));
 }
 
-std::variant<std::string, Undecodable> Decoder::decode_now(std::string_view bytes) const {
+std::variant<DecodedJson, Undecodable> Decoder::decode_now(std::string_view bytes) const {
   auto out = decode(bytes);
   if (auto* need = std::get_if<NeedsSchema>(&out)) return with(*registry_->fetch_now(need->id), bytes.substr(5));
-  if (auto* json = std::get_if<std::string>(&out)) return std::move(*json);
+  if (auto* json = std::get_if<DecodedJson>(&out)) return std::move(*json);
   return std::get<Undecodable>(std::move(out));
 }
 
-std::variant<std::string, Undecodable> Decoder::with(const Schema& schema, std::string_view body) const {
+std::variant<DecodedJson, Undecodable> Decoder::with(const Schema& schema, std::string_view body) const {
   const std::string at = "the " + what_ + " (" + std::string(config::to_string(format_)) + ", schema id " +
                          std::to_string(schema.id) + ")";
   if (!schema.error.empty()) return Undecodable{at + ": " + schema.error};
@@ -92,12 +92,12 @@ std::variant<std::string, Undecodable> Decoder::with(const Schema& schema, std::
                     (format_ == config::Format::JsonSchema && schema.type == "JSON");
   if (!fits) return Undecodable{at + ": the registry holds a " + schema.type + " schema under that id"};
   try {
-    if (schema.avro) return schema.avro->to_json(body);
-    if (schema.protobuf) return schema.protobuf->to_json(body);
+    if (schema.avro) return schema.avro->decode(body);
+    if (schema.protobuf) return schema.protobuf->decode(body);
     if (json_depth(body) > kMaxJsonDepth)
       return Undecodable{at + ": nested more than " + std::to_string(kMaxJsonDepth) + " deep"};
     if (!Json::accept(body)) return Undecodable{at + ": the payload after the schema id is not JSON"};
-    return std::string(body);
+    return DecodedJson{std::string(body), canonical_json(body)};
   } catch (const std::exception& e) {
     return Undecodable{at + " does not decode: " + e.what()};
   }
@@ -127,11 +127,12 @@ DecodedRecord RecordDecoder::run(std::optional<std::string_view> value, std::opt
                                  bool wait) const {
   DecodedRecord d;
   // One side: its JSON, or why not, or the schema it waits for (false).
-  auto side = [&](const Decoder& decoder, std::string_view bytes, std::optional<std::string>& json) {
-    std::variant<std::string, Undecodable, NeedsSchema> out;
+  auto side = [&](const Decoder& decoder, std::string_view bytes, std::optional<std::string>& json,
+                  std::optional<std::string>* canonical) {
+    std::variant<DecodedJson, Undecodable, NeedsSchema> out;
     if (!wait) {
       out = decoder.decode(bytes);
-    } else if (auto now = decoder.decode_now(bytes); auto* json = std::get_if<std::string>(&now)) {
+    } else if (auto now = decoder.decode_now(bytes); auto* json = std::get_if<DecodedJson>(&now)) {
       out = std::move(*json);
     } else {
       out = std::get<Undecodable>(std::move(now));
@@ -144,14 +145,16 @@ DecodedRecord RecordDecoder::run(std::optional<std::string_view> value, std::opt
     if (auto* bad = std::get_if<Undecodable>(&out)) {
       if (!d.undecodable) d.undecodable = std::move(bad->why);
     } else {
-      json = std::move(std::get<std::string>(out));
+      auto& decoded = std::get<DecodedJson>(out);
+      json = std::move(decoded.json);
+      if (canonical) *canonical = std::move(decoded.canonical);
     }
     return true;
   };
-  if (value_ && !side(*value_, value.value_or(std::string_view()), d.value_json)) return d;
+  if (value_ && !side(*value_, value.value_or(std::string_view()), d.value_json, &d.value_canonical)) return d;
   if (!key) return d;
   if (key_) {
-    if (!side(*key_, *key, d.key_json)) return d;
+    if (!side(*key_, *key, d.key_json, nullptr)) return d;
   } else if (key_is_json_) {
     d.key_json = std::string(*key);
   }

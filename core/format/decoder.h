@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "core/config/config.h"
+#include "core/format/json_writer.h"
 #include "core/format/registry.h"
 
 namespace idemsink::format {
@@ -30,17 +31,17 @@ class Decoder {
   Decoder(config::Format format, Registry* registry, std::string what);
 
   /// The JSON, on the engine thread: never waits (NeedsSchema instead).
-  std::variant<std::string, Undecodable, NeedsSchema> decode(std::string_view bytes) const;
+  std::variant<DecodedJson, Undecodable, NeedsSchema> decode(std::string_view bytes) const;
   /// The same, fetching a missing schema on the calling thread (offline
   /// commands); throws when the registry cannot be reached.
-  std::variant<std::string, Undecodable> decode_now(std::string_view bytes) const;
+  std::variant<DecodedJson, Undecodable> decode_now(std::string_view bytes) const;
 
   Registry* registry() const { return registry_; }
   /// The schema id the bytes name, when they carry Confluent's framing.
   static std::optional<int32_t> schema_id(std::string_view bytes);
 
  private:
-  std::variant<std::string, Undecodable> with(const Schema& schema, std::string_view body) const;
+  std::variant<DecodedJson, Undecodable> with(const Schema& schema, std::string_view body) const;
 
   config::Format format_;
   Registry* registry_;
@@ -50,9 +51,10 @@ class Decoder {
 /// A record's value and key as its route reads them: decoded (JSON), not
 /// decodable (why), or waiting for a schema.
 struct DecodedRecord {
-  std::optional<std::string> value_json;  // none: the value is read as written
-  std::optional<std::string> key_json;    // none: the key is read as written
-  std::optional<std::string> key_text;    // the key as the biz_key and [route.when] read it
+  std::optional<std::string> value_json;       // none: the value is read as written
+  std::optional<std::string> value_canonical;  // what the payload check hashes of value_json
+  std::optional<std::string> key_json;         // none: the key is read as written
+  std::optional<std::string> key_text;         // the key as the biz_key and [route.when] read it
   std::optional<std::string> undecodable;
   Registry* registry = nullptr;  // set: schema `schema_id` is not fetched yet
   int32_t schema_id = 0;

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/format/json_writer.h"
+
 namespace idemsink::format {
 
 class ProtobufSchema {
@@ -22,9 +24,11 @@ class ProtobufSchema {
   ProtobufSchema(std::string_view schema, const std::vector<std::pair<std::string, std::string>>& references);
   ~ProtobufSchema();
 
-  /// The JSON of the message the indexes at the front of `bytes` name;
-  /// throws std::runtime_error when the bytes do not decode.
-  std::string to_json(std::string_view bytes) const;
+  /// The JSON (and its canonical form) of the message the indexes at the
+  /// front of `bytes` name; throws std::runtime_error when the bytes do not
+  /// decode.
+  DecodedJson decode(std::string_view bytes) const;
+  std::string to_json(std::string_view bytes) const { return decode(bytes).json; }
 
  private:
   struct Impl;

@@ -3,11 +3,23 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
+#include <cmath>
+#include <cstring>
+#include <google/protobuf/compiler/parser.h>
+#include <google/protobuf/dynamic_message.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/util/json_util.h>
+#include <limits>
+#include <random>
+#include <set>
 
 #include "core/common/http_fetch.h"
 #include "core/format/avro.h"
 #include "core/format/decoder.h"
+#include "core/format/json_writer.h"
 #include "core/format/protobuf.h"
 
 using namespace idemsink::format;
@@ -45,6 +57,11 @@ BOOST_AUTO_TEST_CASE(avro_decodes_with_the_writers_schema_as_documented) {
   BOOST_TEST(out == json::parse(R"({"id": "P-1", "amount": "12.50", "note": "hi", "tags": ["a", "b"], "kind": "B",
                                    "extra": {"x": 5}, "payload": {"int": -3}})"),
              out.dump());
+  // The text itself is what the host prints for that JSON, and the payload
+  // check's form is it without null members.
+  const auto decoded = schema.decode(kOrderBytes);
+  BOOST_TEST(decoded.json == out.dump());
+  BOOST_TEST(decoded.canonical == canonical_json(decoded.json));
 }
 
 BOOST_AUTO_TEST_CASE(avro_decimals_are_exact_text_signs_and_all) {
@@ -127,9 +144,209 @@ BOOST_AUTO_TEST_CASE(protobuf_schemas_registered_as_descriptors_are_read) {
                                         "\x10\x05"s)) == json::parse(R"({"currency": "CNY", "cents": "5"})"));
 }
 
+namespace {
+
+const char* kSample = R"(syntax = "proto3";
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/wrappers.proto";
+import "google/protobuf/struct.proto";
+message Sample {
+  enum Colour { RED = 0; BLUE = 1; }
+  string id = 1;
+  google.protobuf.Timestamp at = 2;
+  google.protobuf.Duration wait = 3;
+  google.protobuf.Int64Value count = 4;
+  google.protobuf.Int32Value zero = 5;
+  map<string, int64> totals = 6;
+  map<int32, string> names = 7;
+  Colour colour = 8;
+  bytes blob = 9;
+  float ratio = 10;
+  double score = 11;
+  google.protobuf.Struct extra = 12;
+  repeated Colour colours = 13;
+  optional int32 maybe = 14;
+  uint64 big = 15;
+  repeated double values = 16;
+  bool flag = 17;
+  repeated Sample children = 18;
+}
+)";
+
+// The sample written from JSON by libprotobuf, plus `tail` (raw fields), in
+// Confluent's framing (the short message index).
+namespace pb = google::protobuf;
+
+// The sample message as libprotobuf builds it from the text, for the
+// reference encoder and printer (the decoder builds its own).
+std::unique_ptr<pb::Message> new_sample() {
+  static pb::DescriptorPool pool(pb::DescriptorPool::generated_pool());
+  static pb::DynamicMessageFactory factory(&pool);
+  static const pb::Descriptor* d = [] {
+    pb::FileDescriptorProto file;
+    pb::io::ArrayInputStream input(kSample, static_cast<int>(std::strlen(kSample)));
+    pb::io::Tokenizer tokens(&input, nullptr);
+    pb::compiler::Parser parser;
+    BOOST_TEST_REQUIRE(parser.Parse(&tokens, &file));
+    file.set_name("sample.proto");
+    return pool.BuildFile(file)->message_type(0);
+  }();
+  return std::unique_ptr<pb::Message>(factory.GetPrototype(d)->New());
+}
+
+// The sample written from JSON by libprotobuf, plus `tail` (raw fields), in
+// Confluent's framing (the short message index).
+std::string sample_bytes(const std::string& value, const std::string& tail = "") {
+  auto msg = new_sample();
+  const auto status = pb::util::JsonStringToMessage(value, msg.get());
+  BOOST_TEST_REQUIRE(status.ok(), status.ToString());
+  return "\x00"s + msg->SerializeAsString() + tail;
+}
+
+// What protobuf's own JSON printer makes of the same bytes.
+std::string printed_by_protobuf(const std::string& framed) {
+  auto msg = new_sample();
+  BOOST_TEST_REQUIRE(msg->ParseFromString(framed.substr(1)));
+  std::string out;
+  pb::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  BOOST_TEST_REQUIRE(pb::util::MessageToJsonString(*msg, &out, options).ok());
+  return out;
+}
+
+}  // namespace
+
+// The reflection walk against protobuf's printer, type by type: the same
+// JSON, the well-known types included.
+BOOST_AUTO_TEST_CASE(protobuf_json_is_protobufs_own_mapping) {
+  ProtobufSchema schema(kSample, {});
+  const std::vector<std::string> samples = {
+      sample_bytes(
+          R"({"id": "P-\"1\"\n中", "at": "2026-12-06T08:10:24.120Z", "wait": "-1.500s", "count": "42", "zero": 0,
+              "totals": {"b": "2", "a": "-1"}, "names": {"10": "ten", "9": "nine"}, "colour": "BLUE",
+              "blob": "AAEC/w==", "ratio": 0.1, "score": "NaN", "extra": {"z": null, "a": [1, "x", true, {"k": 2.5}]},
+              "colours": ["BLUE", "RED"], "maybe": 0, "big": "18446744073709551615", "values": [1.5, 1e300, -2],
+              "flag": true, "children": [{"id": "c1", "at": "1969-12-31T23:59:59.000000001Z"}, {}]})",
+          "\x40\x07"s),  // colour 7: a number this schema has no name for
+      sample_bytes(R"({"at": "0001-01-01T00:00:00Z", "wait": "315576000000.000001s", "score": "-Infinity"})"),
+      sample_bytes(R"({"at": "9999-12-31T23:59:59.999999999Z", "wait": "0.000000001s", "ratio": 16777216})"),
+      sample_bytes("{}"),
+  };
+  for (const auto& bytes : samples) {
+    const auto decoded = schema.decode(bytes);
+    const std::string reference = printed_by_protobuf(bytes);
+    // The same values (a double prints as -2.0 where protobuf writes -2).
+    BOOST_TEST(json::parse(decoded.json) == json::parse(reference), decoded.json << "\n" << reference);
+    BOOST_TEST(json::parse(decoded.canonical) == json::parse(canonical_json(reference)));
+    BOOST_TEST(decoded.canonical == canonical_json(decoded.json));
+  }
+  // A float is its shortest text: the float protobuf's 9 digits name too.
+  const auto max_float = json::parse(schema.to_json(sample_bytes(R"({"ratio": 3.4028235e38})")));
+  BOOST_TEST(max_float.at("ratio").get<double>() == 3.4028235e38);
+  BOOST_TEST(
+      static_cast<float>(
+          json::parse(printed_by_protobuf(sample_bytes(R"({"ratio": 3.4028235e38})"))).at("ratio").get<double>()) ==
+      3.4028235e38f);
+}
+
 BOOST_AUTO_TEST_CASE(protobuf_schemas_that_do_not_parse_or_resolve_are_refused) {
   BOOST_CHECK_THROW(ProtobufSchema("syntax = \"proto3\"; message {", {}), std::runtime_error);
   BOOST_CHECK_THROW(ProtobufSchema(kProto, {}), std::runtime_error);  // acme/money.proto missing
+}
+
+namespace {
+
+// A random JSON value: every kind, strings with escapes, control characters,
+// multi-byte text and bytes that are not UTF-8, nulls as members and items.
+json random_json(std::mt19937& rng, int depth) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  auto text = [&] {
+    static const std::vector<std::string> pieces = {"a",    "Z",    "\"",           "\\", "\n",   "\t",
+                                                    "\x01", "\x1f", "\x7f",         "é",  "中文", "😀",
+                                                    "\xff", "\xc3", "\xed\xa0\x80", "/",  " "};
+    std::string s;
+    for (int i = pick(6); i > 0; --i) s += pieces[static_cast<size_t>(pick(static_cast<int>(pieces.size())))];
+    return s;
+  };
+  switch (depth > 3 ? pick(6) : pick(8)) {
+    case 0: return nullptr;
+    case 1: return pick(2) == 1;
+    case 2: return static_cast<int64_t>(rng()) - static_cast<int64_t>(rng()) * 1000003;
+    case 3: return std::numeric_limits<uint64_t>::max() - rng();
+    case 4: return static_cast<double>(static_cast<int32_t>(rng())) / 7.0 * std::pow(10.0, pick(40) - 20);
+    case 5: return text();
+    case 6: {
+      json a = json::array();
+      for (int i = pick(5); i > 0; --i) a.push_back(random_json(rng, depth + 1));
+      return a;
+    }
+    default: {
+      json o = json::object();
+      std::set<std::string> printed;  // keys that are not UTF-8 must not become another key once replaced
+      for (int i = pick(6); i > 0; --i) {
+        const std::string k = text();
+        if (printed.insert(json::parse(json(k).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>())
+                .second)
+          o[k] = random_json(rng, depth + 1);
+      }
+      return o;
+    }
+  }
+}
+
+// Walks `j` into `out` as a decoder would: members in whatever order it
+// reads them (shuffled), a key sometimes written twice (the last kept).
+void walk(const json& j, JsonWriter& out, std::mt19937& rng) {
+  switch (j.type()) {
+    case json::value_t::object: {
+      std::vector<const std::string*> keys;
+      for (const auto& [k, v] : j.items()) keys.push_back(&k);
+      std::shuffle(keys.begin(), keys.end(), rng);
+      out.begin_object();
+      for (const std::string* k : keys) {
+        if (rng() % 4 == 0) {
+          out.key(*k);
+          out.string("an earlier value");
+        }
+        out.key(*k);
+        walk(j.at(*k), out, rng);
+      }
+      return out.end_object();
+    }
+    case json::value_t::array:
+      out.begin_array();
+      for (const auto& v : j) walk(v, out, rng);
+      return out.end_array();
+    case json::value_t::string: return out.string(j.get_ref<const std::string&>());
+    case json::value_t::boolean: return out.boolean(j.get<bool>());
+    case json::value_t::number_integer: return out.integer(j.get<int64_t>());
+    case json::value_t::number_unsigned: return out.unsigned_integer(j.get<uint64_t>());
+    case json::value_t::number_float: return out.number(j.get<double>());
+    default: return out.null();
+  }
+}
+
+}  // namespace
+
+// The decoders write their JSON straight into text; it must be the text the
+// rest of the host prints for the same value (nlohmann's dump), and the
+// payload check's form exactly canonical_json's, or a record would change
+// its hash with the path it took.
+BOOST_AUTO_TEST_CASE(the_json_writer_prints_what_the_host_prints) {
+  std::mt19937 rng(20261206);
+  for (int i = 0; i < 3000; ++i) {
+    const json doc = random_json(rng, 0);
+    JsonWriter writer;
+    walk(doc, writer, rng);
+    const DecodedJson out = writer.finish();
+    // As the document prints, read back (where a key was not UTF-8, its
+    // replaced text is what sorts).
+    const std::string printed = doc.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::string expected = json::parse(printed).dump();
+    BOOST_TEST_REQUIRE(out.json == expected);
+    BOOST_TEST_REQUIRE(out.canonical == canonical_json(expected));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(the_payload_check_sees_data_not_its_encoding) {
