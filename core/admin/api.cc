@@ -73,6 +73,27 @@ json letter_json(const dlq::LetterRow& l, bool whole) {
   return j;
 }
 
+// A dead letter's record as its route reads it: the value and key decoded,
+// or why not. Schemas this host has not fetched are asked for, never waited
+// for on an API thread: the answer says to look again.
+json decoded_json(const dlq::LetterRow& l, const format::RecordDecoder& decoder) {
+  const auto d = decoder.decode(l.value ? std::optional<std::string_view>(*l.value) : std::nullopt,
+                                l.key ? std::optional<std::string_view>(*l.key) : std::nullopt);
+  auto parsed = [](const std::optional<std::string>& text) {
+    return text ? json::parse(*text, nullptr, false) : json(nullptr);
+  };
+  json j = {{"value", parsed(d.value_json)}, {"key", parsed(d.key_json)}};
+  if (d.registry) {
+    d.registry->when_cached(d.schema_id, [] {});
+    j["problem"] = "schema id " + std::to_string(d.schema_id) + " is not fetched by this host yet (" +
+                   (d.registry->up() ? "asked for now" : "the registry: " + d.registry->problem()) +
+                   "): look again in a moment";
+  } else if (d.undecodable) {
+    j["problem"] = *d.undecodable;
+  }
+  return j;
+}
+
 const char* answer_name(idemsink_outcome o) {
   switch (o) {
     case IDEMSINK_OUTCOME_OK: return "applied";
@@ -276,7 +297,11 @@ json Api::Call::letters() {
       throw HttpError{400, "a dead letter's id is a number, not \"" + parts[1] + "\""};
     for (const SliceView* s : slices_of_letter()) {
       db::Connection c(s->cfg->database);
-      if (auto l = dlq::letter(c, id); l && s->cfg->route_by_name(l->route)) return letter_json(*l, true);
+      if (auto l = dlq::letter(c, id); l && s->cfg->route_by_name(l->route)) {
+        json j = letter_json(*l, true);
+        if (auto d = s->decoders.find(l->route); d != s->decoders.end()) j["decoded"] = decoded_json(*l, *d->second);
+        return j;
+      }
     }
     throw HttpError{404, "no dead letter has id " + parts[1]};
   }

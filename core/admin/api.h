@@ -23,6 +23,7 @@
 
 #include "core/admin/auth.h"
 #include "core/config/config.h"
+#include "core/format/decoder.h"
 
 namespace idemsink::pipeline {
 class Engine;
@@ -39,6 +40,9 @@ struct SliceView {
   const config::Config* cfg = nullptr;  // [database] is the slice's; only its routes
   pipeline::Engine* engine = nullptr;
   pipeline::Reconciler* reconciler = nullptr;
+  /// The routes whose records are decoded (docs/formats.md): a dead letter
+  /// is shown decoded as its route reads it.
+  std::map<std::string, const format::RecordDecoder*> decoders;
 };
 
 struct ApiRequest {

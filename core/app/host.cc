@@ -118,7 +118,8 @@ struct Slice {
   std::vector<std::shared_ptr<plugin::Library>> libs;
   std::unique_ptr<db::Pool> pool;
   std::unique_ptr<Engine> engine;
-  std::vector<std::unique_ptr<kafka::Consumer>> consumers;  // one per group of its routes
+  std::map<std::string, const format::RecordDecoder*> decoders;  // the engine's routes', by name
+  std::vector<std::unique_ptr<kafka::Consumer>> consumers;       // one per group of its routes
   std::unique_ptr<Reconciler> reconciler;
   bool started = false;  // engine thread only
 };
@@ -307,7 +308,7 @@ class HostRun {
                    slices_.size(), cfg_.kafka.group_id);
     if (!cfg_.host.admin_listen.empty()) {
       std::vector<admin::SliceView> views;
-      for (auto& s : slices_) views.push_back({&s.cfg, s.engine.get(), s.reconciler.get()});
+      for (auto& s : slices_) views.push_back({&s.cfg, s.engine.get(), s.reconciler.get(), s.decoders});
       admin_ = std::make_unique<admin::AdminServer>(cfg_, metrics_, std::move(views));
     }
     for (auto& s : slices_)
@@ -383,6 +384,8 @@ class HostRun {
                    rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
                    plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
     }
+    for (const auto& r : routes)
+      if (r->decoder) s.decoders[r->cfg.name] = &*r->decoder;
     s.pool = std::make_unique<db::Pool>(s.cfg.database, s.cfg.database.pool_size);
     s.engine = std::make_unique<Engine>(io_, *s.pool, s.cfg, std::move(routes), metrics_, owner_);
     Engine& engine = *s.engine;

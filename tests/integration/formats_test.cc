@@ -10,6 +10,7 @@
 #include <set>
 
 #include "devkit/schema_registry.h"
+#include "devkit/services.h"
 #include "devkit/tcp_proxy.h"
 #include "tests/support/scenario.h"
 
@@ -138,6 +139,26 @@ BOOST_AUTO_TEST_CASE(avro_values_are_read_as_their_json) {
   std::set<std::string> dead;
   for (const auto& m : s.kafka.read_all("payments.dlq", 1)) dead.insert(m.value.value_or(""));
   for (const auto& bytes : {not_framed, unknown_id, broken}) BOOST_TEST(dead.count(bytes) == 1u);
+  // The dead-letter view (API and console) shows a letter's record as the
+  // route reads it: decoded, or why it does not decode.
+  auto letter = [&](int64_t id) {
+    const auto [status, text] = http_request(s.admin_port(host), "GET",
+                                             "/api/v1/dead-letters/" + std::to_string(id) + "?route=payments", "", {});
+    BOOST_REQUIRE_EQUAL(status, 200);
+    return nlohmann::json::parse(text);
+  };
+  const auto conflict_letter =
+      letter(s.scalar("SELECT id FROM idemsink_dlq_outbox WHERE route = 'payments' AND reason = 'payload_conflict'"));
+  BOOST_TEST(conflict_letter["decoded"]["value"] ==
+                 nlohmann::json::parse(R"({"order_id": "P-3", "type": "paid", "amount": "99.50", "note": null})"),
+             conflict_letter.dump());
+  BOOST_TEST(!conflict_letter["decoded"].contains("problem"));
+  for (const auto& row :
+       s.connect()->query("SELECT id FROM idemsink_dlq_outbox WHERE reason = 'undecodable_value' ORDER BY id")) {
+    const auto bad = letter(std::stoll(*row[0]));
+    BOOST_TEST(bad["decoded"]["value"].is_null());
+    BOOST_TEST(!bad["decoded"].value("problem", "").empty(), bad.dump());
+  }
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);
 }
@@ -251,4 +272,73 @@ BOOST_AUTO_TEST_CASE(records_wait_while_the_registry_is_unreachable) {
   BOOST_TEST(admin_metric(admin, up) == 1);
   BOOST_TEST(host->stop() == 0);
   s.audit_clean(*host);
+}
+
+// Protobuf (a nested message, an import, a well-known type) and JSON Schema
+// routes killed (SIGKILL) at each named cut of the claim's life: after the
+// claim commit (A), after the effect (B), after the done mark (C). Every
+// record ends done with one effect: calls repeated after a kill carry the
+// same token (the remote applies a token once), never another.
+BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
+  Scenario s("formats_kills");
+  s.topic("shipments", 2).topic("tickets", 2);
+  constexpr int kRecords = 300;
+  std::vector<std::string> shipments, tickets;
+  for (int i = 0; i < kRecords; ++i) {
+    shipments.push_back(R"({"shipment_id": "S-)" + std::to_string(i) +
+                        R"(", "to": {"city": "Hangzhou"}, "cod": {"currency": "CNY", "cents": )" +
+                        std::to_string(1000 + i) + R"(}, "ready_at": "2026-12-06T08:00:00.250Z"})");
+    tickets.push_back(R"({"ticket": "T-)" + std::to_string(i) + R"(", "seats": )" + std::to_string(i % 4) + "}");
+  }
+  const auto shipment_bytes = encode("shipments-k", "protobuf", "shipment.proto", shipments, "Shipment");
+  const auto ticket_bytes = encode("tickets-k", "json_schema", "ticket.schema.json", tickets);
+  std::vector<TestMessage> ship_msgs, ticket_msgs;
+  for (int i = 0; i < kRecords; ++i) {
+    ship_msgs.push_back({"s" + std::to_string(i), shipment_bytes[static_cast<size_t>(i)]});
+    ticket_msgs.push_back({"t" + std::to_string(i), ticket_bytes[static_cast<size_t>(i)]});
+  }
+  s.kafka.produce("shipments", ship_msgs);
+  s.kafka.produce("tickets", ticket_msgs);
+  const std::vector<RouteSpec> routes = {
+      with_delay(s.scripted("shipments", "shipments",
+                            "[route.value]\nformat = \"protobuf\"\n[route.key]\nfrom = \"json\"\njson = "
+                            "\"shipment_id\"\n"),
+                 "2ms"),
+      with_delay(
+          s.scripted("tickets", "tickets",
+                     "[route.value]\nformat = \"json_schema\"\n[route.key]\nfrom = \"json\"\njson = \"ticket\"\n"),
+          "2ms")};
+  const std::string tables = registry_table(registry().registry.url());
+  // Early in each run (claims and done marks are written in batches: their
+  // counts are of batches), so every run has records left to kill it.
+  for (const std::string fault : {"after_handler_ok:20", "after_claim_commit:2", "after_mark_done:2"}) {
+    auto& crashing = s.host("host-a", routes, {.tables = tables, .env = {{"IDEMSINK_FAULT", fault}}});
+    const auto rc = crashing.proc().wait(120s);
+    BOOST_REQUIRE_MESSAGE(rc && *rc == -9, "the fault " << fault << " did not kill the host\n" << crashing.log());
+  }
+  auto& host = s.host("host-a", routes, {.tables = tables});
+  s.wait_committed(host, {"shipments", "tickets"});
+
+  const auto calls = s.calls_by_key();
+  BOOST_TEST(calls.size() == static_cast<size_t>(2 * kRecords));
+  size_t repeated = 0;
+  for (const auto& [key, list] : calls) {
+    std::set<std::string> tokens;
+    for (const auto& cols : list) tokens.insert(cols.at(2));
+    BOOST_TEST(tokens.size() == 1u, key << ": " << tokens.size() << " effects");
+    repeated += list.size() - 1;
+    const auto value = nlohmann::json::parse(unhex(list.front().at(6)));
+    if (key.rfind("S-", 0) == 0) {
+      BOOST_TEST(value.at("cod").at("cents") == std::to_string(1000 + std::stoi(key.substr(2))));
+      BOOST_TEST(value.at("ready_at") == "2026-12-06T08:00:00.250Z");
+    } else {
+      BOOST_TEST(value.at("seats") == std::stoi(key.substr(2)) % 4);
+    }
+  }
+  BOOST_TEST_MESSAGE(repeated << " calls repeated with their token after the kills");
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) ==
+             2 * kRecords);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
 }
