@@ -20,6 +20,7 @@ struct AvroSchema::Type {
   int scale = 0;
   size_t size = 0;                                          // fixed
   std::vector<std::pair<std::string, const Type*>> fields;  // record
+  std::vector<std::string> printed_names;                   // record: its fields' keys as printed
   std::vector<std::string> symbols;                         // enum
   const Type* items = nullptr;                              // array items, map values
   std::vector<const Type*> branches;                        // union
@@ -169,9 +170,9 @@ void decode_value(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int de
     }
     case Kind::Record: {
       out.begin_object();
-      for (const auto& [name, type] : t.fields) {
-        out.key(name);
-        decode_value(*type, in, out, depth + 1);
+      for (size_t i = 0; i < t.fields.size(); ++i) {
+        out.key(t.fields[i].first, t.printed_names[i]);
+        decode_value(*t.fields[i].second, in, out, depth + 1);
       }
       return out.end_object();
     }
@@ -283,8 +284,11 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
       t.size = j.at("size").get<size_t>();
     } else {
       t.kind = Kind::Record;
-      for (const auto& f : j.at("fields"))
+      for (const auto& f : j.at("fields")) {
         t.fields.emplace_back(f.at("name").get<std::string>(), parse(&f.at("type"), space_of(t.name), depth + 1));
+        if (!valid_utf8(t.fields.back().first)) bad_schema("a field name that is not UTF-8");
+        t.printed_names.push_back(printed_key(t.fields.back().first));
+      }
     }
   } else if (kind == "array") {
     t.kind = Kind::Array;

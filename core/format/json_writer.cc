@@ -2,15 +2,19 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace idemsink::format {
-namespace {
 
-// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no
-// surrogates, nothing past U+10FFFF), as nlohmann's printer checks it.
+// As nlohmann's printer checks it.
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
+    uint64_t w;
+    if (i + 8 <= s.size() && (std::memcpy(&w, s.data() + i, 8), (w & 0x8080808080808080) == 0)) {
+      i += 8;  // eight ASCII bytes
+      continue;
+    }
     const auto c = static_cast<uint8_t>(s[i]);
     if (c < 0x80) {
       ++i;
@@ -40,6 +44,8 @@ bool valid_utf8(std::string_view s) {
   }
   return true;
 }
+
+namespace {
 
 template <class Out>
 void append_escaped(Out& out, std::string_view s) {
@@ -80,19 +86,22 @@ std::string printed_json(std::string_view s) {
 bool plain(std::string_view s) {
   constexpr uint64_t kOnes = 0x0101010101010101, kHigh = 0x8080808080808080;
   auto has_zero = [](uint64_t w) { return (w - kOnes) & ~w & kHigh; };
-  uint64_t bad = 0;
+  auto bad = [&](uint64_t w) {
+    return (w & kHigh) | ((w - kOnes * 0x20) & ~w & kHigh) | has_zero(w ^ (kOnes * '"')) | has_zero(w ^ (kOnes * '\\'));
+  };
+  uint64_t any = 0;
   size_t i = 0;
   for (; i + 8 <= s.size(); i += 8) {
     uint64_t w;
     std::memcpy(&w, s.data() + i, 8);
-    bad |= (w & kHigh) | ((w - kOnes * 0x20) & ~w & kHigh) | has_zero(w ^ (kOnes * '"')) |
-           has_zero(w ^ (kOnes * '\\'));
+    any |= bad(w);
   }
-  for (; i < s.size(); ++i) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    bad |= (c < 0x20) | (c >= 0x80) | (c == '"') | (c == '\\');
+  if (i < s.size()) {  // the tail, padded with a byte that is fine
+    uint64_t w = kOnes * 'a';
+    std::memcpy(&w, s.data() + i, s.size() - i);
+    any |= bad(w);
   }
-  return bad == 0;
+  return any == 0;
 }
 
 // A string as nlohmann prints it, what is not UTF-8 replaced as it replaces it.
@@ -129,7 +138,7 @@ void JsonWriter::before_value() {
   if (frames_.empty()) return;
   Frame& f = frames_.back();
   if (f.object) return;  // the member's key came first
-  if (!f.empty) raw(",");
+  if (!f.empty) raw(',');
   f.empty = false;
 }
 
@@ -183,21 +192,50 @@ void JsonWriter::string(std::string_view s) {
 void JsonWriter::begin_object() {
   before_value();
   frames_.push_back({true, true, full_.size(), canon_size(), members_.size()});
-  raw("{");
+  raw('{');
+}
+
+void JsonWriter::key(std::string_view k, std::string_view printed) {
+  close_member();
+  Frame& f = frames_.back();
+  if (!f.empty) raw(',');
+  f.empty = false;
+  Member m;
+  m.key = k;
+  m.full_begin = full_.size();
+  m.canon_begin = canon_size();
+  members_.push_back(m);
+  raw(printed);
+}
+
+std::string printed_key(std::string_view k) {
+  struct Out {
+    std::string s;
+    void put(std::string_view v) { s += v; }
+    void put(char c) { s += c; }
+    char* room(size_t n) {
+      s.resize(s.size() + n);
+      return s.data() + s.size() - n;
+    }
+  } out;
+  append_string(out, k);
+  out.put(':');
+  return out.s;
 }
 
 void JsonWriter::key(std::string_view k) {
   close_member();
   Frame& f = frames_.back();
-  if (!f.empty) raw(",");
+  if (!f.empty) raw(',');
   f.empty = false;
   Member m;
   // Members sort by their keys as printed: a key that is not UTF-8 sorts
   // (and is the same key as another) by its replaced text, as the JSON
   // read back would have it.
-  m.key = plain(k) || valid_utf8(k) ? k
-                                    : std::string_view(replaced_keys_.emplace_back(
-                                          nlohmann::json::parse(printed_json(k)).get<std::string>()));
+  m.key =
+      plain(k) || valid_utf8(k)
+          ? k
+          : std::string_view(replaced_keys_.emplace_back(nlohmann::json::parse(printed_json(k)).get<std::string>()));
   m.full_begin = full_.size();
   m.canon_begin = canon_size();
   members_.push_back(m);
@@ -267,12 +305,12 @@ void JsonWriter::rebuild(Text& out, size_t start, bool canon) {
 void JsonWriter::begin_array() {
   before_value();
   frames_.push_back({false, true, full_.size(), canon_size(), members_.size()});
-  raw("[");
+  raw('[');
 }
 
 void JsonWriter::end_array() {
   frames_.pop_back();
-  raw("]");
+  raw(']');
 }
 
 }  // namespace idemsink::format

@@ -24,6 +24,14 @@ struct DecodedJson {
   std::string canonical;
 };
 
+/// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no
+/// surrogates, nothing past U+10FFFF).
+bool valid_utf8(std::string_view s);
+
+/// A member's key as the writer prints it: the JSON string and a colon.
+/// Valid UTF-8 only (a schema's names are).
+std::string printed_key(std::string_view k);
+
 class JsonWriter {
  public:
   /// `input_size`: the encoded record's, to size the text once.
@@ -43,6 +51,9 @@ class JsonWriter {
   /// keeps its last value, as a JSON document read back would. Members are
   /// sorted by key as printed (what is not UTF-8 replaced by U+FFFD).
   void key(std::string_view k);
+  /// The same for a key known before the record (a schema's field name):
+  /// `printed` is printed_key(k), made once.
+  void key(std::string_view k, std::string_view printed);
   void end_object();
   void begin_array();
   void end_array();
@@ -94,6 +105,10 @@ class JsonWriter {
   };
   void before_value();
   void raw(std::string_view text);
+  void raw(char c) {
+    full_.put(c);
+    if (canon_on_) canon_.put(c);
+  }
   void close_member();
   size_t canon_size() const { return canon_on_ ? canon_.size() : full_.size(); }
   void rebuild(Text& out, size_t start, bool canon);
@@ -104,9 +119,9 @@ class JsonWriter {
   Text canon_;
   bool canon_on_ = false;
   std::vector<Frame> frames_;
-  std::vector<Member> members_;  // the open objects' members, innermost last
+  std::vector<Member> members_;           // the open objects' members, innermost last
   std::list<std::string> replaced_keys_;  // keys that were not UTF-8, as printed (a list: no allocation until used)
-  std::vector<const Member*> order_;       // end_object's, kept for its capacity
+  std::vector<const Member*> order_;      // end_object's, kept for its capacity
   std::string scratch_;
 };
 

@@ -2,8 +2,8 @@
 // .proto text (or a serialized FileDescriptorProto in base64, as some
 // serializers register it), its imports resolved from the schema's
 // references and the well-known types libprotobuf carries, the message picked
-// by the record's message indexes, printed as protobuf's JSON mapping
-// (docs/formats.md).
+// by the record's message indexes, read into protobuf's JSON mapping
+// (protobuf_json.h, docs/formats.md).
 #pragma once
 
 #include <memory>

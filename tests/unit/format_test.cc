@@ -13,6 +13,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/json_util.h>
 #include <limits>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -171,6 +173,19 @@ message Sample {
   repeated double values = 16;
   bool flag = 17;
   repeated Sample children = 18;
+  oneof pay { string card = 19; int64 points = 20; }
+}
+)";
+
+// proto2: closed enums, required fields, groups.
+const char* kLegacy = R"(syntax = "proto2";
+message Legacy {
+  enum E { A = 1; B = 2; }
+  required string id = 1;
+  optional E e = 2;
+  repeated E es = 3;
+  optional group G = 4 { optional int32 x = 5; repeated string tags = 6; }
+  optional int32 n = 7 [default = 5];
 }
 )";
 
@@ -178,41 +193,111 @@ message Sample {
 // Confluent's framing (the short message index).
 namespace pb = google::protobuf;
 
-// The sample message as libprotobuf builds it from the text, for the
-// reference encoder and printer (the decoder builds its own).
-std::unique_ptr<pb::Message> new_sample() {
+// A message of the schema's first type as libprotobuf builds it, for the
+// reference encoder, parser and printer (the decoder builds its own).
+std::unique_ptr<pb::Message> new_message(const char* schema) {
   static pb::DescriptorPool pool(pb::DescriptorPool::generated_pool());
   static pb::DynamicMessageFactory factory(&pool);
-  static const pb::Descriptor* d = [] {
+  static std::map<const char*, const pb::Descriptor*> built;
+  if (!built.count(schema)) {
     pb::FileDescriptorProto file;
-    pb::io::ArrayInputStream input(kSample, static_cast<int>(std::strlen(kSample)));
+    pb::io::ArrayInputStream input(schema, static_cast<int>(std::strlen(schema)));
     pb::io::Tokenizer tokens(&input, nullptr);
     pb::compiler::Parser parser;
     BOOST_TEST_REQUIRE(parser.Parse(&tokens, &file));
-    file.set_name("sample.proto");
-    return pool.BuildFile(file)->message_type(0);
-  }();
-  return std::unique_ptr<pb::Message>(factory.GetPrototype(d)->New());
+    file.set_name("reference_" + std::to_string(built.size()) + ".proto");
+    built[schema] = pool.BuildFile(file)->message_type(0);
+  }
+  return std::unique_ptr<pb::Message>(factory.GetPrototype(built[schema])->New());
 }
 
-// The sample written from JSON by libprotobuf, plus `tail` (raw fields), in
+// A message written from JSON by libprotobuf, plus `tail` (raw fields), in
 // Confluent's framing (the short message index).
-std::string sample_bytes(const std::string& value, const std::string& tail = "") {
-  auto msg = new_sample();
+std::string sample_bytes(const std::string& value, const std::string& tail = "", const char* schema = kSample) {
+  auto msg = new_message(schema);
   const auto status = pb::util::JsonStringToMessage(value, msg.get());
-  BOOST_TEST_REQUIRE(status.ok(), status.ToString());
-  return "\x00"s + msg->SerializeAsString() + tail;
+  BOOST_TEST_REQUIRE(status.ok(), status.ToString() << ": " << value);
+  return "\x00"s + msg->SerializePartialAsString() + tail;
 }
 
-// What protobuf's own JSON printer makes of the same bytes.
-std::string printed_by_protobuf(const std::string& framed) {
-  auto msg = new_sample();
-  BOOST_TEST_REQUIRE(msg->ParseFromString(framed.substr(1)));
+// What protobuf's own parser and JSON printer make of the same bytes; none
+// when the parser refuses them, or the printer (a Timestamp out of range).
+std::optional<std::string> printed_by_protobuf(const std::string& framed, const char* schema = kSample) {
+  auto msg = new_message(schema);
+  if (!msg->ParseFromString(framed.substr(1))) return std::nullopt;
   std::string out;
   pb::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
-  BOOST_TEST_REQUIRE(pb::util::MessageToJsonString(*msg, &out, options).ok());
+  if (!pb::util::MessageToJsonString(*msg, &out, options).ok()) return std::nullopt;
   return out;
+}
+
+// The decoder against protobuf: the same verdict, and the same values.
+void same_as_protobuf(const ProtobufSchema& schema, const std::string& bytes, const char* schema_text = kSample) {
+  const auto reference = printed_by_protobuf(bytes, schema_text);
+  if (!reference) {
+    BOOST_CHECK_THROW(schema.decode(bytes), std::runtime_error);
+    return;
+  }
+  const auto decoded = schema.decode(bytes);
+  // The same values (a double prints as -2.0 where protobuf writes -2).
+  BOOST_TEST(json::parse(decoded.json) == json::parse(*reference), decoded.json << "\n" << *reference);
+  BOOST_TEST(json::parse(decoded.canonical) == json::parse(canonical_json(*reference)));
+  BOOST_TEST(decoded.canonical == canonical_json(decoded.json));
+}
+
+// A random Sample as JSON, every field type at times, at its default at times.
+json random_sample(std::mt19937& rng, int depth) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  auto some = [&] { return pick(3) != 0; };
+  static const std::vector<std::string> texts = {"", "P-1", "中文 \"q\"\n", "😀", "a\\b"};
+  static const std::vector<std::string> times = {"2026-12-06T08:10:24.120Z", "1970-01-01T00:00:00Z",
+                                                 "1969-12-31T23:59:59.999999999Z", "0001-01-01T00:00:00Z"};
+  // Non-negative: two merged into one must not mix signs (invalid: protobuf's
+  // C++ printer still prints it, its other printers and this decoder refuse it).
+  static const std::vector<std::string> waits = {"0s", "1.500s", "0.000001s", "315576000000s"};
+  json j = json::object();
+  if (some()) j["id"] = texts[static_cast<size_t>(pick(5))];
+  if (some()) j["at"] = times[static_cast<size_t>(pick(4))];
+  if (some()) j["wait"] = waits[static_cast<size_t>(pick(4))];
+  if (some()) j["count"] = std::to_string(static_cast<int64_t>(rng()) * (pick(2) ? -1 : 1) * pick(3));
+  if (some()) j["zero"] = pick(3) - 1;
+  if (some()) {
+    j["totals"] = json::object();
+    for (int i = pick(4); i > 0; --i) j["totals"][texts[static_cast<size_t>(pick(5))]] = std::to_string(pick(100) - 50);
+  }
+  if (some()) {
+    j["names"] = json::object();
+    for (int i = pick(4); i > 0; --i)
+      j["names"][std::to_string(pick(2000) - 1000)] = texts[static_cast<size_t>(pick(5))];
+  }
+  if (some()) j["colour"] = pick(2) ? "BLUE" : "RED";
+  if (some()) j["blob"] = std::vector<std::string>{"", "AA==", "AAEC/w==", "3q2+7w=="}[static_cast<size_t>(pick(4))];
+  if (some()) j["ratio"] = std::vector<double>{0, 0.1, -2.5, 16777216, 1e-30}[static_cast<size_t>(pick(5))];
+  if (some()) j["score"] = pick(4) == 0 ? json("NaN") : json(static_cast<double>(static_cast<int32_t>(rng())) / 7.0);
+  if (some()) j["extra"] = {{"z", nullptr}, {"a", {1, "x", pick(2) == 1}}};
+  if (some()) {
+    j["colours"] = json::array();
+    for (int i = pick(4); i > 0; --i) j["colours"].push_back(pick(2) ? "BLUE" : "RED");
+  }
+  if (some()) j["maybe"] = pick(3) - 1;
+  if (some()) j["big"] = std::to_string(static_cast<uint64_t>(rng()) << pick(33));
+  if (some()) {
+    j["values"] = json::array();
+    for (int i = pick(4); i > 0; --i) j["values"].push_back(static_cast<double>(pick(2001) - 1000) / 8.0);
+  }
+  if (some()) j["flag"] = pick(2) == 1;
+  if (depth < 2 && some()) {
+    j["children"] = json::array();
+    for (int i = pick(3); i > 0; --i) j["children"].push_back(random_sample(rng, depth + 1));
+  }
+  if (pick(3) == 0) {  // a oneof (two messages in a row may set both: the last read wins)
+    if (pick(2))
+      j["card"] = texts[static_cast<size_t>(pick(5))];
+    else
+      j["points"] = std::to_string(pick(1000));
+  }
+  return j;
 }
 
 }  // namespace
@@ -233,21 +318,65 @@ BOOST_AUTO_TEST_CASE(protobuf_json_is_protobufs_own_mapping) {
       sample_bytes(R"({"at": "9999-12-31T23:59:59.999999999Z", "wait": "0.000000001s", "ratio": 16777216})"),
       sample_bytes("{}"),
   };
-  for (const auto& bytes : samples) {
-    const auto decoded = schema.decode(bytes);
-    const std::string reference = printed_by_protobuf(bytes);
-    // The same values (a double prints as -2.0 where protobuf writes -2).
-    BOOST_TEST(json::parse(decoded.json) == json::parse(reference), decoded.json << "\n" << reference);
-    BOOST_TEST(json::parse(decoded.canonical) == json::parse(canonical_json(reference)));
-    BOOST_TEST(decoded.canonical == canonical_json(decoded.json));
-  }
+  for (const auto& bytes : samples) same_as_protobuf(schema, bytes);
   // A float is its shortest text: the float protobuf's 9 digits name too.
   const auto max_float = json::parse(schema.to_json(sample_bytes(R"({"ratio": 3.4028235e38})")));
   BOOST_TEST(max_float.at("ratio").get<double>() == 3.4028235e38);
   BOOST_TEST(
       static_cast<float>(
-          json::parse(printed_by_protobuf(sample_bytes(R"({"ratio": 3.4028235e38})"))).at("ratio").get<double>()) ==
+          json::parse(*printed_by_protobuf(sample_bytes(R"({"ratio": 3.4028235e38})"))).at("ratio").get<double>()) ==
       3.4028235e38f);
+}
+
+// The parser's rules, on random messages and on what the wire allows beside
+// them: two messages in a row (singular fields: the last wins; messages
+// merge; repeated fields append; a oneof keeps the member read last),
+// repeated scalars unpacked as well as packed, a known field in another wire
+// type (kept aside by the parser), unknown fields, a string that is not
+// UTF-8, bytes cut short.
+BOOST_AUTO_TEST_CASE(protobuf_json_follows_the_parser_on_random_messages) {
+  ProtobufSchema schema(kSample, {});
+  std::mt19937 rng(45);
+  const std::vector<std::string> extras = {
+      "",
+      "\x81\x01"s + std::string("\x00\x00\x00\x00\x00\x00\xf8\x3f", 8),  // values: 1.5, unpacked
+      "\x68\x01\x68\x00"s,                                               // colours BLUE, RED, unpacked
+      "\x08\x05"s,                                                       // id as a varint: not a string
+      "\xf8\x3e\x07"s + "\xfa\x3e\x02hi"s,                               // unknown fields 1007
+      "\x12\x02\x08\x01"s,                                               // at {seconds 1}: merges
+      "\x0a\x01\xff"s,                                                   // id not UTF-8
+      "\x0a\x05P-"s,                                                     // cut short
+      "\x9a\x01\x01x"s + "\xa0\x01\x05"s,                                // card, then points
+  };
+  for (int i = 0; i < 400; ++i) {
+    std::string bytes = sample_bytes(random_sample(rng, 0).dump());
+    if (rng() % 2) bytes += sample_bytes(random_sample(rng, 0).dump()).substr(1);
+    bytes += extras[rng() % extras.size()];
+    same_as_protobuf(schema, bytes);
+  }
+}
+
+// proto2 against the parsed message (protobuf's printer writes no groups and
+// repeats a closed enum's unnamed numbers from the unknown fields).
+BOOST_AUTO_TEST_CASE(protobuf_json_keeps_proto2s_rules) {
+  ProtobufSchema schema(kLegacy, {});
+  // id L-1, e B, es [A, B], G {x 3, tags [t]}.
+  const std::string base = "\x00"s + "\x0a\x03L-1"s + "\x10\x02"s + "\x18\x01\x18\x02"s + "\x23\x28\x03\x32\x01t\x24"s;
+  const json expected = json::parse(R"({"id": "L-1", "e": "B", "es": ["A", "B"], "g": {"x": 3, "tags": ["t"]}})");
+  const std::vector<std::pair<std::string, json>> cases = {
+      {base, expected},
+      {base + "\x10\x07"s, expected},  // e = 7: unnamed, dropped (e stays B)
+      {base + "\x18\x07\x18\x01"s,     // es 7 dropped, A kept
+       json::parse(R"({"id": "L-1", "e": "B", "es": ["A", "B", "A"], "g": {"x": 3, "tags": ["t"]}})")},
+      {base + "\x23\x28\x09\x24"s,  // another G {x 9}: merges
+       json::parse(R"({"id": "L-1", "e": "B", "es": ["A", "B"], "g": {"x": 9, "tags": ["t"]}})")},
+      {base + "\x38\x00"s,  // n = 0, set: printed
+       json::parse(R"({"id": "L-1", "e": "B", "es": ["A", "B"], "g": {"x": 3, "tags": ["t"]}, "n": 0})")},
+  };
+  for (const auto& [bytes, want] : cases) BOOST_TEST(json::parse(schema.to_json(bytes)) == want, schema.to_json(bytes));
+  // The required id missing: the parser refuses the message, and so does the decoder.
+  BOOST_TEST(!printed_by_protobuf("\x00\x10\x01"s, kLegacy));
+  BOOST_CHECK_THROW(schema.decode("\x00\x10\x01"s), std::runtime_error);
 }
 
 BOOST_AUTO_TEST_CASE(protobuf_schemas_that_do_not_parse_or_resolve_are_refused) {
