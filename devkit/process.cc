@@ -141,6 +141,23 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+std::string hex_of(std::string_view bytes) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+std::string unhex(const std::string& h) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < h.size(); i += 2)
+    bytes.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
 void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace idemsink::devkit {
@@ -69,6 +70,10 @@ class ScratchDir {
 
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
+
+/// Bytes as hex, and back (logs and encoders that write bytes as text lines).
+std::string hex_of(std::string_view bytes);
+std::string unhex(const std::string& hex);
 
 }  // namespace idemsink::devkit
 

@@ -12,11 +12,15 @@
 // SIGKILLed, as a real outage would, and started again. At the end the
 // external services' own counters, the database and `idemsink audit` must
 // agree: every effect applied once (SMS at most once), nothing lost.
+// With `--format avro` the values are Avro in the schema registry's wire
+// format (Confluent's own serializer, a registry of the demo's own) and every
+// route reads them as Avro.
 // Exits 1 if any invariant fails.
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -28,9 +32,12 @@
 #include <sstream>
 #include <thread>
 
+#include <toml++/toml.h>
+
 #include "core/db/connection.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/kafka_cluster.h"
+#include "devkit/schema_registry.h"
 #include "devkit/services.h"
 
 namespace po = boost::program_options;
@@ -185,6 +192,64 @@ Status host_status(int admin_port) {
   return s;
 }
 
+// An order's records: order.created and order.paid on orders, a credit on
+// payments.credit, as JSON.
+std::array<std::pair<std::string, std::string>, 3> order_records(int i) {
+  char id[32];
+  std::snprintf(id, sizeof id, "ORD-20261129-%06d", i);
+  nlohmann::json order{{"order_id", id},
+                       {"account", "acct-" + std::to_string(i % 500)},
+                       {"amount", 10 + (i * 37 % 49000) / 100.0},
+                       {"phone", "+86138" + std::to_string(10000000 + i)},
+                       {"sku", "SKU-" + std::to_string(i % 300)},
+                       {"qty", 1 + i % 3}};
+  nlohmann::json created = order, paid = order;
+  created["type"] = "order.created";
+  paid["type"] = "order.paid";
+  return {{{"orders", created.dump()}, {"orders", paid.dump()}, {"payments.credit", order.dump()}}};
+}
+
+// --format avro: every order's records encoded up front by Confluent's
+// serializer (its schema registered under each topic's subject, as producers
+// do), in order_records()'s order.
+std::vector<std::array<std::string, 3>> encode_avro(int orders, const std::string& registry,
+                                                    const std::filesystem::path& dir) {
+  std::vector<std::array<std::string, 3>> out(static_cast<size_t>(orders));
+  for (size_t k = 0; k < 3; ++k) {
+    const std::string topic = k < 2 ? "orders" : "payments.credit";
+    std::string in;
+    for (int i = 0; i < orders; ++i) in += order_records(i)[k].second + "\n";
+    const auto input = dir / ("avro-" + std::to_string(k) + ".jsonl"),
+               output = dir / ("avro-" + std::to_string(k) + ".hex");
+    write_file(input, in);
+    const std::string cmd = std::string(IDEMSINK_FORMAT_PYTHON) + " " + IDEMSINK_ENCODE_RECORDS + " --registry " +
+                            registry + " --topic " + topic + " --format avro --schema " + IDEMSINK_DEMO_AVRO_SCHEMA +
+                            " < " + input.string() + " > " + output.string() + " 2> " + output.string() + ".err";
+    if (std::system(cmd.c_str()) != 0)
+      throw std::runtime_error("encoding the orders as Avro failed (scripts/format-tools installs the encoder): " +
+                               read_file(output.string() + ".err"));
+    std::istringstream lines(read_file(output));
+    size_t i = 0;
+    for (std::string line; std::getline(lines, line) && i < out.size(); ++i) out[i][k] = unhex(line);
+    if (i != out.size())
+      throw std::runtime_error("the Avro encoder wrote " + std::to_string(i) + " of " + std::to_string(out.size()) +
+                               " records");
+  }
+  return out;
+}
+
+// The host config with every route reading Avro values from `registry`.
+std::string avro_config(const std::string& config, const std::string& registry) {
+  toml::table doc = toml::parse_file(config);
+  doc.insert_or_assign("schema_registry", toml::table{{"url", registry}});
+  if (auto* routes = doc["route"].as_array())
+    for (auto& route : *routes)
+      if (auto* t = route.as_table()) t->insert_or_assign("value", toml::table{{"format", "avro"}});
+  std::ostringstream out;
+  out << "# conf/demo.toml with every route reading Avro values (idemsink-demo --format avro)\n" << doc << "\n";
+  return out.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -198,7 +263,10 @@ int main(int argc, char** argv) {
       "config", po::value<std::string>()->default_value(IDEMSINK_DEMO_CONFIG), "host config")(
       "kafka", po::value<std::string>()->default_value("mock"),
       "mock: librdkafka's mock cluster (embedded, starts at once); real: Apache Kafka, 3 brokers in KRaft mode "
-      "(scripts/fetch-kafka's jars, Java 17)")("keep", "keep the scratch directories (logs, data) after the run");
+      "(scripts/fetch-kafka's jars, Java 17)")(
+      "format", po::value<std::string>()->default_value("json"),
+      "json: the values as JSON; avro: Avro in the schema registry's wire format, read through a schema registry "
+      "(Apicurio, scripts/format-tools)")("keep", "keep the scratch directories (logs, data) after the run");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -261,7 +329,20 @@ int main(int argc, char** argv) {
                                                  {"IDEMSINK_DEMO_ADMIN", "127.0.0.1:" + std::to_string(admin_port)},
                                                  {"IDEMSINK_PLUGIN_DIR", IDEMSINK_PLUGIN_DIR}};
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);  // for `idemsink audit` below
-    const std::string config = vm["config"].as<std::string>();
+    const std::string format = vm["format"].as<std::string>();
+    if (format != "json" && format != "avro") throw std::invalid_argument("--format takes json or avro");
+    std::string config = vm["config"].as<std::string>();
+    std::unique_ptr<SchemaRegistry> registry;
+    std::vector<std::array<std::string, 3>> avro;
+    if (format == "avro") {
+      say("starting a schema registry (Apicurio) and encoding the orders as Avro with Confluent's serializer...");
+      registry = std::make_unique<SchemaRegistry>(dir.path());
+      avro = encode_avro(orders, registry->url(), dir.path());
+      const auto derived = dir / "demo-avro.toml";
+      write_file(derived, avro_config(config, registry->url()));
+      config = derived.string();
+      say("registry at " + registry->url() + ", host config " + config);
+    }
     int run = 0;
     auto start_host = [&] {
       ++run;
@@ -285,30 +366,22 @@ int main(int argc, char** argv) {
       std::vector<std::pair<std::string, std::pair<std::string, std::string>>> later;  // upstream re-publishes
       const auto start = Clock::now();
       for (int i = 0; i < orders; ++i) {
-        char id[32];
-        std::snprintf(id, sizeof id, "ORD-20261129-%06d", i);
-        nlohmann::json order{{"order_id", id},
-                             {"account", "acct-" + std::to_string(i % 500)},
-                             {"amount", 10 + (i * 37 % 49000) / 100.0},
-                             {"phone", "+86138" + std::to_string(10000000 + i)},
-                             {"sku", "SKU-" + std::to_string(i % 300)},
-                             {"qty", 1 + i % 3}};
-        nlohmann::json created = order, paid = order;
-        created["type"] = "order.created";
-        paid["type"] = "order.paid";
+        auto records = order_records(i);
+        const std::string id = nlohmann::json::parse(records[2].second)["order_id"];
+        if (!avro.empty())
+          for (size_t k = 0; k < 3; ++k) records[k].second = avro[static_cast<size_t>(i)][k];
         // The order's events keyed by the order: they stay in order.
-        const std::pair<std::string, std::string> records[] = {
-            {"orders", created.dump()}, {"orders", paid.dump()}, {"payments.credit", order.dump()}};
         for (const auto& [topic, value] : records) {
           producer.send(topic, id, value);
           ++produced;
           if (u(rng) < vm["duplicates"].as<double>()) later.push_back({topic, {id, value}});
           if (u(rng) < vm["poison"].as<double>()) {
-            // Not JSON (each route whose condition reads the value dead-letters
-            // it), or a paid order without its id (no biz_key).
+            // Not JSON, nor in the registry's wire format (each route whose
+            // condition reads the value dead-letters it), or a paid order
+            // without its id (no biz_key; in JSON only).
             producer.send(topic, id,
-                          u(rng) < 0.5 ? "{\"order_id\": \"" + std::string(id)
-                                       : "{\"type\":\"order.paid\",\"note\":\"no order id\"}");
+                          u(rng) < 0.5 || !avro.empty() ? "{\"order_id\": \"" + id
+                                                        : "{\"type\":\"order.paid\",\"note\":\"no order id\"}");
             ++produced;
             ++poison_sent;
           }

@@ -111,22 +111,6 @@ int64_t Scenario::scalar(const std::string& sql) const {
   return test::scalar(*c, sql);
 }
 
-std::string hex_of(std::string_view bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-std::string unhex(const std::string& h) {
-  std::string key;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) key.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-  return key;
-}
-
 std::map<std::string, int> Scenario::calls_per_key(const std::filesystem::path& log) {
   std::map<std::string, int> out;
   if (!std::filesystem::exists(log)) return out;

@@ -127,10 +127,8 @@ class Scenario {
   std::map<const HostProcess*, int> admin_ports_;
 };
 
-/// Hex of bytes, as the scripted plugins log biz_keys.
-std::string hex_of(std::string_view bytes);
-/// The bytes of a hex string (a logged biz_key).
-std::string unhex(const std::string& hex);
+using devkit::hex_of;  // the scripted plugins log biz_keys in hex
+using devkit::unhex;
 
 /// Records keyed <prefix><from> .. <prefix><to - 1>, each with `value`.
 std::vector<TestMessage> keyed_messages(const std::string& prefix, int from, int to, const std::string& value = "{}");
