@@ -147,7 +147,7 @@ DecodedRecord RecordDecoder::run(std::optional<std::string_view> value, std::opt
     } else {
       auto& decoded = std::get<DecodedJson>(out);
       json = std::move(decoded.json);
-      if (canonical) *canonical = std::move(decoded.canonical);
+      if (canonical) *canonical = std::move(decoded.differing_canonical);
     }
     return true;
   };

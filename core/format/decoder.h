@@ -52,7 +52,7 @@ class Decoder {
 /// decodable (why), or waiting for a schema.
 struct DecodedRecord {
   std::optional<std::string> value_json;       // none: the value is read as written
-  std::optional<std::string> value_canonical;  // what the payload check hashes of value_json
+  std::optional<std::string> value_canonical;  // the payload check's form, where it is not value_json
   std::optional<std::string> key_json;         // none: the key is read as written
   std::optional<std::string> key_text;         // the key as the biz_key and [route.when] read it
   std::optional<std::string> undecodable;

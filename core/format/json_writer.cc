@@ -130,7 +130,7 @@ JsonWriter::JsonWriter(size_t input_size) {
 DecodedJson JsonWriter::finish() {
   DecodedJson out;
   out.json = full_.take();
-  out.canonical = canon_on_ ? canon_.take() : out.json;
+  if (canon_on_) out.differing_canonical = canon_.take();
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,7 +22,9 @@ namespace idemsink::format {
 /// payload check hashes (members sorted, null members dropped).
 struct DecodedJson {
   std::string json;
-  std::string canonical;
+  /// Set where it differs from `json` (a null member dropped).
+  std::optional<std::string> differing_canonical;
+  const std::string& canonical() const { return differing_canonical ? *differing_canonical : json; }
 };
 
 /// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no

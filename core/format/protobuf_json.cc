@@ -211,7 +211,8 @@ const ProtobufJson::Plan* ProtobufJson::plan_of(const pb::Descriptor* d) {
     f.f = d->field(i);
     if (f.f->cpp_type() == FD::CPPTYPE_MESSAGE) f.message = plan_of(f.f->message_type());
     if (const pb::OneofDescriptor* o = f.f->real_containing_oneof()) f.oneof = o->index();
-    f.closed_enum = f.f->type() == FD::TYPE_ENUM && f.f->enum_type()->file()->syntax() == pb::FileDescriptor::SYNTAX_PROTO2;
+    f.closed_enum =
+        f.f->type() == FD::TYPE_ENUM && f.f->enum_type()->file()->syntax() == pb::FileDescriptor::SYNTAX_PROTO2;
     p.any_required = p.any_required || f.f->is_required();
     f.printed = printed_key(f.f->name());
     p.fields.push_back(f);
@@ -309,8 +310,8 @@ class ProtobufJson::Decode {
     }
     if (p.any_required)
       for (const auto& f : p.fields)
-        if (f.f->is_required() &&
-            std::none_of(seen_.begin() + static_cast<long>(base), seen_.end(), [&](const Seen& s) { return s.f == &f; }))
+        if (f.f->is_required() && std::none_of(seen_.begin() + static_cast<long>(base), seen_.end(),
+                                               [&](const Seen& s) { return s.f == &f; }))
           throw std::runtime_error(p.d->full_name() + " lacks its required field " + f.f->name());
     return base;
   }
@@ -428,9 +429,7 @@ class ProtobufJson::Decode {
 
   std::string_view key_text(const FD& f, uint64_t v, std::string_view span) {
     switch (f.type()) {
-      case FD::TYPE_STRING:
-        check_utf8(f, span);
-        return span;
+      case FD::TYPE_STRING: check_utf8(f, span); return span;
       case FD::TYPE_BOOL: return v != 0 ? "true" : "false";
       case FD::TYPE_INT32:
       case FD::TYPE_SFIXED32: return kept(std::to_string(static_cast<int32_t>(low32(v))));
@@ -541,7 +540,7 @@ class ProtobufJson::Decode {
 
   const ProtobufJson& self_;
   JsonWriter& out_;
-  std::vector<Seen> seen_;        // the fields of the messages being read, innermost last
+  std::vector<Seen> seen_;       // the fields of the messages being read, innermost last
   std::list<std::string> kept_;  // a list: views of its strings stay valid
 };
 

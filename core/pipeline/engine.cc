@@ -480,8 +480,8 @@ void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
     }
     // A decoded value's hash is of its data, not of its encoding: another
     // schema version of the same data is the same payload (docs/formats.md).
-    r.payload_hash = decoded.value_canonical
-                         ? payload_hash(*decoded.value_canonical)
+    r.payload_hash = r.value_json
+                         ? payload_hash(decoded.value_canonical ? *decoded.value_canonical : *r.value_json)
                          : payload_hash(std::string_view(static_cast<const char*>(r.msg->payload), r.msg->len));
     r.key_id = route->cfg.name + '\0' + r.biz_key;
     // An entity's records line up by entity first, and only its first joins
