@@ -376,10 +376,7 @@ class HostRun {
       if (rc.order_by.enabled())
         routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
       if (rc.when) routes.back()->filter.emplace(*rc.when);
-      if (format::RecordDecoder::needed(rc))
-        routes.back()->decoder.emplace(rc, config::in_registry(rc.value_format) || config::in_registry(rc.key_format)
-                                               ? &registries_.of(rc.schema_registry)
-                                               : nullptr);
+      if (format::RecordDecoder::needed(rc)) routes.back()->decoder.emplace(rc, registries_.for_route(rc));
       spdlog::info("route {}: topic {} (group {}{}) -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic,
                    rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
                    plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());

@@ -233,6 +233,11 @@ Registry& Registries::of(const config::SchemaRegistryConfig& cfg) {
   return *registries_.emplace_back(std::make_unique<Registry>(cfg));
 }
 
+Registry* Registries::for_route(const config::RouteConfig& route) {
+  if (!config::in_registry(route.value_format) && !config::in_registry(route.key_format)) return nullptr;
+  return &of(route.schema_registry);
+}
+
 std::vector<const Registry*> Registries::all() const {
   std::vector<const Registry*> out;
   for (const auto& r : registries_) out.push_back(r.get());

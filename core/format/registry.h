@@ -84,6 +84,9 @@ class Registry {
 class Registries {
  public:
   Registry& of(const config::SchemaRegistryConfig& cfg);
+  /// The registry the route's value or key format reads from; none when
+  /// neither format is in a registry.
+  Registry* for_route(const config::RouteConfig& route);
   std::vector<const Registry*> all() const;
 
  private:

@@ -259,10 +259,7 @@ AuditReport audit(const config::Config& cfg) {
     std::optional<pipeline::RouteFilter> filter;
     if (route.when) filter.emplace(*route.when);
     std::optional<format::RecordDecoder> decoder;
-    if (format::RecordDecoder::needed(route))
-      decoder.emplace(route, config::in_registry(route.value_format) || config::in_registry(route.key_format)
-                                 ? &registries.of(route.schema_registry)
-                                 : nullptr);
+    if (format::RecordDecoder::needed(route)) decoder.emplace(route, registries.for_route(route));
     for (const auto& topic : route.topics())
       audit_topic(group.handle.get(), reader.get(), db, route, extractor, filter ? &*filter : nullptr,
                   decoder ? &*decoder : nullptr, topic, group.began, report);
