@@ -274,17 +274,18 @@ BOOST_AUTO_TEST_CASE(records_wait_while_the_registry_is_unreachable) {
   s.audit_clean(*host);
 }
 
-// Protobuf (a nested message, an import, a well-known type) and JSON Schema
-// routes killed (SIGKILL) at each named cut of the claim's life: after the
-// claim commit (A), after the effect (B), after the done mark (C). Every
+// Avro, Protobuf (a nested message, an import, a well-known type) and JSON
+// Schema routes killed (SIGKILL) at each named cut of the claim's life: after
+// the claim commit (A), after the effect (B), after the done mark (C). Every
 // record ends done with one effect: calls repeated after a kill carry the
 // same token (the remote applies a token once), never another.
-BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
+BOOST_AUTO_TEST_CASE(avro_protobuf_and_json_schema_routes_through_kill_9) {
   Scenario s("formats_kills");
-  s.topic("shipments", 2).topic("tickets", 2);
+  s.topic("payments", 2).topic("shipments", 2).topic("tickets", 2);
   constexpr int kRecords = 300;
-  std::vector<std::string> shipments, tickets;
+  std::vector<std::string> payments, shipments, tickets;
   for (int i = 0; i < kRecords; ++i) {
+    payments.push_back(payment(i, "paid"));
     shipments.push_back(R"({"shipment_id": "S-)" + std::to_string(i) +
                         R"(", "to": {"city": "Hangzhou"}, "cod": {"currency": "CNY", "cents": )" +
                         std::to_string(1000 + i) + R"(}, "ready_at": "2026-12-06T08:00:00.250Z"})");
@@ -292,14 +293,20 @@ BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
   }
   const auto shipment_bytes = encode("shipments-k", "protobuf", "shipment.proto", shipments, "Shipment");
   const auto ticket_bytes = encode("tickets-k", "json_schema", "ticket.schema.json", tickets);
-  std::vector<TestMessage> ship_msgs, ticket_msgs;
+  const auto payment_bytes = encode("payments-k", "avro", "payment_v1.avsc", payments);
+  std::vector<TestMessage> pay_msgs, ship_msgs, ticket_msgs;
   for (int i = 0; i < kRecords; ++i) {
+    pay_msgs.push_back({"p" + std::to_string(i), payment_bytes[static_cast<size_t>(i)]});
     ship_msgs.push_back({"s" + std::to_string(i), shipment_bytes[static_cast<size_t>(i)]});
     ticket_msgs.push_back({"t" + std::to_string(i), ticket_bytes[static_cast<size_t>(i)]});
   }
+  s.kafka.produce("payments", pay_msgs);
   s.kafka.produce("shipments", ship_msgs);
   s.kafka.produce("tickets", ticket_msgs);
   const std::vector<RouteSpec> routes = {
+      with_delay(s.scripted("payments", "payments",
+                            "[route.value]\nformat = \"avro\"\n[route.key]\nfrom = \"json\"\njson = \"order_id\"\n"),
+                 "2ms"),
       with_delay(s.scripted("shipments", "shipments",
                             "[route.value]\nformat = \"protobuf\"\n[route.key]\nfrom = \"json\"\njson = "
                             "\"shipment_id\"\n"),
@@ -317,10 +324,10 @@ BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
     BOOST_REQUIRE_MESSAGE(rc && *rc == -9, "the fault " << fault << " did not kill the host\n" << crashing.log());
   }
   auto& host = s.host("host-a", routes, {.tables = tables});
-  s.wait_committed(host, {"shipments", "tickets"});
+  s.wait_committed(host, {"payments", "shipments", "tickets"});
 
   const auto calls = s.calls_by_key();
-  BOOST_TEST(calls.size() == static_cast<size_t>(2 * kRecords));
+  BOOST_TEST(calls.size() == static_cast<size_t>(3 * kRecords));
   size_t repeated = 0;
   for (const auto& [key, list] : calls) {
     std::set<std::string> tokens;
@@ -328,7 +335,9 @@ BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
     BOOST_TEST(tokens.size() == 1u, key << ": " << tokens.size() << " effects");
     repeated += list.size() - 1;
     const auto value = nlohmann::json::parse(unhex(list.front().at(6)));
-    if (key.rfind("S-", 0) == 0) {
+    if (key.rfind("P-", 0) == 0) {
+      BOOST_TEST(value.at("amount") == key.substr(2) + ".50");
+    } else if (key.rfind("S-", 0) == 0) {
       BOOST_TEST(value.at("cod").at("cents") == std::to_string(1000 + std::stoi(key.substr(2))));
       BOOST_TEST(value.at("ready_at") == "2026-12-06T08:00:00.250Z");
     } else {
@@ -337,7 +346,7 @@ BOOST_AUTO_TEST_CASE(protobuf_and_json_schema_routes_through_kill_9) {
   }
   BOOST_TEST_MESSAGE(repeated << " calls repeated with their token after the kills");
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) ==
-             2 * kRecords);
+             3 * kRecords);
   BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox") == 0);
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);
