@@ -80,7 +80,8 @@ json decoded_json(const dlq::LetterRow& l, const format::RecordDecoder& decoder)
   const auto d = decoder.decode(l.value ? std::optional<std::string_view>(*l.value) : std::nullopt,
                                 l.key ? std::optional<std::string_view>(*l.key) : std::nullopt);
   auto parsed = [](const std::optional<std::string>& text) {
-    return text ? json::parse(*text, nullptr, false) : json(nullptr);
+    json j = text ? json::parse(*text, nullptr, false) : json(nullptr);
+    return j.is_discarded() ? json(nullptr) : j;  // a key that is not JSON: the problem says so
   };
   json j = {{"value", parsed(d.value_json)}, {"key", parsed(d.key_json)}};
   if (d.registry) {

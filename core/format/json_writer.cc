@@ -255,8 +255,7 @@ void JsonWriter::end_object() {
   close_member();
   const Frame f = frames_.back();
   frames_.pop_back();
-  // The members in key order (an insertion sort: objects are small, and it
-  // keeps equal keys in the order written), the last of equal keys kept.
+  // The members in key order, the last of equal keys kept.
   order_.clear();
   bool any_null = false, in_order = true;
   for (size_t i = f.first_member; i < members_.size(); ++i) {
@@ -266,8 +265,16 @@ void JsonWriter::end_object() {
     order_.push_back(m);
   }
   if (!in_order) {
-    for (size_t i = 1; i < order_.size(); ++i)
-      for (size_t j = i; j > 0 && order_[j]->key < order_[j - 1]->key; --j) std::swap(order_[j], order_[j - 1]);
+    // Equal keys stay in the order written. An insertion sort for the
+    // small objects records are made of; a map of many keys must not cost
+    // its square.
+    const auto by_key = [](const Member* a, const Member* b) { return a->key < b->key; };
+    if (order_.size() > 16) {
+      std::stable_sort(order_.begin(), order_.end(), by_key);
+    } else {
+      for (size_t i = 1; i < order_.size(); ++i)
+        for (size_t j = i; j > 0 && by_key(order_[j], order_[j - 1]); --j) std::swap(order_[j], order_[j - 1]);
+    }
     size_t kept = 0;
     for (size_t i = 0; i < order_.size(); ++i)
       if (i + 1 == order_.size() || order_[i + 1]->key != order_[i]->key) order_[kept++] = order_[i];

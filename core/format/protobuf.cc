@@ -3,7 +3,6 @@
 #include <google/protobuf/compiler/parser.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
-#include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -75,7 +74,6 @@ struct ProtobufSchema::Impl {
   // libprotobuf was built with.
   pb::DescriptorPool pool{pb::DescriptorPool::generated_pool()};
   const pb::FileDescriptor* file = nullptr;
-  pb::DynamicMessageFactory factory{&pool};
   std::unique_ptr<ProtobufJson> json;  // once the file is built
 };
 
@@ -91,7 +89,7 @@ ProtobufSchema::ProtobufSchema(std::string_view schema,
   impl_->file = impl_->pool.BuildFileCollectingErrors(file_of(schema, "idemsink_record.proto"), &errors);
   if (impl_->file == nullptr) throw std::runtime_error("protobuf schema: " + errors.what);
   if (impl_->file->message_type_count() == 0) throw std::runtime_error("protobuf schema: it defines no message");
-  impl_->json = std::make_unique<ProtobufJson>(impl_->file, impl_->factory);
+  impl_->json = std::make_unique<ProtobufJson>(impl_->file);
 }
 
 ProtobufSchema::~ProtobufSchema() = default;

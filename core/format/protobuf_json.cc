@@ -1,6 +1,7 @@
 #include "core/format/protobuf_json.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/type_resolver_util.h>
 
 #include <algorithm>
 #include <charconv>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <list>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -181,7 +183,8 @@ struct ProtobufJson::Plan {
   }
 };
 
-ProtobufJson::ProtobufJson(const pb::FileDescriptor* file, pb::DynamicMessageFactory& factory) : factory_(factory) {
+ProtobufJson::ProtobufJson(const pb::FileDescriptor* file)
+    : resolver_(pb::util::NewTypeResolverForDescriptorPool("type.googleapis.com", file->pool())) {
   std::vector<const pb::Descriptor*> todo;
   for (int i = 0; i < file->message_type_count(); ++i) todo.push_back(file->message_type(i));
   while (!todo.empty()) {
@@ -228,12 +231,16 @@ class ProtobufJson::Decode {
  public:
   Decode(const ProtobufJson& self, JsonWriter& out) : self_(self), out_(out) {}
 
-  void message(const Plan& p, std::string_view body, int depth) {
+  // A message's encoding may come in parts: the occurrences of a field that
+  // merge into one message, read as if written in a row.
+  using Bodies = std::span<const std::string_view>;
+
+  void message(const Plan& p, Bodies bodies, int depth) {
     if (depth > kMaxDepth) throw std::runtime_error("nested more than " + std::to_string(kMaxDepth) + " deep");
     switch (p.kind) {
       case Plan::Kind::Timestamp:
       case Plan::Kind::Duration: {
-        const size_t base = scan(p, body, depth);
+        const size_t base = scan(p, bodies, depth);
         uint64_t seconds = 0, nanos = 0;
         for (size_t k = base; k < seen_.size(); ++k) (seen_[k].f->f->number() == 1 ? seconds : nanos) = seen_[k].value;
         seen_.resize(base);
@@ -242,19 +249,28 @@ class ProtobufJson::Decode {
         return out_.string(p.kind == Plan::Kind::Timestamp ? timestamp_text(s, n) : duration_text(s, n));
       }
       case Plan::Kind::Wrapper: {  // its value, even at its default
-        const size_t base = scan(p, body, depth);
+        const size_t base = scan(p, bodies, depth);
         const Seen last = seen_.size() > base ? seen_.back() : Seen{&p.fields.front(), 0, {}};
         seen_.resize(base);
         return scalar(*last.f, last.value, last.span);
       }
-      case Plan::Kind::Printed: return printed(p, body);
+      case Plan::Kind::Printed: return printed(p, bodies);
       case Plan::Kind::Message: break;
     }
-    const size_t base = scan(p, body, depth), end = seen_.size();
-    // A oneof holds the member read last.
+    const size_t base = scan(p, bodies, depth), end = seen_.size();
+    // A oneof holds the member set last, from where it was set: another
+    // member in between clears it (a proto2 enum's unnamed number sets none).
     std::vector<const Plan::Field*> winner(static_cast<size_t>(p.oneofs), nullptr);
-    for (size_t k = base; k < end; ++k)
-      if (seen_[k].f->oneof >= 0) winner[static_cast<size_t>(seen_[k].f->oneof)] = seen_[k].f;
+    std::vector<size_t> since(static_cast<size_t>(p.oneofs), base);
+    for (size_t k = base; k < end; ++k) {
+      const Plan::Field* f = seen_[k].f;
+      if (f->oneof < 0 || !names_value(*f, seen_[k].value)) continue;
+      const auto o = static_cast<size_t>(f->oneof);
+      if (winner[o] != f) {
+        winner[o] = f;
+        since[o] = k;
+      }
+    }
     out_.begin_object();
     for (const Plan::Field& f : p.fields) {
       if (f.oneof >= 0 && winner[static_cast<size_t>(f.oneof)] != &f) continue;
@@ -263,7 +279,7 @@ class ProtobufJson::Decode {
       } else if (f.f->is_repeated()) {
         repeated(f, base, end, depth);
       } else {
-        singular(f, base, end, depth);
+        singular(f, f.oneof >= 0 ? since[static_cast<size_t>(f.oneof)] : base, end, depth);
       }
     }
     out_.end_object();
@@ -281,8 +297,18 @@ class ProtobufJson::Decode {
   // The message's fields as read, appended to seen_ (from the index it
   // returns); unknown fields and those with a wire type their type cannot
   // have are passed over, as the parser keeps them aside.
-  size_t scan(const Plan& p, std::string_view body, int depth) {
+  size_t scan(const Plan& p, Bodies bodies, int depth) {
     const size_t base = seen_.size();
+    for (std::string_view body : bodies) scan_part(p, body, depth);
+    if (p.any_required)
+      for (const auto& f : p.fields)
+        if (f.f->is_required() && std::none_of(seen_.begin() + static_cast<long>(base), seen_.end(),
+                                               [&](const Seen& s) { return s.f == &f && names_value(f, s.value); }))
+          throw std::runtime_error(p.d->full_name() + " lacks its required field " + f.f->name());
+    return base;
+  }
+
+  void scan_part(const Plan& p, std::string_view body, int depth) {
     Wire in{body};
     while (!in.done()) {
       const uint64_t tag = in.varint();
@@ -303,17 +329,13 @@ class ProtobufJson::Decode {
         case 2:
           s.span = in.take(in.varint());
           s.packed = f->f->cpp_type() != FD::CPPTYPE_STRING && f->f->cpp_type() != FD::CPPTYPE_MESSAGE;
+          // Every occurrence, as the parser checks each: also one a later one overwrites.
+          if (f->f->type() == FD::TYPE_STRING) check_utf8(*f->f, s.span);
           break;
         case 3: s.span = in.group(number, depth + 1); break;
       }
       seen_.push_back(s);
     }
-    if (p.any_required)
-      for (const auto& f : p.fields)
-        if (f.f->is_required() && std::none_of(seen_.begin() + static_cast<long>(base), seen_.end(),
-                                               [&](const Seen& s) { return s.f == &f; }))
-          throw std::runtime_error(p.d->full_name() + " lacks its required field " + f.f->name());
-    return base;
   }
 
   static bool fits(const FD& f, int wire) {
@@ -331,16 +353,13 @@ class ProtobufJson::Decode {
   }
 
   void singular(const Plan::Field& f, size_t base, size_t end, int depth) {
-    if (f.message) {  // every occurrence merges into one message: their bytes in a row
-      std::string_view body;
-      size_t count = 0;
+    if (f.message) {  // every occurrence merges into one message: read in a row, never copied
+      Parts parts;
       for (size_t k = base; k < end; ++k)
-        if (seen_[k].f == &f) {
-          body = count++ == 0 ? seen_[k].span : merged(body, seen_[k].span);
-        }
-      if (count == 0) return;
+        if (seen_[k].f == &f) parts.add(seen_[k].span);
+      if (parts.empty()) return;
       out_.key(f.f->name(), f.printed);
-      return message(*f.message, body, depth + 1);
+      return message(*f.message, parts.bodies(), depth + 1);
     }
     const Seen* last = nullptr;  // the last wins; a proto2 enum's unnamed number is not a value
     for (size_t k = base; k < end; ++k)
@@ -365,7 +384,7 @@ class ProtobufJson::Decode {
           any = true;
         }
         const std::string_view span = seen_[k].span;
-        f.message ? message(*f.message, span, depth + 1) : scalar(f, 0, span);
+        f.message ? message(*f.message, Bodies(&span, 1), depth + 1) : scalar(f, 0, span);
       }
       if (any) out_.end_array();
       return;
@@ -406,22 +425,22 @@ class ProtobufJson::Decode {
         out_.begin_object();
         any = true;
       }
-      const size_t inner = scan(entry, seen_[k].span, depth + 1);
+      const std::string_view entry_body = seen_[k].span;
+      const size_t inner = scan(entry, Bodies(&entry_body, 1), depth + 1);
       Seen key{key_field, 0, {}}, value{value_field, 0, {}};
-      std::string_view value_body;
-      size_t values = 0;
+      Parts value_parts;
       for (size_t i = inner; i < seen_.size(); ++i) {
         if (seen_[i].f == key_field) key = seen_[i];
         if (seen_[i].f != value_field) continue;
         if (value_field->message) {
-          value_body = values++ == 0 ? seen_[i].span : merged(value_body, seen_[i].span);
+          value_parts.add(seen_[i].span);
         } else if (names_value(*value_field, seen_[i].value)) {
           value = seen_[i];
         }
       }
       seen_.resize(inner);
       out_.key(key_text(*key_field->f, key.value, key.span));
-      value_field->message ? message(*value_field->message, value_body, depth + 2)
+      value_field->message ? message(*value_field->message, value_parts.bodies(), depth + 2)
                            : scalar(*value_field, value.value, value.span);
     }
     if (any) out_.end_object();
@@ -429,7 +448,7 @@ class ProtobufJson::Decode {
 
   std::string_view key_text(const FD& f, uint64_t v, std::string_view span) {
     switch (f.type()) {
-      case FD::TYPE_STRING: check_utf8(f, span); return span;
+      case FD::TYPE_STRING: return span;  // checked as it was read
       case FD::TYPE_BOOL: return v != 0 ? "true" : "false";
       case FD::TYPE_INT32:
       case FD::TYPE_SFIXED32: return kept(std::to_string(static_cast<int32_t>(low32(v))));
@@ -479,7 +498,7 @@ class ProtobufJson::Decode {
         const pb::EnumValueDescriptor* e = f.enum_type()->FindValueByNumber(n);
         return e ? out_.string(e->name()) : out_.integer(n);  // a number this schema does not name
       }
-      case FD::TYPE_STRING: check_utf8(f, span); return out_.string(span);
+      case FD::TYPE_STRING: return out_.string(span);  // checked as it was read
       case FD::TYPE_BYTES: return out_.string(base64_encode(span));
       default: throw std::logic_error("protobuf: a scalar of type " + std::string(f.type_name()));
     }
@@ -497,22 +516,40 @@ class ProtobufJson::Decode {
   }
 
   std::string_view kept(std::string text) { return kept_.emplace_back(std::move(text)); }
-  std::string_view merged(std::string_view a, std::string_view b) {
-    std::string both(a);
-    both += b;
-    return kept(std::move(both));
-  }
 
-  // Struct, Value, ListValue, Any and FieldMask: parsed and printed by
-  // protobuf, then into the writer, so their keys sort too.
-  void printed(const Plan& p, std::string_view body) {
-    std::unique_ptr<pb::Message> msg(self_.factory_.GetPrototype(p.d)->New());
-    if (!msg->ParseFromArray(body.data(), static_cast<int>(body.size())))
-      throw std::runtime_error("does not parse as " + p.d->full_name());
+  // The encodings a message is merged from: most often one, held without
+  // an allocation.
+  class Parts {
+   public:
+    void add(std::string_view part) {
+      if (count_++ == 0) {
+        first_ = part;
+        return;
+      }
+      if (more_.empty()) more_.push_back(first_);
+      more_.push_back(part);
+    }
+    bool empty() const { return count_ == 0; }
+    Bodies bodies() const { return count_ <= 1 ? Bodies(&first_, count_) : Bodies(more_); }
+
+   private:
+    size_t count_ = 0;
+    std::string_view first_;
+    std::vector<std::string_view> more_;
+  };
+
+  // Struct, Value, ListValue, Any and FieldMask: printed by protobuf with a
+  // type resolver over the schema's own pool (an Any may hold one of its
+  // messages), then into the writer, so their keys sort too.
+  void printed(const Plan& p, Bodies bodies) {
+    std::string binary;
+    for (std::string_view part : bodies) binary += part;
     std::string text;
     pb::util::JsonPrintOptions options;
     options.preserve_proto_field_names = true;
-    if (auto status = pb::util::MessageToJsonString(*msg, &text, options); !status.ok())
+    if (auto status = pb::util::BinaryToJsonString(self_.resolver_.get(), "type.googleapis.com/" + p.d->full_name(),
+                                                   binary, &text, options);
+        !status.ok())
       throw std::runtime_error(p.d->full_name() + " cannot be printed as JSON: " + std::string(status.message()));
     json(nlohmann::json::parse(text));
   }
@@ -548,7 +585,7 @@ DecodedJson ProtobufJson::decode(const pb::Descriptor* d, std::string_view bytes
   auto it = plans_.find(d);
   if (it == plans_.end()) throw std::logic_error("protobuf: no plan for " + d->full_name());
   JsonWriter out(bytes.size());
-  Decode(*this, out).message(*it->second, bytes, 0);
+  Decode(*this, out).message(*it->second, std::span(&bytes, 1), 0);
   return out.finish();
 }
 

@@ -12,7 +12,7 @@
 #pragma once
 
 #include <google/protobuf/descriptor.h>
-#include <google/protobuf/dynamic_message.h>
+#include <google/protobuf/util/type_resolver.h>
 
 #include <map>
 #include <memory>
@@ -24,10 +24,11 @@ namespace idemsink::format {
 
 class ProtobufJson {
  public:
-  /// Plans every message `file` defines and every message they reach;
-  /// `factory` parses the well-known types whose JSON is a shape of its own
-  /// (Struct, Value, ListValue, Any, FieldMask), printed by protobuf.
-  ProtobufJson(const google::protobuf::FileDescriptor* file, google::protobuf::DynamicMessageFactory& factory);
+  /// Plans every message `file` defines and every message they reach. The
+  /// well-known types whose JSON is a shape of its own (Struct, Value,
+  /// ListValue, Any, FieldMask) are printed by protobuf, resolving types in
+  /// the file's pool.
+  explicit ProtobufJson(const google::protobuf::FileDescriptor* file);
   ~ProtobufJson();
 
   /// `bytes`, one message of type `d` (defined in or reached from the
@@ -41,7 +42,7 @@ class ProtobufJson {
   const Plan* plan_of(const google::protobuf::Descriptor* d);
 
   std::map<const google::protobuf::Descriptor*, std::unique_ptr<Plan>> plans_;
-  google::protobuf::DynamicMessageFactory& factory_;
+  std::unique_ptr<google::protobuf::util::TypeResolver> resolver_;
 };
 
 }  // namespace idemsink::format
