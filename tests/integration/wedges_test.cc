@@ -34,16 +34,6 @@ std::string circuit_case_config(const TestKafka& kafka, const config::DatabaseCo
              {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}, policy});
 }
 
-std::string hex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
 }  // namespace
 
 // The shipped ledger plugin, 300 payments of which 3 name an account longer
@@ -121,8 +111,8 @@ BOOST_AUTO_TEST_CASE(records_that_fail_on_their_own_do_not_stop_the_route) {
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 90s);
   const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
-  for (int i = 0; i < 8; ++i) BOOST_TEST(per_key.at(hex("retry1000-" + std::to_string(i))) == 5, "retry1000-" << i);
+  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
+  for (int i = 0; i < 8; ++i) BOOST_TEST(per_key.at(hex_of("retry1000-" + std::to_string(i))) == 5, "retry1000-" << i);
   std::vector<ConsumedMessage> letters;
   wait_until(
       [&] {
@@ -164,7 +154,7 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 120s);
   const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
+  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
   wait_until([&] { return kafka.read_all("orders.dlq", 1).size() >= 25; }, 30s, "25 dead letters");
   BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 25u);
   BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 0);
@@ -210,7 +200,7 @@ BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circui
   kafka.produce("orders", ordinary);
   wait_committed(kafka, "g", {{"orders", 1}}, host, 60s);
   const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at(hex("ok-" + std::to_string(i))) == 1, "ok-" << i);
+  for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
   BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 5u);
   audit_clean(dir, host);
   BOOST_TEST(host.stop() == 0);
@@ -257,7 +247,7 @@ BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed,
   const auto per_key = calls_per_hex_key(calls);
   BOOST_TEST(per_key.size() == 150u);
   for (int i = 0; i < 150; ++i) {
-    const auto it = per_key.find(hex("K" + std::to_string(i)));
+    const auto it = per_key.find(hex_of("K" + std::to_string(i)));
     BOOST_TEST((it != per_key.end() && it->second == 1), "K" << i);
   }
   BOOST_TEST(second.log().find("read after") != std::string::npos);
