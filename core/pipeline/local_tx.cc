@@ -92,8 +92,12 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
   // ours for its data (not a plugin's: those are handled per record), the
   // batch is split until that record is alone and the others commit.
   auto rejected = db::write_isolating(c, ids.size(), [&](size_t first, size_t n) {
-    apply_in_one_transaction(c, route, std::span(ids).subspan(first, n), std::span(recs).subspan(first, n),
-                             std::span(outcomes).subspan(first, n), std::span(results).subspan(first, n));
+    const auto part_ids = std::span(ids).subspan(first, n);
+    const auto part_recs = std::span(recs).subspan(first, n);
+    const auto part_outcomes = std::span(outcomes).subspan(first, n);
+    const auto part_results = std::span(results).subspan(first, n);
+    if (!apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Undo::WholeBatch))
+      apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Undo::PerRecord);
   });
   for (const auto& r : rejected) {
     results[r.index] = Result{ids[r.index], IDEMSINK_OUTCOME_PERMANENT, r.error.what()};
@@ -102,13 +106,22 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
   return results;
 }
 
-void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
+bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
                                              std::span<const Record* const> recs,
-                                             std::span<const claim::Outcome> outcomes, std::span<Result> results) {
+                                             std::span<const claim::Outcome> outcomes, std::span<Result> results,
+                                             Undo undo) {
+  const bool per_record = undo == Undo::PerRecord;
+  // A failed row write: refused for its data, the record ends (db_rejected);
+  // anything but a broken transaction, the record is tried again later.
+  auto row_write_failed = [](const db::DbError& e) {
+    const auto cls = e.error_class();
+    return cls != db::ErrorClass::ConnectionLost && cls != db::ErrorClass::Transient;
+  };
   c.begin();
   const std::vector<bool> owned = store_.lock_owned(c, outcomes);
   std::vector<claim::Outcome> ok;
   std::vector<dlq::Letter> events;  // of the records applied: they commit with the write
+  plugin::DeferredRows rows;        // of the records applied, written after the last apply
   for (size_t i = 0; i < ids.size(); ++i) {
     Result& res = results[i];
     res = Result{ids[i]};
@@ -116,7 +129,7 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
       res.fenced = true;
       continue;
     }
-    c.execute("SAVEPOINT idemsink_record");
+    if (per_record) c.execute("SAVEPOINT idemsink_record");
     idemsink_tx tx{&c};
     auto slot = std::make_shared<Result>();
     auto reported = std::make_shared<bool>(false);
@@ -136,9 +149,24 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
       slot->detail = "apply returned without reporting a result";
     }
     if (tx.broken_code != 0) throw db::DbError(tx.broken_code, "local_tx apply: " + tx.broken_message);
+    if (!per_record && slot->outcome != IDEMSINK_OUTCOME_OK && (tx.statements > 0 || tx.refused_code != 0)) {
+      c.rollback_quietly();  // its statements need undoing, and only a savepoint undoes them alone
+      return false;
+    }
+    if (per_record && slot->outcome == IDEMSINK_OUTCOME_OK && !tx.rows.empty()) {
+      try {
+        tx.rows.write(c);
+      } catch (const db::DbError& e) {
+        if (!row_write_failed(e)) throw;
+        slot->outcome =
+            e.error_class() == db::ErrorClass::Data ? IDEMSINK_OUTCOME_PERMANENT : IDEMSINK_OUTCOME_RETRYABLE;
+        slot->detail = std::string("writing its queued rows: ") + e.what();
+        if (e.error_class() == db::ErrorClass::Data) res.db_refused = e.what();
+      }
+    }
     if (tx.refused_code != 0 && slot->outcome != IDEMSINK_OUTCOME_OK) {
       // Re-running would be refused again: this record ends, the batch goes on.
-      res.db_refused = tx.refused_message;
+      if (res.db_refused.empty()) res.db_refused = tx.refused_message;
       slot->outcome = IDEMSINK_OUTCOME_PERMANENT;
     }
     if (slot->outcome == IDEMSINK_OUTCOME_OK) {
@@ -147,11 +175,21 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
       ok.push_back(std::move(o));
       if (auto event = event_of(*recs[i], claim::Status::Done, slot->detail, "", host_))
         events.push_back(std::move(*event));
-    } else {
+      if (!per_record) rows.take(std::move(tx.rows));
+    } else if (per_record) {
       c.execute("ROLLBACK TO SAVEPOINT idemsink_record");
     }
     res.outcome = slot->outcome;
     res.detail = std::move(slot->detail);
+  }
+  if (!rows.empty()) {
+    try {
+      rows.write(c);
+    } catch (const db::DbError& e) {
+      if (!row_write_failed(e)) throw;
+      c.rollback_quietly();  // which record's row it was, the run with a savepoint per record finds
+      return false;
+    }
   }
   const std::vector<bool> marked = store_.mark_done(c, ok);
   if (std::find(marked.begin(), marked.end(), false) != marked.end())
@@ -160,6 +198,7 @@ void LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
   fault::hit("in_local_tx");
   c.commit();
   fault::hit("after_mark_done");
+  return true;
 }
 
 }  // namespace idemsink::pipeline

@@ -2,16 +2,21 @@
 // database transaction, so the effect happens exactly once by construction.
 //
 // Records are applied in batches of up to 100 per route, one transaction per
-// batch: lock the claims still ours (SELECT ... FOR UPDATE), then per record
-// a savepoint, the plugin's statements, and a rollback to the savepoint if
-// it did not report ok; then one done-UPDATE, the records' outcome events if
-// the route publishes them, and COMMIT. A deadlock or a lost
-// connection inside a plugin statement breaks the transaction and the whole
-// job is re-run. A statement the database refuses for its data (a value too
-// long for its column) rolls back only that record: it ends db_rejected and
-// the batch goes on. A job failing for any other reason is given up after
-// database.job_give_up_after: its records are let go uncommitted, never
-// re-run forever.
+// batch: lock the claims still ours (SELECT ... FOR UPDATE), run each
+// record's apply, write the rows the records that reported ok queued
+// (tx_write_row: one multi-row statement per table and shape), then one
+// done-UPDATE, the records' outcome events if the route publishes them, and
+// COMMIT. A record that did not report ok after running a statement of its
+// own, or a queued row the database refuses, needs undoing that record
+// alone: the transaction is rolled back and the batch run again with a
+// savepoint per record (its rows written inside it), so the record's writes
+// roll back to it and the others commit; most batches never pay for
+// savepoints. A deadlock or a lost connection inside a statement breaks the
+// transaction and the whole job is re-run. A statement the database refuses
+// for its data (a value too long for its column) ends its record
+// db_rejected and the batch goes on. A job failing for any other reason is
+// given up after database.job_give_up_after: its records are let go
+// uncommitted, never re-run forever.
 #pragma once
 
 #include "core/common/asio.h"
@@ -66,9 +71,13 @@ class LocalTxRunner {
   void flush(Route& route);
   std::vector<Result> apply(db::Connection& c, Route& route, const std::vector<uint64_t>& ids,
                             const std::vector<const Record*>& recs, const std::vector<claim::Outcome>& outcomes);
-  void apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
+  /// Per record, a savepoint or not: see the top of this file.
+  enum class Undo { WholeBatch, PerRecord };
+  /// One transaction over the records; false when it was rolled back because
+  /// a record needs its own savepoint (only with Undo::WholeBatch).
+  bool apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
                                 std::span<const Record* const> recs, std::span<const claim::Outcome> outcomes,
-                                std::span<Result> results);
+                                std::span<Result> results, Undo undo);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;

@@ -54,6 +54,7 @@ int guarded(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, 
     write_err(err, cap, "transaction already aborted: " + tx->broken_message);
     return static_cast<int>(tx->broken_code);
   }
+  ++tx->statements;
   if (sql == nullptr) {
     write_err(err, cap, "no SQL given");
     return ER_NOT_SUPPORTED_YET;
@@ -120,6 +121,42 @@ int tx_query(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params,
   });
 }
 
+int tx_write_row(idemsink_tx* tx, const idemsink_row* row, char* err, size_t cap) {
+  if (tx == nullptr || tx->conn == nullptr) {
+    write_err(err, cap, "no transaction: tx_write_row is only valid during apply");
+    return ER_UNKNOWN_ERROR;
+  }
+  if (tx->broken_code != 0) {
+    write_err(err, cap, "transaction already aborted: " + tx->broken_message);
+    return static_cast<int>(tx->broken_code);
+  }
+  if (row == nullptr) {
+    write_err(err, cap, "no row given");
+    return ER_WRONG_ARGUMENTS;
+  }
+  // Like a statement above max_allowed_packet (guarded): refused here, as the
+  // server would refuse the statement holding the row and close the connection.
+  uint64_t bytes = 0;
+  for (size_t i = 0; row->values && i < row->column_count; ++i)
+    if (row->values[i].type == IDEMSINK_SQL_TEXT || row->values[i].type == IDEMSINK_SQL_BLOB)
+      bytes += row->values[i].bytes.len;
+  if (bytes + 4096 > tx->conn->statement_budget()) {
+    const std::string why = "row of " + std::to_string(bytes) + " bytes exceeds the server's max_allowed_packet (" +
+                            std::to_string(tx->conn->max_packet()) + ")";
+    if (tx->refused_code == 0) {
+      tx->refused_code = ER_NET_PACKET_TOO_LARGE;
+      tx->refused_message = why;
+    }
+    write_err(err, cap, why);
+    return ER_NET_PACKET_TOO_LARGE;
+  }
+  if (const std::string why = tx->rows.add(*row); !why.empty()) {
+    write_err(err, cap, "tx_write_row: " + why);
+    return ER_WRONG_ARGUMENTS;
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::string refused_in_claim_tx(std::string_view sql) {
@@ -157,6 +194,7 @@ std::string refused_in_claim_tx(std::string_view sql) {
 void install_tx_api(idemsink_host_api& api) {
   api.tx_execute = &tx_execute;
   api.tx_query = &tx_query;
+  api.tx_write_row = &tx_write_row;
 }
 
 }  // namespace idemsink::plugin

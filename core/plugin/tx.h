@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/db/connection.h"
+#include "core/plugin/deferred_rows.h"
 
 /// Opaque to plugins (plugin_abi.h); defined here for the host.
 struct idemsink_tx {
@@ -24,11 +25,16 @@ struct idemsink_tx {
   /// as db_rejected with this error, and the other records of the batch go on.
   unsigned refused_code = 0;
   std::string refused_message;
+  /// Statements the plugin ran (tx_execute, tx_query), failed ones too: a
+  /// record that ran none and did not report ok left nothing to undo.
+  unsigned statements = 0;
+  /// Rows queued by tx_write_row, written by the host after the apply.
+  idemsink::plugin::DeferredRows rows;
 };
 
 namespace idemsink::plugin {
 
-/// Fills the tx_execute / tx_query members of a host API table.
+/// Fills the tx_execute / tx_query / tx_write_row members of a host API table.
 void install_tx_api(idemsink_host_api& api);
 
 /// Why `sql` may not run inside the claim transaction, or empty if it may.

@@ -78,15 +78,18 @@ class Ledger {
     const double value = amount->get<double>();
     if (!(value > 0) || value > 1e12) return done.permanent("amount must be positive, got " + amount->dump());
     const int64_t cents = std::llround(value * 100);
-    tx.execute(
-        "INSERT INTO ledger_entries (biz_key, entry_type, account, amount_cents, idem_token) VALUES (?, ?, ?, ?, ?)",
-        {sdk::SqlParam::blob(rec.biz_key()), sdk::SqlParam(entry_type_), sdk::SqlParam(account->get<std::string>()),
-         sdk::SqlParam(cents), sdk::SqlParam(rec.idem_token())});
-    tx.execute(
-        "INSERT INTO ledger_balances (account, balance_cents) VALUES (?, ?) "
-        "ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)",
-        {sdk::SqlParam(account->get<std::string>()), sdk::SqlParam(cents)});
-    done.ok("credited " + account->get<std::string>() + " " + std::to_string(cents) + " cents");
+    const std::string& acct = account->get_ref<const std::string&>();
+    // Queued, not executed: the host writes the batch's entries in one
+    // INSERT and its balances in one upsert in account order (concurrent
+    // batches then lock balances in one order and never deadlock), both in
+    // the claim's transaction, and only for records reported ok.
+    tx.insert_row("ledger_entries", {{"biz_key", sdk::SqlParam::blob(rec.biz_key())},
+                                     {"entry_type", entry_type_},
+                                     {"account", acct},
+                                     {"amount_cents", cents},
+                                     {"idem_token", rec.idem_token()}});
+    tx.upsert_row("ledger_balances", {{"account", acct}}, {sdk::Tx::add("balance_cents", cents)});
+    done.ok("credited " + acct + " " + std::to_string(cents) + " cents");
   }
 
  private:

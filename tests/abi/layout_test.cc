@@ -88,6 +88,17 @@ Layout compiled_layout() {
       FIELD(idemsink_host_api, log),
       FIELD(idemsink_host_api, tx_execute),
       FIELD(idemsink_host_api, tx_query),
+      FIELD(idemsink_host_api, tx_write_row),
+
+      WHOLE(idemsink_row),
+      FIELD(idemsink_row, struct_size),
+      FIELD(idemsink_row, kind),
+      FIELD(idemsink_row, table),
+      FIELD(idemsink_row, columns),
+      FIELD(idemsink_row, values),
+      FIELD(idemsink_row, column_count),
+      FIELD(idemsink_row, key_count),
+      FIELD(idemsink_row, updates),
 
       WHOLE(idemsink_plugin),
       FIELD(idemsink_plugin, struct_size),
@@ -321,6 +332,93 @@ const std::map<Version, Layout> kReleased = {
          {"idemsink_host_api.log", 16, 8},
          {"idemsink_host_api.tx_execute", 24, 8},
          {"idemsink_host_api.tx_query", 32, 8},
+
+         {"idemsink_plugin", 0, 128},
+         {"idemsink_plugin.struct_size", 0, 4},
+         {"idemsink_plugin.abi_major", 4, 2},
+         {"idemsink_plugin.abi_minor", 6, 2},
+         {"idemsink_plugin.name", 8, 8},
+         {"idemsink_plugin.version", 16, 8},
+         {"idemsink_plugin.description", 24, 8},
+         {"idemsink_plugin.kind", 32, 4},  // then 4 bytes of padding
+         {"idemsink_plugin.options", 40, 8},
+         {"idemsink_plugin.option_count", 48, 8},
+         {"idemsink_plugin.schema", 56, 8},
+         {"idemsink_plugin.schema_count", 64, 8},
+         {"idemsink_plugin.checks", 72, 8},
+         {"idemsink_plugin.check_count", 80, 8},
+         {"idemsink_plugin.create", 88, 8},
+         {"idemsink_plugin.destroy", 96, 8},
+         {"idemsink_plugin.invoke", 104, 8},
+         {"idemsink_plugin.apply", 112, 8},
+         {"idemsink_plugin.reconcile", 120, 8},
+     }},
+    {{1, 3},
+     {
+         {"idemsink_option_decl", 0, 32},
+         {"idemsink_option_decl.name", 0, 8},
+         {"idemsink_option_decl.type", 8, 4},  // then 4 bytes of padding
+         {"idemsink_option_decl.default_value", 16, 8},
+         {"idemsink_option_decl.doc", 24, 8},
+
+         {"idemsink_check", 0, 24},
+         {"idemsink_check.name", 0, 8},
+         {"idemsink_check.sql", 8, 8},
+         {"idemsink_check.doc", 16, 8},
+
+         {"idemsink_option", 0, 16},
+         {"idemsink_option.name", 0, 8},
+         {"idemsink_option.value", 8, 8},
+
+         {"idemsink_bytes", 0, 16},
+         {"idemsink_bytes.data", 0, 8},
+         {"idemsink_bytes.len", 8, 8},
+
+         {"idemsink_header", 0, 24},
+         {"idemsink_header.name", 0, 8},
+         {"idemsink_header.value", 8, 16},
+
+         {"idemsink_record", 0, 168},
+         {"idemsink_record.struct_size", 0, 4},  // then 4 bytes of padding
+         {"idemsink_record.route", 8, 8},
+         {"idemsink_record.topic", 16, 8},
+         {"idemsink_record.partition", 24, 4},  // then 4 bytes of padding
+         {"idemsink_record.offset", 32, 8},
+         {"idemsink_record.timestamp_ms", 40, 8},
+         {"idemsink_record.key", 48, 16},
+         {"idemsink_record.value", 64, 16},
+         {"idemsink_record.biz_key", 80, 16},
+         {"idemsink_record.headers", 96, 8},
+         {"idemsink_record.header_count", 104, 8},
+         {"idemsink_record.idem_token", 112, 8},
+         {"idemsink_record.attempt", 120, 4},  // then 4 bytes of padding
+         {"idemsink_record.timeout_ms", 128, 8},
+         {"idemsink_record.value_json", 136, 16},
+         {"idemsink_record.key_json", 152, 16},
+
+         {"idemsink_sql_param", 0, 40},
+         {"idemsink_sql_param.type", 0, 4},  // then 4 bytes of padding
+         {"idemsink_sql_param.i", 8, 8},
+         {"idemsink_sql_param.d", 16, 8},
+         {"idemsink_sql_param.bytes", 24, 16},
+
+         {"idemsink_host_api", 0, 48},
+         {"idemsink_host_api.struct_size", 0, 4},  // then 4 bytes of padding
+         {"idemsink_host_api.host_ctx", 8, 8},
+         {"idemsink_host_api.log", 16, 8},
+         {"idemsink_host_api.tx_execute", 24, 8},
+         {"idemsink_host_api.tx_query", 32, 8},
+         {"idemsink_host_api.tx_write_row", 40, 8},
+
+         {"idemsink_row", 0, 56},
+         {"idemsink_row.struct_size", 0, 4},
+         {"idemsink_row.kind", 4, 4},
+         {"idemsink_row.table", 8, 8},
+         {"idemsink_row.columns", 16, 8},
+         {"idemsink_row.values", 24, 8},
+         {"idemsink_row.column_count", 32, 8},
+         {"idemsink_row.key_count", 40, 8},
+         {"idemsink_row.updates", 48, 8},
 
          {"idemsink_plugin", 0, 128},
          {"idemsink_plugin.struct_size", 0, 4},

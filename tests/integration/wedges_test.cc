@@ -65,6 +65,12 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
   BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 297);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 297);
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 3);
+  // Every balance is the sum of its entries: the batches' upserts added each
+  // credit once, also for accounts credited several times in one batch.
+  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_balances") == 9);
+  BOOST_TEST(scalar(*conn,
+                    "SELECT COUNT(*) FROM ledger_balances b WHERE balance_cents <> (SELECT SUM(amount_cents) "
+                    "FROM ledger_entries e WHERE e.account = b.account)") == 0);
   std::vector<ConsumedMessage> letters;
   wait_until(
       [&] {

@@ -1,6 +1,9 @@
 // Test handler of kind local_tx: inserts one row per application into
 // test_effects inside the host's claim transaction. The table has no unique
-// key on purpose: a double application would show up as two rows.
+// key on purpose: a double application would show up as two rows. Keys
+// ending in an even byte queue their row (Tx::insert_row, written by the
+// host at the end of the batch), the others execute it at once: every batch
+// mixes the two ways.
 //   perm-...     permanent rejection (the insert is rolled back)
 //   retryN-...   retryable for the first N calls
 #include <idemsink/sdk.h>
@@ -26,9 +29,15 @@ class LocalTx {
 
   void apply(const Record& rec, idemsink::sdk::Tx& tx, Completion done) {
     const std::string_view key = rec.biz_key();
-    tx.execute("INSERT INTO test_effects (route, biz_key, idem_token, attempt) VALUES (?, ?, ?, ?)",
-               {SqlParam(rec.route()), SqlParam::blob(key), SqlParam(rec.idem_token()),
-                SqlParam(static_cast<int64_t>(rec.attempt()))});
+    const SqlParam attempt(static_cast<int64_t>(rec.attempt()));
+    if (!key.empty() && key.back() % 2 == 0)
+      tx.insert_row("test_effects", {{"route", SqlParam(rec.route())},
+                                     {"biz_key", SqlParam::blob(key)},
+                                     {"idem_token", SqlParam(rec.idem_token())},
+                                     {"attempt", attempt}});
+    else
+      tx.execute("INSERT INTO test_effects (route, biz_key, idem_token, attempt) VALUES (?, ?, ?, ?)",
+                 {SqlParam(rec.route()), SqlParam::blob(key), SqlParam(rec.idem_token()), attempt});
     if (key.starts_with("perm-")) return done.permanent("scripted rejection");
     if (key.starts_with("retry")) {
       int n = 0;

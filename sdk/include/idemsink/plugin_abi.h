@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define IDEMSINK_ABI_MAJOR 1
-#define IDEMSINK_ABI_MINOR 2
+#define IDEMSINK_ABI_MINOR 3
 
 /** The exported entry function of this ABI major version, as an identifier
  *  (to define it) and as a string (to look it up). */
@@ -261,6 +261,44 @@ typedef struct idemsink_sql_param {
  */
 typedef void (*idemsink_row_fn)(void* row_ctx, size_t column_count, const idemsink_bytes* columns);
 
+/** What tx_write_row does with a row (idemsink_row.kind). */
+typedef enum idemsink_row_kind {
+  /** INSERT the row. */
+  IDEMSINK_ROW_INSERT = 1,
+  /** INSERT the row, or, when its unique key exists, update that row's
+   *  other columns as idemsink_row.updates says (INSERT ... ON DUPLICATE KEY
+   *  UPDATE): an update by key that also creates a missing row. */
+  IDEMSINK_ROW_UPSERT = 2
+} idemsink_row_kind;
+
+/** How an upserted row changes a column of the row it finds. */
+typedef enum idemsink_column_update {
+  IDEMSINK_COLUMN_SET = 1, /**< column = the value */
+  IDEMSINK_COLUMN_ADD = 2  /**< column = column + the value (a balance, a count) */
+} idemsink_column_update;
+
+/**
+ * One row for tx_write_row (ABI v1.3). Caller-owned, call-scoped: the host
+ * copies the names and values before tx_write_row returns.
+ *
+ * Names (table, columns) are identifiers, not SQL: letters, digits, `_` and
+ * `$`, at most 64 of them, optionally `database.table`; the host quotes them.
+ * Values are bound to placeholders, never spliced into the statement.
+ */
+typedef struct idemsink_row {
+  uint32_t struct_size; /**< sizeof(idemsink_row) as the plugin built it */
+  idemsink_row_kind kind;
+  const char* table;
+  const char* const* columns;       /**< column_count names */
+  const idemsink_sql_param* values; /**< column_count values, in the columns' order */
+  size_t column_count;
+  /** UPSERT: the first key_count columns are the row's unique key (the
+   *  host orders a batch's rows by them); INSERT: 0. */
+  size_t key_count;
+  /** UPSERT: one per column after the key, in their order; INSERT: NULL. */
+  const idemsink_column_update* updates;
+} idemsink_row;
+
 /**
  * Services the host offers the plugin. Host-owned; valid from create until
  * destroy returns, so a plugin may keep the pointer.
@@ -286,6 +324,28 @@ typedef struct idemsink_host_api {
    *  per row before tx_query returns. */
   int (*tx_query)(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t param_count,
                   idemsink_row_fn on_row, void* row_ctx, char* err, size_t err_cap);
+
+  /* --- ABI v1.3: present when struct_size covers it --- */
+
+  /**
+   * Queues one row to be written in the apply's transaction,
+   * after the apply calls of the whole batch and only if this record's
+   * outcome is OK. The host writes the batch's rows of one kind, table,
+   * column list and updates together, in multi-row statements (an UPSERT's
+   * rows in the byte order of their keys, so that concurrent batches lock
+   * rows in one order and do not deadlock); the claim is marked done in the
+   * same transaction. A queued row is not visible to tx_execute or tx_query
+   * in the same batch, and its result is not reported: use it for writes
+   * whose success does not decide the outcome (a journal entry, a balance).
+   * A row the server refuses for its data dead-letters its record as
+   * db_rejected (the host finds it by running the batch again, one record
+   * at a time, each in a savepoint); the batch's other records commit.
+   * Returns 0, or an error number with a message in err when the row itself
+   * is malformed (a name that is not an identifier, a count that does not
+   * match, a row larger than the server's max_allowed_packet). Only valid
+   * during apply, on the tx it received.
+   */
+  int (*tx_write_row)(idemsink_tx* tx, const idemsink_row* row, char* err, size_t err_cap);
 } idemsink_host_api;
 
 /**

@@ -284,6 +284,7 @@ struct SqlParam {
     p.bytes = {text.data(), text.size()};
   }
   SqlParam(const char* text) : SqlParam(std::string_view(text)) {}
+  SqlParam(const std::string& text) : SqlParam(std::string_view(text)) {}
   static SqlParam blob(std::string_view bytes) {
     SqlParam s;
     s.p.type = IDEMSINK_SQL_BLOB;
@@ -336,7 +337,68 @@ class Tx {
       throw SqlError(rc, err);
   }
 
+  /// One column of a row for insert_row / upsert_row: its name (an
+  /// identifier, never SQL) and its bound value.
+  struct Column {
+    const char* name;
+    SqlParam value;
+  };
+  /// One column an upsert changes in the row it finds: set to the value, or
+  /// the value added to it.
+  struct Update {
+    const char* name;
+    SqlParam value;
+    idemsink_column_update how = IDEMSINK_COLUMN_SET;
+  };
+  static Update set(const char* name, SqlParam value) { return {name, value, IDEMSINK_COLUMN_SET}; }
+  static Update add(const char* name, SqlParam value) { return {name, value, IDEMSINK_COLUMN_ADD}; }
+
+  /// Queues a row to INSERT at the end of the batch, with the batch's other
+  /// rows of the same table and columns in one statement, if and only if
+  /// this record reports ok. Not visible to this batch's execute/query; a row
+  /// the server refuses dead-letters this record alone (plugin_abi.h,
+  /// tx_write_row). Throws SqlError for a malformed row.
+  void insert_row(const char* table, std::initializer_list<Column> columns) {
+    write_row(IDEMSINK_ROW_INSERT, table, columns, {});
+  }
+
+  /// Queues an update of the row whose unique key is `key`, inserting it
+  /// when missing (INSERT ... ON DUPLICATE KEY UPDATE), written like
+  /// insert_row's rows: the batch's rows in one statement, in key order.
+  void upsert_row(const char* table, std::initializer_list<Column> key, std::initializer_list<Update> updates) {
+    write_row(IDEMSINK_ROW_UPSERT, table, key, updates);
+  }
+
  private:
+  void write_row(idemsink_row_kind kind, const char* table, std::initializer_list<Column> key,
+                 std::initializer_list<Update> updates) {
+    char err[512];
+    if (api_->struct_size < offsetof(idemsink_host_api, tx_write_row) + sizeof api_->tx_write_row ||
+        api_->tx_write_row == nullptr)
+      throw SqlError(1235, "this host predates tx_write_row (ABI v1.3): use execute()");
+    std::vector<const char*> names;
+    std::vector<idemsink_sql_param> values;
+    std::vector<idemsink_column_update> how;
+    for (const auto& c : key) {
+      names.push_back(c.name);
+      values.push_back(c.value.p);
+    }
+    for (const auto& u : updates) {
+      names.push_back(u.name);
+      values.push_back(u.value.p);
+      how.push_back(u.how);
+    }
+    idemsink_row row{};
+    row.struct_size = sizeof row;
+    row.kind = kind;
+    row.table = table;
+    row.columns = names.data();
+    row.values = values.data();
+    row.column_count = names.size();
+    row.key_count = kind == IDEMSINK_ROW_UPSERT ? key.size() : 0;
+    row.updates = kind == IDEMSINK_ROW_UPSERT ? how.data() : nullptr;
+    if (int rc = api_->tx_write_row(tx_, &row, err, sizeof err)) throw SqlError(rc, err);
+  }
   static std::vector<idemsink_sql_param> to_raw(std::initializer_list<SqlParam> params) {
     std::vector<idemsink_sql_param> raw;
     raw.reserve(params.size());

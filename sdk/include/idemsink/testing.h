@@ -16,7 +16,7 @@
 //   t::RecordBuilder rec;                           // owns the record's strings
 //   rec.biz_key("order-1").value(R"({"amount": 5})");
 //
-//   t::FakeTx tx;                                   // local_tx: records every statement
+//   t::FakeTx tx;                                   // local_tx: records every statement and row
 //   tx.then(t::FakeTx::fails(1213, "Deadlock found"));  // optional: script answers
 //   t::RecordingCompletion done;                    // one per call
 //   plugin.apply(rec, tx, done);                    // remote kinds: plugin.invoke(rec, done)
@@ -122,6 +122,16 @@ class FakeTx {
     return r;
   }
 
+  /// One tx_write_row call (Tx::insert_row, Tx::upsert_row), copied out.
+  struct RowWrite {
+    idemsink_row_kind kind = IDEMSINK_ROW_INSERT;
+    std::string table;
+    std::vector<std::string> columns;
+    std::vector<Param> values;  // in the columns' order
+    size_t key_count = 0;
+    std::vector<idemsink_column_update> updates;
+  };
+
   FakeTx() = default;
   FakeTx(const FakeTx&) = delete;  // its address is the idemsink_tx handle
   FakeTx& operator=(const FakeTx&) = delete;
@@ -132,6 +142,8 @@ class FakeTx {
     return *this;
   }
   const std::vector<Call>& calls() const { return calls_; }
+  /// The rows queued for the end of the batch; they never answer from the script.
+  const std::vector<RowWrite>& rows() const { return rows_; }
 
   /// The handle passed to a descriptor's apply.
   idemsink_tx* raw() { return reinterpret_cast<idemsink_tx*>(this); }
@@ -143,19 +155,20 @@ class FakeTx {
 
   static FakeTx& from(idemsink_tx* tx) { return *reinterpret_cast<FakeTx*>(tx); }
 
+  static Param copy(const idemsink_sql_param& raw) {
+    Param p;
+    p.type = raw.type;
+    p.i = raw.i;
+    p.d = raw.d;
+    if (p.type == IDEMSINK_SQL_TEXT || p.type == IDEMSINK_SQL_BLOB) p.bytes = std::string(detail::view(raw.bytes));
+    return p;
+  }
+
   Result record(bool query, const char* sql, const idemsink_sql_param* params, size_t n) {
     Call call;
     call.query = query;
     call.sql = sql ? sql : "";
-    for (size_t i = 0; i < n; ++i) {
-      Param p;
-      p.type = params[i].type;
-      p.i = params[i].i;
-      p.d = params[i].d;
-      if (p.type == IDEMSINK_SQL_TEXT || p.type == IDEMSINK_SQL_BLOB)
-        p.bytes = std::string(detail::view(params[i].bytes));
-      call.params.push_back(std::move(p));
-    }
+    for (size_t i = 0; i < n; ++i) call.params.push_back(copy(params[i]));
     calls_.push_back(std::move(call));
     if (script_.empty()) return Result{};
     Result r = std::move(script_.front());
@@ -191,7 +204,27 @@ class FakeTx {
     return 0;
   }
 
+  static int write_row(idemsink_tx* tx, const idemsink_row* row, char* err, size_t err_cap) {
+    if (row == nullptr || row->table == nullptr || (row->column_count > 0 && (!row->columns || !row->values))) {
+      detail::copy_message(err, err_cap, "malformed row");
+      return 1064;
+    }
+    RowWrite w;
+    w.kind = row->kind;
+    w.table = row->table;
+    w.key_count = row->key_count;
+    for (size_t i = 0; i < row->column_count; ++i) {
+      w.columns.emplace_back(row->columns[i] ? row->columns[i] : "");
+      w.values.push_back(copy(row->values[i]));
+    }
+    if (row->kind == IDEMSINK_ROW_UPSERT && row->updates)
+      w.updates.assign(row->updates, row->updates + (row->column_count - row->key_count));
+    from(tx).rows_.push_back(std::move(w));
+    return 0;
+  }
+
   std::vector<Call> calls_;
+  std::vector<RowWrite> rows_;
   std::deque<Result> script_;
 };
 
@@ -210,6 +243,7 @@ class FakeHost {
     api_.log = &FakeHost::log;
     api_.tx_execute = &FakeTx::execute;
     api_.tx_query = &FakeTx::query;
+    api_.tx_write_row = &FakeTx::write_row;
   }
   FakeHost(const FakeHost&) = delete;  // the API points back at this object
   FakeHost& operator=(const FakeHost&) = delete;
