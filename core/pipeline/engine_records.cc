@@ -99,8 +99,11 @@ void Engine::on_owned(Record& r, const claim::ClaimResult& res, std::chrono::ste
   r.lease_known = std::chrono::steady_clock::now();
   r.uncertain_calls = std::max(r.uncertain_calls, res.uncertain_calls);
   // An owner that died holding the claim may have called; for an
-  // at-most-once route the call mark says whether one did.
-  r.owner_died = r.route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE ? res.maybe_called : res.takeovers > 0;
+  // at-most-once route the call mark says whether one did. A local_tx
+  // write commits with its done mark: a claim still pending was not applied.
+  const idemsink_kind kind = r.route->handler->kind();
+  r.owner_died = kind == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE ? res.maybe_called
+                                                           : kind != IDEMSINK_KIND_LOCAL_TX && res.takeovers > 0;
   m.claimed.fetch_add(1, std::memory_order_relaxed);
   if (res.taken_over) m.takeovers.fetch_add(1, std::memory_order_relaxed);
   const Decision d = decide_on_claim(r.route->handler->kind(), res, cfg_.claim.max_takeovers);
