@@ -185,6 +185,13 @@ class ClaimStore {
   /// finished the row, and the caller must claim it again to learn its state.
   std::vector<bool> mark_done(db::Connection& c, std::span<const Outcome> outcomes) const;
 
+  /// Marks them done only if every one is still pending, ours and at its
+  /// epoch, in one statement: this statement changed them all, or the caller
+  /// rolls back (one was taken over, or finished by an earlier run of the
+  /// caller's job). In a transaction that applied their effects, this is
+  /// the fence without locking the claims first.
+  bool mark_all_done(db::Connection& c, std::span<const Outcome> outcomes) const;
+
   /// Same for failed / unknown (terminal with last_error).
   std::vector<bool> mark_terminal(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
 
@@ -305,6 +312,8 @@ class ClaimStore {
   class Job;  // one claim() in its steps (claim_job.cc)
   std::string lease_expr() const;
   std::vector<bool> finish(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
+  /// finish's one UPDATE; returns the rows it changed.
+  uint64_t finish_ours(db::Connection& c, Status status, std::span<const Outcome> outcomes) const;
 
   std::string host_id_;
   std::string owner_;

@@ -96,8 +96,8 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
     const auto part_recs = std::span(recs).subspan(first, n);
     const auto part_outcomes = std::span(outcomes).subspan(first, n);
     const auto part_results = std::span(results).subspan(first, n);
-    if (!apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Undo::WholeBatch))
-      apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Undo::PerRecord);
+    if (!apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Pass::Optimistic))
+      apply_in_one_transaction(c, route, part_ids, part_recs, part_outcomes, part_results, Pass::Careful);
   });
   for (const auto& r : rejected) {
     results[r.index] = Result{ids[r.index], IDEMSINK_OUTCOME_PERMANENT, r.error.what()};
@@ -109,8 +109,8 @@ std::vector<LocalTxRunner::Result> LocalTxRunner::apply(db::Connection& c, Route
 bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
                                              std::span<const Record* const> recs,
                                              std::span<const claim::Outcome> outcomes, std::span<Result> results,
-                                             Undo undo) {
-  const bool per_record = undo == Undo::PerRecord;
+                                             Pass pass) {
+  const bool per_record = pass == Pass::Careful;
   // A failed row write: refused for its data, the record ends (db_rejected);
   // anything but a broken transaction, the record is tried again later.
   auto row_write_failed = [](const db::DbError& e) {
@@ -118,7 +118,8 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
     return cls != db::ErrorClass::ConnectionLost && cls != db::ErrorClass::Transient;
   };
   c.begin();
-  const std::vector<bool> owned = store_.lock_owned(c, outcomes);
+  const std::vector<bool> owned =
+      per_record ? store_.lock_owned(c, outcomes) : std::vector<bool>(outcomes.size(), true);
   std::vector<claim::Outcome> ok;
   std::vector<dlq::Letter> events;  // of the records applied: they commit with the write
   plugin::DeferredRows rows;        // of the records applied, written after the last apply
@@ -191,9 +192,17 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
       return false;
     }
   }
-  const std::vector<bool> marked = store_.mark_done(c, ok);
-  if (std::find(marked.begin(), marked.end(), false) != marked.end())
-    throw db::DbError(0, "claim rows locked by this transaction could not be marked done");
+  if (per_record) {
+    const std::vector<bool> marked = store_.mark_done(c, ok);
+    if (std::find(marked.begin(), marked.end(), false) != marked.end())
+      throw db::DbError(0, "claim rows locked by this transaction could not be marked done");
+  } else if (!store_.mark_all_done(c, ok)) {
+    // A claim no longer ours, or done by an earlier run of this job whose
+    // reply was lost: none of this may commit. The careful pass locks the
+    // claims still ours and applies only those.
+    c.rollback_quietly();
+    return false;
+  }
   outbox_.insert(c, events);
   fault::hit("in_local_tx");
   c.commit();

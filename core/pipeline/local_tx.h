@@ -2,16 +2,18 @@
 // database transaction, so the effect happens exactly once by construction.
 //
 // Records are applied in batches of up to 100 per route, one transaction per
-// batch: lock the claims still ours (SELECT ... FOR UPDATE), run each
-// record's apply, write the rows the records that reported ok queued
-// (tx_write_row: one multi-row statement per table and shape), then one
-// done-UPDATE, the records' outcome events if the route publishes them, and
-// COMMIT. A record that did not report ok after running a statement of its
-// own, or a queued row the database refuses, needs undoing that record
-// alone: the transaction is rolled back and the batch run again with a
-// savepoint per record (its rows written inside it), so the record's writes
-// roll back to it and the others commit; most batches never pay for
-// savepoints. A deadlock or a lost connection inside a statement breaks the
+// batch: run each record's apply, write the rows the records that reported
+// ok queued (tx_write_row: one multi-row statement per table and shape),
+// then one done-UPDATE, the records' outcome events if the route publishes
+// them, and COMMIT. The done-UPDATE is the fence: it changes only claims
+// still pending, ours and at our epoch, and a claim it cannot change (taken
+// over since) rolls the whole transaction back. So does a record that must
+// be undone alone: one that did not report ok after running a statement of
+// its own, or whose queued row the database refuses. The batch then runs
+// again carefully: the claims still ours locked first (SELECT ... FOR
+// UPDATE), a savepoint per record (its queued rows written inside it), so
+// that record's writes roll back to it and the others commit. Most batches
+// pay for neither the lock nor savepoints. A deadlock or a lost connection inside a statement breaks the
 // transaction and the whole job is re-run. A statement the database refuses
 // for its data (a value too long for its column) ends its record
 // db_rejected and the batch goes on. A job failing for any other reason is
@@ -71,13 +73,14 @@ class LocalTxRunner {
   void flush(Route& route);
   std::vector<Result> apply(db::Connection& c, Route& route, const std::vector<uint64_t>& ids,
                             const std::vector<const Record*>& recs, const std::vector<claim::Outcome>& outcomes);
-  /// Per record, a savepoint or not: see the top of this file.
-  enum class Undo { WholeBatch, PerRecord };
-  /// One transaction over the records; false when it was rolled back because
-  /// a record needs its own savepoint (only with Undo::WholeBatch).
+  /// Fenced by the done mark alone, or claims locked first and a savepoint
+  /// per record: see the top of this file.
+  enum class Pass { Optimistic, Careful };
+  /// One transaction over the records; false when the optimistic pass was
+  /// rolled back for the careful one.
   bool apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
                                 std::span<const Record* const> recs, std::span<const claim::Outcome> outcomes,
-                                std::span<Result> results, Undo undo);
+                                std::span<Result> results, Pass pass);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;

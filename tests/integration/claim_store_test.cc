@@ -119,6 +119,29 @@ BOOST_AUTO_TEST_CASE(expired_lease_is_taken_over_with_the_same_token_and_the_zom
   BOOST_TEST(*db.conn->query("SELECT receipt FROM idemsink_claim")[0][0] == "WB-2");
 }
 
+// The fence of a local_tx batch that did not lock its claims first: all
+// still ours and pending, or nothing. A claim taken over since, or one an
+// earlier run of the same job already marked done (its reply lost), makes
+// it refuse, where mark_done reports the latter as ours.
+BOOST_AUTO_TEST_CASE(mark_all_done_changes_every_claim_or_reports_that_it_cannot) {
+  Db db("claim_mark_all");
+  ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
+  auto mine = a.claim(*db.conn, std::vector{req("k1"), req("k2"), req("k3")});
+  std::vector<claim::Outcome> first{outcome(mine[0]), outcome(mine[1])};
+  BOOST_TEST(a.mark_all_done(*db.conn, first));
+  BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + claim::sql_status_is(Status::Done)) == 2);
+  // Run again (a job whose commit's reply was lost): done already, refused.
+  BOOST_TEST(!a.mark_all_done(*db.conn, first));
+  BOOST_TEST(a.mark_done(*db.conn, first)[0]);
+  // k3 taken over by B while A was applying: A's batch with it is refused.
+  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE biz_key = 'k3'");
+  auto theirs = b.claim(*db.conn, std::vector{req("k3")});
+  BOOST_TEST((theirs[0].verdict == Verdict::Owned));
+  BOOST_TEST(!a.mark_all_done(*db.conn, std::vector{outcome(mine[2])}));
+  BOOST_TEST(b.mark_all_done(*db.conn, std::vector{outcome(theirs[0])}));
+  BOOST_TEST(a.mark_all_done(*db.conn, std::vector<claim::Outcome>{}));
+}
+
 BOOST_AUTO_TEST_CASE(a_restarted_host_takes_over_its_own_claims_at_once) {
   Db db("claim_restart");
   ClaimStore run1("host-a", "host-a#run1", 30s), run2("host-a", "host-a#run2", 30s), other("host-b", "host-b#1", 30s);
