@@ -49,12 +49,14 @@ BOOST_AUTO_TEST_CASE(queued_rows_are_written_per_shape_in_few_statements) {
   for (int i = 0; i < 300; ++i) {
     const std::string account = "a" + std::to_string(i % 7);
     // A value with a quote, a NUL and a backslash: bound, so written as is.
-    sql.insert_row("entries", {{"account", account}, {"cents", i}, {"note", sdk::SqlParam::blob(std::string("x'\0\\", 4) + account)}});
+    sql.insert_row(
+        "entries",
+        {{"account", account}, {"cents", i}, {"note", sdk::SqlParam::blob(std::string("x'\0\\", 4) + account)}});
     sql.upsert_row("balances", {{"account", account}},
                    {sdk::Tx::add("cents", i), sdk::Tx::set("last_note", "n" + std::to_string(i))});
   }
   sql.insert_row("entries", {{"cents", 5}, {"account", "other-order"}});  // another shape: its own statement
-  BOOST_TEST(tx.statements == 0u);  // queued, nothing sent
+  BOOST_TEST(tx.statements == 0u);                                        // queued, nothing sent
   const uint64_t before = t.c->statements_sent();
   t.c->begin();
   tx.rows.write(*t.c);
@@ -153,8 +155,10 @@ BOOST_AUTO_TEST_CASE(concurrent_upserts_of_the_same_keys_do_not_deadlock) {
         c->commit();
       } catch (const db::DbError& e) {
         c->rollback_quietly();
-        if (e.code() == ER_LOCK_DEADLOCK) ++deadlocks;
-        else throw;
+        if (e.code() == ER_LOCK_DEADLOCK)
+          ++deadlocks;
+        else
+          throw;
       }
     }
   };
