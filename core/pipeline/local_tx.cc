@@ -1,5 +1,7 @@
 #include "core/pipeline/local_tx.h"
 
+#include <mysqld_error.h>
+
 #include <algorithm>
 #include <memory>
 
@@ -111,11 +113,23 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
                                              std::span<const claim::Outcome> outcomes, std::span<Result> results,
                                              Pass pass) {
   const bool per_record = pass == Pass::Careful;
-  // A failed row write: refused for its data, the record ends (db_rejected);
-  // anything but a broken transaction, the record is tried again later.
+  // A queued row's write failed but the transaction stands (anything but a
+  // lost connection or a deadlock).
   auto row_write_failed = [](const db::DbError& e) {
     const auto cls = e.error_class();
     return cls != db::ErrorClass::ConnectionLost && cls != db::ErrorClass::Transient;
+  };
+  // Refused as written: its data, or a key or reference it breaks, would be
+  // refused again; the record ends (db_rejected). Anything else, the record
+  // is tried again later.
+  auto refused_as_written = [](const db::DbError& e) {
+    switch (e.code()) {
+      case ER_DUP_ENTRY:
+      case ER_DUP_ENTRY_WITH_KEY_NAME:
+      case ER_NO_REFERENCED_ROW_2:
+      case ER_NO_DEFAULT_FOR_FIELD: return true;
+      default: return e.error_class() == db::ErrorClass::Data;
+    }
   };
   c.begin();
   const std::vector<bool> owned =
@@ -159,10 +173,10 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
         tx.rows.write(c);
       } catch (const db::DbError& e) {
         if (!row_write_failed(e)) throw;
-        slot->outcome =
-            e.error_class() == db::ErrorClass::Data ? IDEMSINK_OUTCOME_PERMANENT : IDEMSINK_OUTCOME_RETRYABLE;
+        const bool refused = refused_as_written(e);
+        slot->outcome = refused ? IDEMSINK_OUTCOME_PERMANENT : IDEMSINK_OUTCOME_RETRYABLE;
         slot->detail = std::string("writing its queued rows: ") + e.what();
-        if (e.error_class() == db::ErrorClass::Data) res.db_refused = e.what();
+        if (refused) res.db_refused = e.what();
       }
     }
     if (tx.refused_code != 0 && slot->outcome != IDEMSINK_OUTCOME_OK) {

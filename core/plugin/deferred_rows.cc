@@ -12,6 +12,7 @@ namespace {
 // most 65,535 parameters.
 constexpr size_t kMaxRows = 128;
 constexpr size_t kMaxParams = 65535;
+constexpr size_t kMaxColumns = 4096;  // MariaDB's most per table
 
 // `name` or `database`.`name`, quoted; empty if `name` is not an identifier.
 std::string quoted_identifier(const char* name) {
@@ -51,7 +52,7 @@ std::string DeferredRows::add(const idemsink_row& row) {
   if (row.struct_size < offsetof(idemsink_row, updates) + sizeof row.updates) return "idemsink_row too short";
   if (row.kind != IDEMSINK_ROW_INSERT && row.kind != IDEMSINK_ROW_UPSERT) return "unknown row kind";
   if (row.column_count == 0 || row.columns == nullptr || row.values == nullptr) return "a row needs columns";
-  if (row.column_count > kMaxParams) return "too many columns";
+  if (row.column_count > kMaxColumns) return "too many columns";
   const bool upsert = row.kind == IDEMSINK_ROW_UPSERT;
   if (upsert ? row.key_count == 0 || row.key_count > row.column_count : row.key_count != 0)
     return upsert ? "an upsert needs between 1 and column_count key columns" : "an insert has no key columns";
@@ -78,7 +79,7 @@ std::string DeferredRows::add(const idemsink_row& row) {
     suffix = " ON DUPLICATE KEY UPDATE ";
     if (row.key_count == row.column_count) suffix += columns[0] + " = " + columns[0];  // only ensures the row exists
     for (size_t i = row.key_count; i < row.column_count; ++i) {
-      const idemsink_column_update how = row.updates[i - row.key_count];
+      const int32_t how = row.updates[i - row.key_count];
       if (how != IDEMSINK_COLUMN_SET && how != IDEMSINK_COLUMN_ADD) return "unknown column update for " + columns[i];
       suffix += (i > row.key_count ? ", " : "") + columns[i] + " = " +
                 (how == IDEMSINK_COLUMN_ADD ? columns[i] + " + " : "") + "VALUES(" + columns[i] + ")";
@@ -126,7 +127,8 @@ void DeferredRows::take(DeferredRows&& other) {
   std::vector<std::pair<size_t, std::map<std::string, Shape>::node_type>> incoming;
   for (auto it = other.shapes_.begin(); it != other.shapes_.end();) {
     auto next = std::next(it);
-    incoming.emplace_back(it->second.order, other.shapes_.extract(it));
+    const size_t order = it->second.order;
+    incoming.emplace_back(order, other.shapes_.extract(it));
     it = next;
   }
   std::sort(incoming.begin(), incoming.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -134,26 +134,30 @@ int tx_write_row(idemsink_tx* tx, const idemsink_row* row, char* err, size_t cap
     write_err(err, cap, "no row given");
     return ER_WRONG_ARGUMENTS;
   }
-  // Like a statement above max_allowed_packet (guarded): refused here, as the
-  // server would refuse the statement holding the row and close the connection.
-  uint64_t bytes = 0;
-  for (size_t i = 0; row->values && i < row->column_count; ++i)
-    if (row->values[i].type == IDEMSINK_SQL_TEXT || row->values[i].type == IDEMSINK_SQL_BLOB)
-      bytes += row->values[i].bytes.len;
-  if (bytes + 4096 > tx->conn->statement_budget()) {
-    const std::string why = "row of " + std::to_string(bytes) + " bytes exceeds the server's max_allowed_packet (" +
-                            std::to_string(tx->conn->max_packet()) + ")";
+  // A refused row ends its record (db_rejected) unless the plugin still
+  // reports ok: the same row would be refused on every attempt.
+  auto refuse = [&](unsigned code, const std::string& why) {
     if (tx->refused_code == 0) {
-      tx->refused_code = ER_NET_PACKET_TOO_LARGE;
+      tx->refused_code = code;
       tx->refused_message = why;
     }
     write_err(err, cap, why);
-    return ER_NET_PACKET_TOO_LARGE;
-  }
-  if (const std::string why = tx->rows.add(*row); !why.empty()) {
-    write_err(err, cap, "tx_write_row: " + why);
-    return ER_WRONG_ARGUMENTS;
-  }
+    return static_cast<int>(code);
+  };
+  DeferredRows one;  // checked and copied before it joins the record's rows
+  if (const std::string why = one.add(*row); !why.empty()) return refuse(ER_WRONG_ARGUMENTS, "tx_write_row: " + why);
+  // Like a statement above max_allowed_packet (guarded): refused here, as the
+  // server would refuse the statement holding the row and close the connection.
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < row->column_count; ++i)
+    if (row->values[i].type == IDEMSINK_SQL_TEXT || row->values[i].type == IDEMSINK_SQL_BLOB)
+      bytes += row->values[i].bytes.len;
+  if (bytes + 4096 > tx->conn->statement_budget())
+    return refuse(ER_NET_PACKET_TOO_LARGE, "row of " + std::to_string(bytes) +
+                                               " bytes is too large for one statement under the server's "
+                                               "max_allowed_packet (" +
+                                               std::to_string(tx->conn->max_packet()) + ")");
+  tx->rows.take(std::move(one));
   return 0;
 }
 

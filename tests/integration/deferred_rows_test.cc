@@ -94,6 +94,9 @@ BOOST_AUTO_TEST_CASE(a_malformed_row_is_refused_by_name_and_queues_nothing) {
   refused([&] { sql.insert_row("entries", {}); }, "a row needs columns");
   refused([&] { sql.upsert_row("balances", {}, {sdk::Tx::add("cents", 1)}); }, "an upsert needs between 1");
   BOOST_TEST(tx.rows.empty());
+  // The record that queued them ends db_rejected unless it still reports ok.
+  BOOST_TEST(tx.refused_code == static_cast<unsigned>(ER_WRONG_ARGUMENTS));
+  BOOST_TEST(tx.refused_message.find("table name is not an identifier") != std::string::npos, tx.refused_message);
   sql.insert_row(("deferred_rows_malformed.entries"), {{"account", "db-qualified"}, {"cents", 1}});
   sql.upsert_row("balances", {{"account", "only-key"}, {"cents", 0}}, {});  // ensures the row exists
   t.c->begin();

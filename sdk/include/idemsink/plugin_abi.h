@@ -287,7 +287,7 @@ typedef enum idemsink_column_update {
  */
 typedef struct idemsink_row {
   uint32_t struct_size; /**< sizeof(idemsink_row) as the plugin built it */
-  idemsink_row_kind kind;
+  int32_t kind;         /**< an idemsink_row_kind (fixed width, unlike an enum) */
   const char* table;
   const char* const* columns;       /**< column_count names */
   const idemsink_sql_param* values; /**< column_count values, in the columns' order */
@@ -295,8 +295,9 @@ typedef struct idemsink_row {
   /** UPSERT: the first key_count columns are the row's unique key (the
    *  host orders a batch's rows by them); INSERT: 0. */
   size_t key_count;
-  /** UPSERT: one per column after the key, in their order; INSERT: NULL. */
-  const idemsink_column_update* updates;
+  /** UPSERT: one idemsink_column_update per column after the key, in their
+   *  order; INSERT: NULL. An array: int32_t elements, FROZEN width. */
+  const int32_t* updates;
 } idemsink_row;
 
 /**
@@ -328,18 +329,23 @@ typedef struct idemsink_host_api {
   /* --- ABI v1.3: present when struct_size covers it --- */
 
   /**
-   * Queues one row to be written in the apply's transaction,
-   * after the apply calls of the whole batch and only if this record's
-   * outcome is OK. The host writes the batch's rows of one kind, table,
-   * column list and updates together, in multi-row statements (an UPSERT's
-   * rows in the byte order of their keys, so that concurrent batches lock
-   * rows in one order and do not deadlock); the claim is marked done in the
-   * same transaction. A queued row is not visible to tx_execute or tx_query
-   * in the same batch, and its result is not reported: use it for writes
+   * Queues one row to be written in the apply's transaction, only if this
+   * record's outcome is OK; the claim is marked done in the same
+   * transaction. Usually the host writes the batch's rows of one kind,
+   * table, column list and updates together after the last apply, in
+   * multi-row statements, shapes in the order first named, an UPSERT's rows
+   * in the byte order of their keys (concurrent batches then lock shared
+   * rows in one order, as far as byte order is the key's order: not for a
+   * case-insensitive collation, nor for one key bound as INT in one batch
+   * and TEXT in another); when the batch must run one record at a time, a
+   * record's rows are written after its own apply. So whether a later
+   * tx_execute or tx_query of the batch sees a queued row is unspecified:
+   * never read what you queue. Its result is not reported: use it for writes
    * whose success does not decide the outcome (a journal entry, a balance).
-   * A row the server refuses for its data dead-letters its record as
-   * db_rejected (the host finds it by running the batch again, one record
-   * at a time, each in a savepoint); the batch's other records commit.
+   * A row the server refuses as written (its data, a duplicate key, a
+   * missing referenced row) dead-letters its record as db_rejected (the host
+   * finds it by running the batch again, one record at a time, each in a
+   * savepoint); the batch's other records commit.
    * Returns 0, or an error number with a message in err when the row itself
    * is malformed (a name that is not an identifier, a count that does not
    * match, a row larger than the server's max_allowed_packet). Only valid

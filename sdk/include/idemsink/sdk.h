@@ -355,9 +355,10 @@ class Tx {
 
   /// Queues a row to INSERT at the end of the batch, with the batch's other
   /// rows of the same table and columns in one statement, if and only if
-  /// this record reports ok. Not visible to this batch's execute/query; a row
-  /// the server refuses dead-letters this record alone (plugin_abi.h,
-  /// tx_write_row). Throws SqlError for a malformed row.
+  /// this record reports ok. Never read it back in the same batch (whether
+  /// execute/query see it is unspecified); a row the server refuses
+  /// dead-letters this record alone (plugin_abi.h, tx_write_row). Throws
+  /// SqlError for a malformed row.
   void insert_row(const char* table, std::initializer_list<Column> columns) {
     write_row(IDEMSINK_ROW_INSERT, table, columns, {});
   }
@@ -378,7 +379,7 @@ class Tx {
       throw SqlError(1235, "this host predates tx_write_row (ABI v1.3): use execute()");
     std::vector<const char*> names;
     std::vector<idemsink_sql_param> values;
-    std::vector<idemsink_column_update> how;
+    std::vector<int32_t> how;
     for (const auto& c : key) {
       names.push_back(c.name);
       values.push_back(c.value.p);

@@ -210,15 +210,16 @@ class FakeTx {
       return 1064;
     }
     RowWrite w;
-    w.kind = row->kind;
+    w.kind = static_cast<idemsink_row_kind>(row->kind);
     w.table = row->table;
     w.key_count = row->key_count;
     for (size_t i = 0; i < row->column_count; ++i) {
       w.columns.emplace_back(row->columns[i] ? row->columns[i] : "");
       w.values.push_back(copy(row->values[i]));
     }
-    if (row->kind == IDEMSINK_ROW_UPSERT && row->updates)
-      w.updates.assign(row->updates, row->updates + (row->column_count - row->key_count));
+    if (row->kind == IDEMSINK_ROW_UPSERT && row->updates && row->key_count <= row->column_count)
+      for (size_t i = 0; i < row->column_count - row->key_count; ++i)
+        w.updates.push_back(static_cast<idemsink_column_update>(row->updates[i]));
     from(tx).rows_.push_back(std::move(w));
     return 0;
   }
