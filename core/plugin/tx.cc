@@ -43,17 +43,42 @@ std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, s
   return out;
 }
 
-template <class Body>
-int guarded(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, char* err, size_t cap,
-            Body&& body) {
+// Why nothing may run on `tx` (not during an apply, or its transaction
+// already broken): the error number, with its message in err; 0 if it may.
+int unusable(const idemsink_tx* tx, const char* what, char* err, size_t cap) {
   if (tx == nullptr || tx->conn == nullptr) {
-    write_err(err, cap, "no transaction: tx_execute/tx_query are only valid during apply");
+    write_err(err, cap, std::string("no transaction: ") + what + " may only be called during apply");
     return ER_UNKNOWN_ERROR;
   }
   if (tx->broken_code != 0) {
     write_err(err, cap, "transaction already aborted: " + tx->broken_message);
     return static_cast<int>(tx->broken_code);
   }
+  return 0;
+}
+
+// A statement or row refused as written: it ends its record (db_rejected)
+// unless the plugin still reports ok, as it would be refused on every attempt.
+int refuse(idemsink_tx* tx, unsigned code, const std::string& why, char* err, size_t cap) {
+  if (tx->refused_code == 0) {
+    tx->refused_code = code;
+    tx->refused_message = why;
+  }
+  write_err(err, cap, why);
+  return static_cast<int>(code);
+}
+
+uint64_t bound_bytes(const idemsink_sql_param* params, size_t n) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (params[i].type == IDEMSINK_SQL_TEXT || params[i].type == IDEMSINK_SQL_BLOB) bytes += params[i].bytes.len;
+  return bytes;
+}
+
+template <class Body>
+int guarded(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, size_t n, char* err, size_t cap,
+            Body&& body) {
+  if (int rc = unusable(tx, "tx_execute/tx_query", err, cap)) return rc;
   ++tx->statements;
   if (sql == nullptr) {
     write_err(err, cap, "no SQL given");
@@ -67,20 +92,12 @@ int guarded(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params, 
   // connection with it (the transaction gone, the batch re-run, refused
   // again): such a statement is refused here, before it is sent, like a
   // value the server refuses.
-  uint64_t bytes = std::strlen(sql);
-  for (size_t i = 0; i < n; ++i)
-    if (params[i].type == IDEMSINK_SQL_TEXT || params[i].type == IDEMSINK_SQL_BLOB) bytes += params[i].bytes.len;
-  if (bytes + 1024 > tx->conn->max_packet()) {
-    const std::string why = "statement of " + std::to_string(bytes) +
-                            " bytes exceeds the server's max_allowed_packet (" +
-                            std::to_string(tx->conn->max_packet()) + ")";
-    if (tx->refused_code == 0) {
-      tx->refused_code = ER_NET_PACKET_TOO_LARGE;
-      tx->refused_message = why;
-    }
-    write_err(err, cap, why);
-    return ER_NET_PACKET_TOO_LARGE;
-  }
+  const uint64_t bytes = std::strlen(sql) + bound_bytes(params, n);
+  if (bytes + 1024 > tx->conn->max_packet())
+    return refuse(tx, ER_NET_PACKET_TOO_LARGE,
+                  "statement of " + std::to_string(bytes) + " bytes exceeds the server's max_allowed_packet (" +
+                      std::to_string(tx->conn->max_packet()) + ")",
+                  err, cap);
   try {
     body();
     return 0;
@@ -122,41 +139,23 @@ int tx_query(idemsink_tx* tx, const char* sql, const idemsink_sql_param* params,
 }
 
 int tx_write_row(idemsink_tx* tx, const idemsink_row* row, char* err, size_t cap) {
-  if (tx == nullptr || tx->conn == nullptr) {
-    write_err(err, cap, "no transaction: tx_write_row is only valid during apply");
-    return ER_UNKNOWN_ERROR;
-  }
-  if (tx->broken_code != 0) {
-    write_err(err, cap, "transaction already aborted: " + tx->broken_message);
-    return static_cast<int>(tx->broken_code);
-  }
+  if (int rc = unusable(tx, "tx_write_row", err, cap)) return rc;
   if (row == nullptr) {
     write_err(err, cap, "no row given");
     return ER_WRONG_ARGUMENTS;
   }
-  // A refused row ends its record (db_rejected) unless the plugin still
-  // reports ok: the same row would be refused on every attempt.
-  auto refuse = [&](unsigned code, const std::string& why) {
-    if (tx->refused_code == 0) {
-      tx->refused_code = code;
-      tx->refused_message = why;
-    }
-    write_err(err, cap, why);
-    return static_cast<int>(code);
-  };
   DeferredRows one;  // checked and copied before it joins the record's rows
-  if (const std::string why = one.add(*row); !why.empty()) return refuse(ER_WRONG_ARGUMENTS, "tx_write_row: " + why);
+  if (const std::string why = one.add(*row); !why.empty())
+    return refuse(tx, ER_WRONG_ARGUMENTS, "tx_write_row: " + why, err, cap);
   // Like a statement above max_allowed_packet (guarded): refused here, as the
   // server would refuse the statement holding the row and close the connection.
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < row->column_count; ++i)
-    if (row->values[i].type == IDEMSINK_SQL_TEXT || row->values[i].type == IDEMSINK_SQL_BLOB)
-      bytes += row->values[i].bytes.len;
+  const uint64_t bytes = bound_bytes(row->values, row->column_count);
   if (bytes + 4096 > tx->conn->statement_budget())
-    return refuse(ER_NET_PACKET_TOO_LARGE, "row of " + std::to_string(bytes) +
-                                               " bytes is too large for one statement under the server's "
-                                               "max_allowed_packet (" +
-                                               std::to_string(tx->conn->max_packet()) + ")");
+    return refuse(tx, ER_NET_PACKET_TOO_LARGE,
+                  "row of " + std::to_string(bytes) +
+                      " bytes is too large for one statement under the server's max_allowed_packet (" +
+                      std::to_string(tx->conn->max_packet()) + ")",
+                  err, cap);
   tx->rows.take(std::move(one));
   return 0;
 }
