@@ -247,12 +247,16 @@ struct Figures {
   std::string latency;  // the latency run's distribution: samples, p50, p99, max
 };
 
-// "N orders: p50 A ms, p99 B ms, max C ms" of sorted production-to-effect times.
+// "N orders: p50 A ms, p99 B ms, max C ms" of production-to-effect times.
+std::string distribution(int64_t count, int64_t p50, int64_t p99, int64_t max) {
+  if (count == 0) return "no samples";
+  return std::to_string(count) + " orders: p50 " + std::to_string(p50) + " ms, p99 " + std::to_string(p99) +
+         " ms, max " + std::to_string(max) + " ms";
+}
 std::string distribution(const std::vector<int64_t>& sorted) {
-  if (sorted.empty()) return "no samples";
+  if (sorted.empty()) return distribution(0, 0, 0, 0);
   auto at = [&](size_t permille) { return sorted[std::min(sorted.size() - 1, sorted.size() * permille / 1000)]; };
-  return std::to_string(sorted.size()) + " orders: p50 " + std::to_string(at(500)) + " ms, p99 " +
-         std::to_string(at(990)) + " ms, max " + std::to_string(sorted.back()) + " ms";
+  return distribution(static_cast<int64_t>(sorted.size()), at(500), at(990), sorted.back());
 }
 
 // A system that exited on its own: the note, and its last words on stderr.
@@ -342,9 +346,8 @@ void latency(const System& s, const Options& o, KafkaCluster& kafka, FakeService
     // before the call's own delay (its answer): production to effect.
     const json stats = r.services.stats()["inventory"]["effect_latency_ms"];
     f.p99_ms = stats.value("p99", -1);
-    f.latency = std::to_string(stats.value("count", 0)) + " orders: p50 " + std::to_string(stats.value("p50", -1)) +
-                " ms, p99 " + std::to_string(stats.value("p99", -1)) + " ms, max " +
-                std::to_string(stats.value("max", -1)) + " ms";
+    f.latency = distribution(stats.value("count", int64_t{0}), stats.value("p50", int64_t{-1}),
+                             stats.value("p99", int64_t{-1}), stats.value("max", int64_t{-1}));
   } else {
     // The ledger's rows: written at (database time) minus produced at.
     db::Connection c(r.db);
