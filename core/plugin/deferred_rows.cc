@@ -5,6 +5,8 @@
 #include <cctype>
 #include <compare>
 
+#include "core/plugin/tx.h"
+
 namespace idemsink::plugin {
 namespace {
 
@@ -86,28 +88,13 @@ std::string DeferredRows::add(const idemsink_row& row) {
     }
   }
   Row values(row.column_count);
-  using T = db::Connection::Param::Type;
   for (size_t i = 0; i < row.column_count; ++i) {
     const idemsink_sql_param& p = row.values[i];
-    Value& v = values[i];
-    switch (p.type) {
-      case IDEMSINK_SQL_NULL: v.type = T::Null; break;
-      case IDEMSINK_SQL_INT:
-        v.type = T::Int;
-        v.i = p.i;
-        break;
-      case IDEMSINK_SQL_DOUBLE:
-        v.type = T::Double;
-        v.d = p.d;
-        break;
-      case IDEMSINK_SQL_TEXT:
-      case IDEMSINK_SQL_BLOB:
-        v.type = p.type == IDEMSINK_SQL_TEXT ? T::Text : T::Blob;
-        if (p.bytes.len > 0 && p.bytes.data == nullptr) return "value of " + columns[i] + " has no data";
-        v.bytes.assign(p.bytes.data ? p.bytes.data : "", p.bytes.len);
-        break;
-      default: return "unknown value type for " + columns[i];
-    }
+    const auto bound = bound_param(p);
+    if (!bound) return "unknown value type for " + columns[i];
+    if ((p.type == IDEMSINK_SQL_TEXT || p.type == IDEMSINK_SQL_BLOB) && p.bytes.len > 0 && p.bytes.data == nullptr)
+      return "value of " + columns[i] + " has no data";
+    values[i] = Value{bound->type, bound->i, bound->d, std::string(bound->bytes)};
   }
   const std::string key = prefix + row_text + suffix;
   auto [it, fresh] = shapes_.try_emplace(key);

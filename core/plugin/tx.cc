@@ -20,26 +20,7 @@ void write_err(char* err, size_t cap, const std::string& msg) {
 
 std::vector<db::Connection::Param> to_params(const idemsink_sql_param* params, size_t n) {
   std::vector<db::Connection::Param> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto& p = out[i];
-    switch (params[i].type) {
-      case IDEMSINK_SQL_NULL: p.type = db::Connection::Param::Type::Null; break;
-      case IDEMSINK_SQL_INT:
-        p.type = db::Connection::Param::Type::Int;
-        p.i = params[i].i;
-        break;
-      case IDEMSINK_SQL_DOUBLE:
-        p.type = db::Connection::Param::Type::Double;
-        p.d = params[i].d;
-        break;
-      case IDEMSINK_SQL_TEXT:
-      case IDEMSINK_SQL_BLOB:
-        p.type =
-            params[i].type == IDEMSINK_SQL_TEXT ? db::Connection::Param::Type::Text : db::Connection::Param::Type::Blob;
-        p.bytes = std::string_view(params[i].bytes.data ? params[i].bytes.data : "", params[i].bytes.len);
-        break;
-    }
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = bound_param(params[i]).value_or(db::Connection::Param{});
   return out;
 }
 
@@ -161,6 +142,28 @@ int tx_write_row(idemsink_tx* tx, const idemsink_row* row, char* err, size_t cap
 }
 
 }  // namespace
+
+std::optional<db::Connection::Param> bound_param(const idemsink_sql_param& p) {
+  using T = db::Connection::Param::Type;
+  db::Connection::Param out;
+  switch (p.type) {
+    case IDEMSINK_SQL_NULL: out.type = T::Null; return out;
+    case IDEMSINK_SQL_INT:
+      out.type = T::Int;
+      out.i = p.i;
+      return out;
+    case IDEMSINK_SQL_DOUBLE:
+      out.type = T::Double;
+      out.d = p.d;
+      return out;
+    case IDEMSINK_SQL_TEXT:
+    case IDEMSINK_SQL_BLOB:
+      out.type = p.type == IDEMSINK_SQL_TEXT ? T::Text : T::Blob;
+      out.bytes = std::string_view(p.bytes.data ? p.bytes.data : "", p.bytes.len);
+      return out;
+  }
+  return std::nullopt;
+}
 
 std::string refused_in_claim_tx(std::string_view sql) {
   // Skip whitespace and comments; MariaDB runs the body of /*! */ and /*M! */.

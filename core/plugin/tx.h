@@ -4,6 +4,7 @@
 
 #include <idemsink/plugin_abi.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -33,6 +34,10 @@ struct idemsink_tx {
 };
 
 namespace idemsink::plugin {
+
+/// One bound parameter as the connection binds it (bytes point into the
+/// caller's), or nullopt for a type this host does not know.
+std::optional<db::Connection::Param> bound_param(const idemsink_sql_param& p);
 
 /// Fills the tx_execute / tx_query / tx_write_row members of a host API table.
 void install_tx_api(idemsink_host_api& api);
