@@ -272,7 +272,8 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 }  // namespace
 
-AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices)
+AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices,
+                         Api::Reload reload)
     : acceptor_(io_, parse_listen(cfg.host.admin_listen)) {
   port_ = acceptor_.local_endpoint().port();
   const bool loopback = acceptor_.local_endpoint().address().is_loopback();
@@ -287,8 +288,8 @@ AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, s
   for (const auto& s : slices) engines.push_back(s.engine);
   auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes, cfg.host.admin_hostnames,
                                  "admin port of " + cfg.host.id);
-  shared_.reset(new Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_), api_threads_,
-                           tls_.has_value()});
+  shared_.reset(new Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_, std::move(reload)),
+                           api_threads_, tls_.has_value()});
   spdlog::info("admin: listening on {}://{}:{} ({} token(s); {})", tls_ ? "https" : "http",
                acceptor_.local_endpoint().address().to_string(), port_, cfg.host.admin_tokens.size(),
                !cfg.host.admin_tokens.empty() ? "actions need a token"

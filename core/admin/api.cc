@@ -196,6 +196,7 @@ struct Api::Call {
   json holds();
   json holds_release();
   json host_action();
+  json host_reload();
   json operator_log();
 };
 
@@ -566,6 +567,20 @@ json Api::Call::host_action() {
   return {{"ok", true}, {"message", result}};
 }
 
+// POST /host/reload {"note", "force"}: this host reads its config file
+// again (app/host.h); 409 when it changed nothing, saying why.
+json Api::Call::host_reload() {
+  authorize(Need::Host);
+  const json b = body();
+  const std::string why = note(b);
+  if (b.contains("force") && !b["force"].is_boolean()) throw HttpError{400, "force must be true or false"};
+  const bool force = b.value("force", false);
+  if (!api.reload_) throw HttpError{503, "this host does not reload"};
+  const operate::Done done = api.reload_(actor(), force, why);
+  if (!done.ok) throw HttpError{409, done.message};
+  return {{"ok", true}, {"message", done.message}, {"detail", done.detail}};
+}
+
 json Api::Call::operator_log() {
   authorize(Need::Read);
   const std::string route = param("route");
@@ -596,8 +611,9 @@ double Api::rate(const std::string& route, uint64_t done) const {
   return s.rate;
 }
 
-Api::Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth)
-    : cfg_(cfg), slices_(std::move(slices)), metrics_(metrics), auth_(auth) {}
+Api::Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth,
+         Reload reload)
+    : cfg_(cfg), slices_(std::move(slices)), metrics_(metrics), auth_(auth), reload_(std::move(reload)) {}
 
 ApiResponse Api::handle(const ApiRequest& req) const {
   Call call{*this, req, {}, {}};
@@ -641,6 +657,8 @@ ApiResponse Api::handle(const ApiRequest& req) const {
       out = call.holds_release();
     } else if (post && first == "host" && p.size() == 2 && (p[1] == "pause" || p[1] == "resume")) {
       out = call.host_action();
+    } else if (post && first == "host" && p.size() == 2 && p[1] == "reload") {
+      out = call.host_reload();
     } else if (get && first == "operator-log" && p.size() == 1) {
       out = call.operator_log();
     } else {

@@ -15,6 +15,7 @@
 #include <atomic>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "core/admin/auth.h"
 #include "core/config/config.h"
 #include "core/format/decoder.h"
+#include "core/operate/actions.h"
 
 namespace idemsink::pipeline {
 class Engine;
@@ -64,7 +66,11 @@ struct ApiResponse {
 
 class Api {
  public:
-  Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth);
+  /// The host's reload (POST /host/reload), on an API thread: blocks until applied or refused.
+  using Reload = std::function<operate::Done(const operate::Actor& who, bool force, const std::string& note)>;
+
+  Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth,
+      Reload reload);
 
   /// One request (an API thread).
   ApiResponse handle(const ApiRequest& req) const;
@@ -79,6 +85,7 @@ class Api {
   std::vector<SliceView> slices_;
   metrics::Metrics& metrics_;
   const Auth& auth_;
+  Reload reload_;
   mutable std::mutex rate_mu_;
   struct Sample {
     std::chrono::steady_clock::time_point at;

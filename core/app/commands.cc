@@ -7,6 +7,7 @@
 #include "core/claim/claim_store.h"
 #include "core/claim/order_hold.h"
 #include "core/claim/schema.h"
+#include "core/common/http_fetch.h"
 #include "core/common/log.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/outcome_event.h"
@@ -146,12 +147,9 @@ int reconcile_check(const config::Config& cfg) {
 
 int reconcile_ask(const config::Config& cfg) {
   auto libs = load_route_plugins(cfg);
-  std::vector<std::unique_ptr<plugin::Instance>> instances;
-  std::map<std::string, plugin::Instance*> handlers;
-  for (size_t i = 0; i < cfg.routes.size(); ++i) {
-    instances.push_back(std::make_unique<plugin::Instance>(libs[i], cfg.routes[i]));
-    handlers[cfg.routes[i].name] = instances.back().get();
-  }
+  std::map<std::string, std::shared_ptr<plugin::Instance>> handlers;
+  for (size_t i = 0; i < cfg.routes.size(); ++i)
+    handlers[cfg.routes[i].name] = std::make_shared<plugin::Instance>(libs[i], cfg.routes[i]);
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
   db::Pool pool(cfg.database, 2);
@@ -273,6 +271,38 @@ int replay(const config::Config& cfg, const operate::ReplayRequest& req, const s
     std::cout << "a running host publishes them and applies each once, with its first idem_token; one that fails "
                  "again is dead-lettered with idemsink.replayed\n";
   return r.detail.value("not_replayable", 0) == 0 ? 0 : 1;
+}
+
+int reload_host(const config::Config& cfg, const std::string& url, bool force, const std::string& note) {
+  std::string base = url;
+  if (base.empty()) {
+    const std::string& listen = cfg.host.admin_listen;
+    if (listen.empty())
+      throw config::ConfigError(cfg.file.string() +
+                                ": host.admin_listen is not set, so the host has no admin port to ask; send it SIGHUP");
+    const size_t colon = listen.rfind(':');
+    std::string address = listen.substr(0, colon);
+    if (address.empty() || address == "0.0.0.0") address = "127.0.0.1";  // listening everywhere: ask it here
+    if (address == "::" || address == "[::]") address = "[::1]";
+    base = (cfg.host.admin_tls_cert.empty() ? "http://" : "https://") + address + listen.substr(colon);
+  }
+  HttpFetch request;
+  request.method = "POST";
+  request.url = parse_http_url(base + "/api/v1/host/reload");
+  request.headers.push_back({"Content-Type", "application/json"});
+  if (!cfg.host.admin_token.empty()) request.headers.push_back({"Authorization", "Bearer " + cfg.host.admin_token});
+  request.tls_ca = cfg.host.admin_tls_cert;  // the host's own certificate, or the CA that signed it
+  request.body = nlohmann::json{{"note", note}, {"force", force}}.dump();
+  request.timeout = std::chrono::seconds(90);  // the host loads plugins and waits for its routes
+  const HttpAnswer answer = http_fetch(request);
+  const auto j = nlohmann::json::parse(answer.body, nullptr, false);
+  const std::string text = !j.is_object()          ? answer.body
+                           : j.contains("message") ? j["message"].get<std::string>()
+                           : j.contains("error")   ? j["error"].get<std::string>()
+                                                   : answer.body;
+  std::cout << "reload of " << base << ": "
+            << (answer.status == 200 ? "" : "HTTP " + std::to_string(answer.status) + ": ") << text << "\n";
+  return answer.status == 200 ? 0 : 1;
 }
 
 int operator_log(const config::Config& cfg, const std::string& route, size_t limit) {

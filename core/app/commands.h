@@ -58,4 +58,9 @@ int replay(const config::Config& cfg, const operate::ReplayRequest& req, const s
 /// The operator log, newest first, one JSON object per line.
 int operator_log(const config::Config& cfg, const std::string& route, size_t limit);
 
+/// `idemsink reload`: asks the host on this machine (its admin port,
+/// host.admin_listen, or `url`) to read its config file again; prints what
+/// came of it. 0 applied or unchanged, 1 refused.
+int reload_host(const config::Config& cfg, const std::string& url, bool force, const std::string& note);
+
 }  // namespace idemsink::app

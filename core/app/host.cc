@@ -5,12 +5,17 @@
 #include <sys/resource.h>
 
 #include "core/common/asio.h"
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <future>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "core/admin/admin_server.h"
@@ -19,6 +24,7 @@
 #include "core/claim/order_hold.h"
 #include "core/operate/operator_log.h"
 #include "core/claim/schema.h"
+#include "core/config/reload.h"
 #include "core/common/fault.h"
 #include "core/common/log.h"
 #include "core/common/util.h"
@@ -31,10 +37,12 @@
 #include "core/pipeline/engine.h"
 #include "core/pipeline/periodic.h"
 #include "core/pipeline/reconciler.h"
+#include "core/plugin/retirer.h"
 
 namespace idemsink::app {
 
 namespace asio = boost::asio;
+using json = nlohmann::json;
 using metrics::Metrics;
 using pipeline::Engine;
 using pipeline::KeyExtractor;
@@ -282,6 +290,8 @@ class HostRun {
 
   int run() {
     if (fault::once("slow_start")) std::this_thread::sleep_for(std::chrono::seconds(2));
+    running_text_ = read_config_text();
+    metrics_.set_config(cfg_.file.string(), config_hash(running_text_));
     const auto libs = load_route_plugins(cfg_);
     for (size_t i = 0; i < cfg_.routes.size(); ++i) lib_of_[cfg_.routes[i].name] = libs[i];
     const std::vector<config::Config> slice_cfgs = config::split_by_database(cfg_);
@@ -309,7 +319,9 @@ class HostRun {
     if (!cfg_.host.admin_listen.empty()) {
       std::vector<admin::SliceView> views;
       for (auto& s : slices_) views.push_back({&s.cfg, s.engine.get(), s.reconciler.get(), s.decoders});
-      admin_ = std::make_unique<admin::AdminServer>(cfg_, metrics_, std::move(views));
+      admin_ = std::make_unique<admin::AdminServer>(
+          cfg_, metrics_, std::move(views),
+          [this](const operate::Actor& who, bool force, const std::string& note) { return reload(who, force, note); });
     }
     for (auto& s : slices_)
       starters_.push_back(std::make_unique<SliceStarter>(
@@ -371,8 +383,8 @@ class HostRun {
     for (const auto& rc : s.cfg.routes) {
       const auto& lib = lib_of_[rc.name];
       s.libs.push_back(lib);
-      routes.push_back(std::make_unique<Route>(
-          Route{rc, std::make_unique<plugin::Instance>(lib, rc), KeyExtractor(rc), &metrics_.route(rc.name)}));
+      routes.push_back(std::make_unique<Route>(Route{rc, retirer_.adopt(std::make_unique<plugin::Instance>(lib, rc)),
+                                                     KeyExtractor(rc), &metrics_.route(rc.name)}));
       if (rc.order_by.enabled())
         routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
       if (rc.when) routes.back()->filter.emplace(*rc.when);
@@ -416,6 +428,7 @@ class HostRun {
   void begin_shutdown(const std::string& why) {
     if (stopping_) return;
     stopping_ = true;
+    draining_ = true;
     spdlog::info("{}: draining (grace {}ms)", why, cfg_.host.shutdown_grace.count());
     std::vector<Slice*> running;
     for (auto& s : slices_)
@@ -437,20 +450,165 @@ class HostRun {
     });
   }
 
-  // SIGHUP reopens the log file (logrotate); it never stops the host.
+  // SIGHUP reopens the log file (logrotate) and reloads the config file;
+  // it never stops the host.
   void wait_for_hangup() {
     hangups_.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
-      if (cfg_.host.log_file.empty()) {
-        spdlog::info("SIGHUP: nothing to reload or reopen (logs go to stderr); still running");
-      } else if (const std::string why = reopen_log_file(); why.empty()) {
-        spdlog::info("SIGHUP: log file {} reopened; still running", cfg_.host.log_file);
-      } else {
-        spdlog::error("SIGHUP: log file {} could not be reopened ({}); logging on to the old one", cfg_.host.log_file,
-                      why);
+      if (!cfg_.host.log_file.empty()) {
+        if (const std::string why = reopen_log_file(); why.empty())
+          spdlog::info("SIGHUP: log file {} reopened", cfg_.host.log_file);
+        else
+          spdlog::error("SIGHUP: log file {} could not be reopened ({}); logging on to the old one", cfg_.host.log_file,
+                        why);
       }
+      // The reload blocks (plugins load, the engine applies): on its own thread.
+      asio::post(reloader_, [this] { reload({"signal:SIGHUP", "admin"}, false, "SIGHUP"); });
       wait_for_hangup();
     });
+  }
+
+  std::string read_config_text() const {
+    std::ifstream in(cfg_.file);
+    if (!in) throw config::ConfigError(cfg_.file.string() + ": cannot read config file");
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  static std::string config_hash(const std::string& text) {
+    const std::string digest = payload_hash(text);
+    std::string hex;
+    for (size_t i = 0; i < 8; ++i) hex += fmt::format("{:02x}", static_cast<unsigned char>(digest[i]));
+    return hex;
+  }
+
+  // A reload (config/reload.h), from SIGHUP, the admin API or `idemsink
+  // reload`: the file read and checked as at start-up (plugins loaded,
+  // options checked, new handler instances created) before anything
+  // changes, then each changed route reconfigured on the engine thread.
+  // One at a time; logged, counted and in the operator log whatever came of it.
+  operate::Done reload(const operate::Actor& who, bool force, const std::string& note) {
+    std::lock_guard lock(reload_mu_);
+    operate::Done done = try_reload(force);
+    const std::string result = done.detail.value("result", "refused");
+    metrics_.count_reload(result, done.message);
+    if (done.ok)
+      spdlog::info("reload by {}: {}", who.name, done.message);
+    else
+      spdlog::error("reload by {}: {}", who.name, done.message);
+    std::set<std::string> logged;  // one entry per database
+    for (auto& s : slices_) {
+      if (!logged.insert(s.cfg.database.label()).second) continue;
+      try {
+        db::Connection c(s.cfg.database);
+        c.begin();
+        operate::OperatorLog::append(c, {who.name, who.role},
+                                     {"host.reload", "", done.detail.value("routes", json::array()), note,
+                                      "host " + cfg_.host.id + ": " + result + ": " + done.message});
+        c.commit();
+      } catch (const db::DbError& e) {
+        spdlog::warn("reload by {}: the operator log of {} did not take it: {}", who.name, s.cfg.database.label(),
+                     e.what());
+      }
+    }
+    return done;
+  }
+
+  operate::Done try_reload(bool force) {
+    auto refused = [&](std::string why) {
+      return operate::Done{false, "refused, nothing changed: " + why, {{"result", "refused"}}};
+    };
+    if (draining_) return refused("the host is stopping");
+    std::string text;
+    std::optional<config::Config> next;
+    std::vector<std::shared_ptr<plugin::Library>> libs;
+    config::ReloadPlan plan;
+    try {
+      text = read_config_text();
+      next = config::load_text(text, cfg_.file);
+      libs = load_route_plugins(*next);
+      plan = config::plan_reload(running_, running_text_, *next, text);
+    } catch (const std::exception& e) {  // ConfigError, LoadError: the file does not pass
+      return refused(e.what());
+    }
+    const std::string hash = config_hash(text);
+    if (!plan.changes_anything()) {
+      running_text_ = text;  // comments or layout only
+      metrics_.set_config(cfg_.file.string(), hash);
+      return {true, "no setting changed (config " + hash + ")", {{"result", "unchanged"}, {"hash", hash}}};
+    }
+    if (const std::string why = plan.refusal(force); !why.empty()) return refused(why);
+    // Every new instance is created before anything changes: a plugin that
+    // refuses its options leaves the running config as it is.
+    struct Change {
+      Slice* slice;
+      config::RouteConfig route;
+      std::shared_ptr<plugin::Instance> handler;  // null: its options are the same
+    };
+    std::vector<Change> changes;
+    json routes = json::array();
+    for (const auto& name : plan.routes_to_apply(force)) {
+      const auto& rc = *next->route_by_name(name);
+      const size_t index = static_cast<size_t>(&rc - next->routes.data());
+      Change c{slice_of(name), rc, nullptr};
+      const auto& keys =
+          std::find_if(plan.routes.begin(), plan.routes.end(), [&](const auto& r) { return r.route == name; })->keys;
+      if (std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.starts_with("route.options."); })) {
+        try {
+          c.handler = retirer_.adopt(std::make_unique<plugin::Instance>(libs[index], rc));
+        } catch (const std::exception& e) {
+          return refused("route " + name + ": " + e.what());
+        }
+      }
+      routes.push_back({{"route", name}, {"changed", keys}, {"new_instance", c.handler != nullptr}});
+      changes.push_back(std::move(c));
+    }
+    // Applied on the engine thread, each route on its own (a local_tx route
+    // once its apply jobs ended); the others never notice.
+    struct Pending {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left;
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->left = changes.size();
+    auto one_done = [pending] {
+      std::lock_guard lk(pending->mu);
+      if (--pending->left == 0) pending->cv.notify_all();
+    };
+    const std::string level = plan.log_level_changed ? next->host.log_level : "";
+    asio::post(io_, [changes = std::move(changes), one_done, level]() mutable {
+      if (!level.empty()) spdlog::set_level(spdlog::level::from_str(level));
+      for (auto& c : changes) {
+        Slice* s = c.slice;
+        const std::string name = c.route.name;
+        auto handler = c.handler;
+        s->engine->reconfigure(std::move(c.route), std::move(c.handler), [s, name, handler, one_done] {
+          if (handler) s->reconciler->replace_handler(name, handler);
+          one_done();
+        });
+      }
+    });
+    {
+      std::unique_lock lk(pending->mu);
+      while (pending->left > 0)
+        if (pending->cv.wait_for(lk, std::chrono::milliseconds(200)) == std::cv_status::timeout && draining_)
+          return {false,
+                  "the host began stopping while the reload applied; the routes changed so far keep it",
+                  {{"result", "refused"}, {"routes", routes}}};
+    }
+    running_ = std::move(*next);
+    running_text_ = text;
+    metrics_.set_config(cfg_.file.string(), hash);
+    return {
+        true, plan.describe() + " (config " + hash + ")", {{"result", "applied"}, {"hash", hash}, {"routes", routes}}};
+  }
+
+  Slice* slice_of(const std::string& route) {
+    for (auto& s : slices_)
+      if (s.cfg.route_by_name(route)) return &s;
+    throw std::logic_error("no slice runs route " + route);
   }
 
   // After the engine thread stopped: the exit code.
@@ -475,6 +633,14 @@ class HostRun {
   }
 
   const config::Config& cfg_;
+  // The config as last applied, and its file's text (reload_mu_).
+  std::mutex reload_mu_;
+  config::Config running_ = cfg_;
+  std::string running_text_;
+  std::atomic<bool> draining_ = false;
+  // Declared before the slices: the instances their routes hold are
+  // destroyed on its thread, which stops once they are.
+  plugin::Retirer retirer_;
   std::map<std::string, std::shared_ptr<plugin::Library>> lib_of_;  // by route name
   // Claims are owned per run; a later run of the same host id takes over its
   // predecessor's claims at once (the predecessor is dead: ids are unique).
@@ -495,6 +661,8 @@ class HostRun {
   bool stopping_ = false;  // engine thread only: no slice starts once shutdown began
   std::thread shutdown_;
   std::vector<std::unique_ptr<SliceStarter>> starters_;
+  // Declared last: a reload running on it finishes before the slices go.
+  asio::thread_pool reloader_{1};
 };
 
 }  // namespace

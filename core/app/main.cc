@@ -49,6 +49,9 @@ commands:
                                re-open dead (failed) claims and drive their records again
   operator-log --config FILE [--route R] [--limit N]
                                what operators did (console, API, CLI), newest first, as JSON lines
+  reload --config FILE [--force] [--note TEXT]
+                               the host on this machine reads its config file again and applies what may
+                               change while it runs (also SIGHUP, POST /api/v1/host/reload)
   dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]
                                run an embedded Kafka (librdkafka mock cluster)
   config-reference             print the configuration reference (Markdown)
@@ -260,6 +263,20 @@ int operator_log_command(const po::variables_map& vm) {
   return app::operator_log(cfg, vm.count("route") ? vm["route"].as<std::string>() : "", vm["limit"].as<size_t>());
 }
 
+void declare_reload(po::options_description& o, po::positional_options_description&) {
+  config_option(o);
+  o.add_options()("force",
+                  "also apply a change of a route's biz_key source ([route.key]): records already claimed run again "
+                  "under their new keys")("note", po::value<std::string>()->default_value("idemsink reload"),
+                                          "why, in the operator log")(
+      "url", po::value<std::string>(), "the host's admin port, http(s)://HOST:PORT (default: host.admin_listen)");
+}
+int reload_command(const po::variables_map& vm) {
+  const config::Config cfg = load_config(vm);
+  return app::reload_host(cfg, vm.count("url") ? vm["url"].as<std::string>() : "", vm.count("force") > 0,
+                          vm["note"].as<std::string>());
+}
+
 void declare_dev_kafka(po::options_description& o, po::positional_options_description&) {
   o.add_options()("brokers", po::value<int>()->default_value(1), "number of brokers")(
       "topic", po::value<std::vector<std::string>>()->composing(), "NAME:PARTITIONS, repeatable")(
@@ -298,6 +315,8 @@ const Command kCommands[] = {
      "[--note TEXT]",
      declare_order_holds, order_holds_command},
     {"operator-log", "operator-log --config FILE [--route R] [--limit N]", declare_operator_log, operator_log_command},
+    {"reload", "reload --config FILE [--force] [--note TEXT] [--url http(s)://HOST:PORT]", declare_reload,
+     reload_command},
     {"dev-kafka", "dev-kafka [--brokers N] [--topic NAME:PARTITIONS]... [--control-port P]", declare_dev_kafka,
      dev_kafka_command},
     {"config-reference", "config-reference", declare_nothing, config_reference_command},

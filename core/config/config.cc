@@ -699,7 +699,11 @@ Config load_file(const std::filesystem::path& path) {
   if (!in) throw ConfigError(path.string() + ": cannot read config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path.string(), std::filesystem::absolute(path).parent_path());
+  return load_text(ss.str(), path);
+}
+
+Config load_text(const std::string& text, const std::filesystem::path& path) {
+  return parse(text, path.string(), std::filesystem::absolute(path).parent_path());
 }
 
 Config load_string(const std::string& text, const std::string& name) {

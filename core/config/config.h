@@ -334,6 +334,9 @@ std::vector<Config> split_by_database(const Config& cfg);
 /// Reads and validates a config file. Throws ConfigError.
 Config load_file(const std::filesystem::path& path);
 
+/// Same, from the text read from `path` (relative paths resolve beside it).
+Config load_text(const std::string& text, const std::filesystem::path& path);
+
 /// Same, from text (`name` is used in error messages).
 Config load_string(const std::string& text, const std::string& name);
 

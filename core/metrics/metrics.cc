@@ -80,6 +80,20 @@ void Metrics::set_build_info(std::map<std::string, std::string> labels) {
   build_info_ = std::move(labels);
 }
 
+void Metrics::set_config(std::string file, std::string hash) {
+  std::lock_guard lk(mu_);
+  config_file_ = std::move(file);
+  config_hash_ = std::move(hash);
+}
+
+void Metrics::count_reload(const std::string& result, std::string message) {
+  std::lock_guard lk(mu_);
+  ++reloads_[result];
+  last_reload_ = {
+      result, std::move(message),
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
+}
+
 void Metrics::heartbeat() { heartbeat_ms_.store(now_ms(), std::memory_order_relaxed); }
 
 std::chrono::milliseconds Metrics::since_heartbeat() const {
@@ -149,6 +163,20 @@ std::string Metrics::readiness_problem() const {
 
 namespace {
 
+// A label value as Prometheus' text format writes it (a file path may hold any of these).
+std::string escape_label(std::string_view v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 std::string value_text(uint64_t v) { return std::to_string(v); }
 std::string value_text(int64_t v) { return std::to_string(v); }
 std::string value_text(double v) { return std::isnan(v) ? "NaN" : fmt::format("{:g}", v); }
@@ -176,6 +204,17 @@ std::string Metrics::prometheus() const {
     std::string labels;
     for (const auto& [k, v] : build_info_) labels += (labels.empty() ? "" : ",") + k + "=\"" + v + "\"";
     out += "idemsink_build_info{" + labels + "} 1\n";
+  }
+  if (!config_hash_.empty()) {
+    family(out, "idemsink_config_info", "gauge", "Always 1; the labels say which config file the host runs.");
+    out += "idemsink_config_info{file=\"" + escape_label(config_file_) + "\",hash=\"" + config_hash_ + "\"} 1\n";
+    family(out, "idemsink_config_reloads_total", "counter",
+           "Reloads asked for (SIGHUP, the API, idemsink reload), by what came of them.");
+    for (const char* result : {"applied", "refused", "unchanged"}) {
+      const auto it = reloads_.find(result);
+      out += std::string("idemsink_config_reloads_total{result=\"") + result + "\"} " +
+             std::to_string(it == reloads_.end() ? 0 : it->second) + "\n";
+    }
   }
   family(out, "idemsink_ready", "gauge",
          "1 while /readyz answers 200: databases reachable, Kafka reachable and authenticated, partitions assigned "
@@ -308,6 +347,10 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
     dlq_pending += m->dlq_pending.load();
     dlq_unpublishable += m->dlq_unpublishable.load();
   }
+  j["config"] = {{"file", config_file_}, {"hash", config_hash_}, {"last_reload", nullptr}};
+  if (!last_reload_.result.empty())
+    j["config"]["last_reload"] = {
+        {"result", last_reload_.result}, {"message", last_reload_.message}, {"at_epoch_s", last_reload_.at_epoch_s}};
   j["fetch_paused"] = paused;
   j["buffered"] = buffered;
   j["assigned_partitions"] = assigned;

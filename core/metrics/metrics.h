@@ -217,6 +217,12 @@ class Metrics {
 
   /// Labels of the idemsink_build_info gauge (version, commit, library versions).
   void set_build_info(std::map<std::string, std::string> labels);
+  /// The config file the host runs and its hash (the first 16 hex digits of
+  /// its text's XXH3-128): hosts running different files show different hashes.
+  void set_config(std::string file, std::string hash);
+  /// What came of a reload (applied, refused or unchanged) and why, for
+  /// idemsink_config_reloads_total and /status.
+  void count_reload(const std::string& result, std::string message);
   /// The engine loop proves it runs (every second); /livez reads how long ago.
   void heartbeat();
   std::chrono::milliseconds since_heartbeat() const;
@@ -243,6 +249,13 @@ class Metrics {
   std::map<std::tuple<std::string, std::string, int32_t>, std::unique_ptr<PartitionMetrics>> partitions_;
   std::vector<std::unique_ptr<SliceMetrics>> slices_;
   std::map<std::string, std::string> build_info_;
+  std::string config_file_, config_hash_;
+  std::map<std::string, uint64_t> reloads_;  // by result
+  struct LastReload {
+    std::string result;  // empty: none yet
+    std::string message;
+    int64_t at_epoch_s = 0;
+  } last_reload_;
   struct WatchedRegistry {
     std::string url;
     std::function<std::string()> problem;

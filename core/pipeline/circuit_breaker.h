@@ -49,6 +49,14 @@ class CircuitBreaker {
 
   explicit CircuitBreaker(const config::CircuitConfig& cfg) : cfg_(cfg) {}
 
+  /// A reload's settings: the thresholds apply from the next result on (a
+  /// window of another size starts empty); the state, and an open
+  /// circuit's probing, go on.
+  void set_config(const config::CircuitConfig& cfg) {
+    if (cfg.window != cfg_.window) reset_window();
+    cfg_ = cfg;
+  }
+
   State state() const { return state_; }
   bool closed() const { return state_ == State::Closed; }
 

@@ -75,6 +75,7 @@ void Dispatcher::pump() {
   while (progressed && in_flight_ < max_in_flight_) {
     progressed = false;
     for (auto& [route, lane] : lanes_) {  // one per route per round: fair between routes
+      if (route->held_for_reload) continue;
       const int cap = route->cfg.concurrency;
       while (!lane.ready.empty() && in_flight_ < max_in_flight_ && (cap == 0 || lane.in_flight < cap)) {
         const uint64_t id = lane.ready.front();
@@ -256,6 +257,7 @@ void Dispatcher::dispatch(Record& r) {
   r.move_to(Stage::Calling);
   ++r.calls;
   r.call_started = std::chrono::steady_clock::now();
+  r.handler = route.handler;
   if (route.handler->kind() == IDEMSINK_KIND_LOCAL_TX) {
     local_tx_.add(r);
     return;
@@ -274,7 +276,7 @@ void Dispatcher::dispatch(Record& r) {
   arm_deadlines(lane, lane.deadlines.front().at);
   std::vector<idemsink_header> headers;
   idemsink_record rec = abi_record(r, headers);
-  route.handler->invoke(rec, call_id);
+  r.handler->invoke(rec, call_id);
 }
 
 void Dispatcher::hand_over(Report report) {

@@ -153,9 +153,9 @@ std::vector<Route*> Engine::route_pointers(const std::vector<std::unique_ptr<Rou
   return out;
 }
 
-std::map<std::string, plugin::Instance*> Engine::handlers() const {
-  std::map<std::string, plugin::Instance*> out;
-  for (const auto& r : routes_) out[r->cfg.name] = r->handler.get();
+std::map<std::string, std::shared_ptr<plugin::Instance>> Engine::handlers() const {
+  std::map<std::string, std::shared_ptr<plugin::Instance>> out;
+  for (const auto& r : routes_) out[r->cfg.name] = r->handler;
   return out;
 }
 
@@ -587,6 +587,40 @@ Route* Engine::route_named(const std::string& name) {
   for (auto& r : routes_)
     if (r->cfg.name == name) return r.get();
   return nullptr;
+}
+
+void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Instance> handler,
+                         std::function<void()> applied) {
+  Route* route = route_named(next.name);
+  if (route == nullptr) throw std::logic_error("reconfigure: no route " + next.name + " in this engine");
+  // A local_tx route's settings are read by its apply jobs on database
+  // workers: its calls stop starting, its jobs end, then they change.
+  route->held_for_reload = true;
+  auto change = [this, route, next = std::move(next), handler = std::move(handler),
+                 applied = std::move(applied)]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    route->filter.reset();
+    if (next.when) route->filter.emplace(*next.when);
+    route->extractor = KeyExtractor(next);
+    route->circuit.set_config(next.circuit);
+    route->limiter.set_config(next.rate_limit, now);
+    if (handler) route->handler = std::move(handler);
+    route->cfg = std::move(next);
+    route->held_for_reload = false;
+    update_rate_shares();
+    dispatcher_.pump();
+    applied();
+  };
+  when_idle(*route, std::move(change));
+}
+
+void Engine::when_idle(Route& route, std::function<void()> then) {
+  if (!local_tx_.busy(route)) return then();
+  // Its jobs end within a transaction's time: a short poll, never for long.
+  auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
+  timer->async_wait([this, &route, timer, then = std::move(then)](boost::system::error_code ec) mutable {
+    if (!ec) when_idle(route, std::move(then));
+  });
 }
 
 RemoteGate::Answer Engine::try_call(const std::string& name) {

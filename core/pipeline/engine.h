@@ -32,6 +32,7 @@
 #include "core/common/asio.h"
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,7 +98,16 @@ class Engine : public RemoteGate {
   void drop_records() { records_.clear(); }
 
   /// Each route's handler, by route name (for the reconciler).
-  std::map<std::string, plugin::Instance*> handlers() const;
+  std::map<std::string, std::shared_ptr<plugin::Instance>> handlers() const;
+
+  /// A reload's settings for one of the engine's routes (engine thread),
+  /// with the instance new calls go to (null: the route keeps its own).
+  /// Its name, topics, group, formats and plugin file are the same (the
+  /// reload refuses other changes: config/reload.h). Calls already out end
+  /// on the instance they went to. `applied` runs on the engine thread once
+  /// the settings changed: at once, or for a local_tx route once its apply
+  /// jobs ended (no call of the route starts meanwhile).
+  void reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Instance> handler, std::function<void()> applied);
 
   /// Operator pause/resume (admin API): stops fetching, keeps the groups.
   void set_operator_pause(bool paused);
@@ -217,6 +227,8 @@ class Engine : public RemoteGate {
   std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
 
   Route* route_named(const std::string& name);
+  /// Runs `then` once no apply job of the route is queued or running.
+  void when_idle(Route& route, std::function<void()> then);
   /// Ids of the probes reconciliation's calls make, apart from records' ids.
   uint64_t next_probe_id_ = uint64_t{1} << 62;
 

@@ -138,7 +138,8 @@ void Engine::look_up_before_call(Record& r) {
       {IDEMSINK_OUTCOME_UNCERTAIN, "no answer within call_timeout"},
       [this, id = r.id](idemsink_outcome o, std::string detail) { looked_up(id, o, std::move(detail)); });
   std::vector<idemsink_header> headers;
-  r.route->handler->reconcile(Dispatcher::abi_record(r, headers), call_id);
+  r.handler = r.route->handler;
+  r.handler->reconcile(Dispatcher::abi_record(r, headers), call_id);
 }
 
 void Engine::looked_up(uint64_t id, idemsink_outcome outcome, std::string detail) {

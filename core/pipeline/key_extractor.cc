@@ -30,6 +30,7 @@ KeyExtractor::KeyExtractor(config::KeySource source, const std::string& header, 
 
 KeyExtractor::~KeyExtractor() = default;
 KeyExtractor::KeyExtractor(KeyExtractor&&) noexcept = default;
+KeyExtractor& KeyExtractor::operator=(KeyExtractor&&) noexcept = default;
 
 std::variant<std::string, KeyProblem> KeyExtractor::extract(const RecordView& record) {
   const rd_kafka_message_t* msg = record.msg;

@@ -28,6 +28,7 @@ class KeyExtractor {
   KeyExtractor(config::KeySource source, const std::string& header, const std::string& json_path);
   ~KeyExtractor();
   KeyExtractor(KeyExtractor&&) noexcept;
+  KeyExtractor& operator=(KeyExtractor&&) noexcept;
 
   std::variant<std::string, KeyProblem> extract(const RecordView& record);
 

@@ -44,6 +44,11 @@ void LocalTxRunner::add(Record& r) {
   });
 }
 
+bool LocalTxRunner::busy(Route& route) const {
+  const auto it = lanes_.find(&route);
+  return it != lanes_.end() && (it->second.jobs > 0 || it->second.scheduled || !it->second.waiting.empty());
+}
+
 void LocalTxRunner::flush(Route& route) {
   Lane& lane = lanes_[&route];
   while (!lane.waiting.empty() && lane.jobs < max_jobs_) {
@@ -157,7 +162,7 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
         "route " + route.cfg.name + " apply");
     std::vector<idemsink_header> headers;
     idemsink_record rec = Dispatcher::abi_record(*recs[i], headers);
-    route.handler->apply(rec, &tx, call_id);
+    recs[i]->handler->apply(rec, &tx, call_id);
     if (!*reported) {
       plugin::CallRegistry::instance().cancel(call_id);
       slot->outcome = IDEMSINK_OUTCOME_RETRYABLE;

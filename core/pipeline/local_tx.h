@@ -63,6 +63,9 @@ class LocalTxRunner {
 
   /// Queues a record (stage Calling) for its route's next apply job.
   void add(Record& r);
+  /// Whether records of the route are queued or in an apply job (whose
+  /// database worker reads the route's settings).
+  bool busy(Route& route) const;
 
  private:
   struct Lane {

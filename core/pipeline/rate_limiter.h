@@ -27,6 +27,9 @@ class RateLimiter {
 
   /// Whether the route has a rate at all (holds apply either way).
   bool limited() const { return cfg_.rate > 0; }
+  /// A reload's limit: the time until `now` counts at the old rate, the
+  /// hold (Retry-After) stands, the group share is set again by the engine.
+  void set_config(const config::RateLimitConfig& cfg, Clock::time_point now);
   /// This host's fraction of the limit (group scope), 0..1.
   void set_share(double share, Clock::time_point now);
   double share() const { return share_; }

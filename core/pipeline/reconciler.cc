@@ -32,6 +32,9 @@ struct Reconciler::Candidate {
   idemsink_outcome answer = IDEMSINK_OUTCOME_RETRYABLE;
   std::string detail;
   bool deferred = false;  // not asked: the route's circuit was open, or its budget left no room
+  // The instance its look-up or re-drive went to, held until the round ends
+  // (a reload may give the route a new one meanwhile).
+  std::shared_ptr<plugin::Instance> handler;
 };
 
 namespace {
@@ -70,7 +73,7 @@ bool throttled(idemsink_outcome o, const std::string& detail) {
 }  // namespace
 
 Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                       std::map<std::string, plugin::Instance*> handlers, RemoteGate& gate,
+                       std::map<std::string, std::shared_ptr<plugin::Instance>> handlers, RemoteGate& gate,
                        metrics::SliceMetrics* metrics, std::string owner)
     : io_(io),
       pool_(pool),
@@ -260,7 +263,8 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
                                  c.detail = std::move(detail);
                                  self->answered();
                                });
-        self->r_.handlers_.at(c.row.ns)->reconcile(record_of(c, route, c.calls), call_id);
+        c.handler = self->r_.handlers_.at(c.row.ns);
+        c.handler->reconcile(record_of(c, route, c.calls), call_id);
       } else {
         c.deferred = true;
         self->answered();
@@ -410,7 +414,8 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
                                     asio::post(self->r_.io_, [self, counted] { self->redriven(counted); });
                                   });
           });
-      self->r_.handlers_.at(cand.row.ns)->invoke(record_of(cand, route, cand.calls + 1), call_id);
+      cand.handler = self->r_.handlers_.at(cand.row.ns);
+      cand.handler->invoke(record_of(cand, route, cand.calls + 1), call_id);
     });
   }
 
@@ -481,6 +486,12 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   size_t redrives_left_ = 0;
 };
 
+void Reconciler::replace_handler(const std::string& route, std::shared_ptr<plugin::Instance> handler) {
+  // The same plugin file as before (a reload changes only options): it can
+  // reconcile if the old one could.
+  if (auto it = handlers_.find(route); it != handlers_.end()) it->second = std::move(handler);
+}
+
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
                           std::optional<std::string> value, int64_t timestamp_ms,
                           std::function<void(idemsink_outcome, std::string)> answered) {
@@ -498,7 +509,8 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
   cand->key = std::move(key);
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;
-  asio::post(io_, [this, cand, plugin = handler->second, answered = std::move(answered)]() mutable {
+  cand->handler = handler->second;
+  asio::post(io_, [this, cand, answered = std::move(answered)]() mutable {
     const config::RouteConfig& route = *cfg_.route_by_name(cand->row.ns);
     const uint64_t call_id =
         call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,
@@ -506,7 +518,7 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
                            [cand, answered = std::move(answered)](idemsink_outcome o, std::string detail) {
                              answered(o, std::move(detail));
                            });
-    plugin->reconcile(record_of(*cand, route, cand->calls), call_id);
+    cand->handler->reconcile(record_of(*cand, route, cand->calls), call_id);
   });
   return true;
 }

@@ -73,8 +73,8 @@ struct ReconcileSummary {
 class Reconciler {
  public:
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-             std::map<std::string, plugin::Instance*> handlers, RemoteGate& gate, metrics::SliceMetrics* metrics,
-             std::string owner);
+             std::map<std::string, std::shared_ptr<plugin::Instance>> handlers, RemoteGate& gate,
+             metrics::SliceMetrics* metrics, std::string owner);
 
   static constexpr size_t kRoundLimit = 500;
   /// One round over up to `limit` candidates; `done` runs on the io thread.
@@ -91,6 +91,10 @@ class Reconciler {
   /// nothing (the console shows it beside an unknown): `answered` runs on
   /// the engine thread, within the route's call_timeout. `key`/`value`: the
   /// record as its dead letter kept it. False if the route has no hook.
+  /// A reload gave `route` a new instance (engine thread): calls from now
+  /// on go to it, the ones out finish on the old.
+  void replace_handler(const std::string& route, std::shared_ptr<plugin::Instance> handler);
+
   bool ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
                 std::optional<std::string> value, int64_t timestamp_ms,
                 std::function<void(idemsink_outcome, std::string)> answered);
@@ -102,7 +106,8 @@ class Reconciler {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const config::Config& cfg_;
-  std::map<std::string, plugin::Instance*> handlers_;  // routes whose plugin can reconcile
+  /// Routes whose plugin can reconcile (engine thread; a database step reads only the names).
+  std::map<std::string, std::shared_ptr<plugin::Instance>> handlers_;
   RemoteGate& gate_;
   metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;

@@ -40,7 +40,9 @@ inline int64_t wall_clock_ms() {
 /// A route with its loaded handler.
 struct Route {
   config::RouteConfig cfg;
-  std::unique_ptr<plugin::Instance> handler;
+  /// The instance new calls go to; a reload may replace it, and the calls
+  /// out on the old one hold it (Record::handler) until they end.
+  std::shared_ptr<plugin::Instance> handler;
   KeyExtractor extractor;
   metrics::RouteMetrics* metrics = nullptr;
   /// The entity's key ([route.order_by]); none: ordered by biz_key only.
@@ -60,6 +62,9 @@ struct Route {
   // the host's backpressure count, bounded by order_by.max_waiting instead.
   int64_t waiting_on_hold = 0;
   bool paused_for_holds = false;
+  /// A reload waits for the route's apply jobs before it changes the
+  /// settings they read: meanwhile no call of the route starts.
+  bool held_for_reload = false;
   /// What the circuit's state does to the route (route_health.h alone
   /// changes it). While the circuit is not closed the route's records leave
   /// the host's backpressure count (held for the remote, they must not pause
@@ -182,6 +187,9 @@ struct Record {
   int64_t first_failure_ms = 0;
   int64_t last_failure_ms = 0;
   uint64_t call_id = 0;
+  /// The instance its call (or look-up) went to, held until the record
+  /// ends: a reload's new instance takes only calls that start after it.
+  std::shared_ptr<plugin::Instance> handler;
   std::chrono::steady_clock::time_point call_started;
   std::unique_ptr<boost::asio::steady_timer> timer;
 

@@ -166,8 +166,12 @@ BOOST_AUTO_TEST_CASE(version_build_info_liveness_and_sighup) {
   BOOST_TEST(http_request(h.port, "GET", "/livez").first == 200);
 
   h.host->proc().signal(SIGHUP);
-  wait_until([&] { return h.host->log().find("SIGHUP: nothing to reload") != std::string::npos; }, 30s,
-             "the SIGHUP log line");
+  // SIGHUP reloads the file; unchanged, it changes nothing and says so.
+  wait_until([&] { return h.host->log().find("reload by signal:SIGHUP: no setting changed") != std::string::npos; },
+             30s, "the SIGHUP log line");
+  BOOST_TEST(
+      http_request(h.port, "GET", "/metrics").second.find("idemsink_config_reloads_total{result=\"unchanged\"} 1") !=
+      std::string::npos);
   BOOST_TEST(h.host->running());
   BOOST_TEST(http_request(h.port, "GET", "/livez").first == 200);
   BOOST_TEST(h.host->stop() == 0);

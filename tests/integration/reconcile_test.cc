@@ -60,8 +60,7 @@ struct World {
   std::unique_ptr<db::Connection> conn;
   claim::ClaimStore pipeline_store{"host-a", "host-a#1", 30s};
   dlq::Outbox outbox{"host-a#1", 30s};
-  std::vector<std::unique_ptr<plugin::Instance>> instances;
-  std::map<std::string, plugin::Instance*> handlers;
+  std::map<std::string, std::shared_ptr<plugin::Instance>> handlers;
   int64_t next_offset = 0;
 
   explicit World(const std::string& name) : db(devkit::MariaDbServer::shared().fresh_database(name)) {
@@ -85,8 +84,7 @@ struct World {
     conn->execute(dlq::Outbox::schema());
     conn->execute(operate::OperatorLog::schema());
     for (const auto& route : cfg.routes) {
-      instances.push_back(std::make_unique<plugin::Instance>(plugin::Library::load(route.plugin), route));
-      handlers[route.name] = instances.back().get();
+      handlers[route.name] = std::make_shared<plugin::Instance>(plugin::Library::load(route.plugin), route);
     }
   }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/config/config.h"
+#include "core/config/reload.h"
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
 
@@ -599,4 +600,85 @@ BOOST_AUTO_TEST_CASE(record_formats_and_their_registry) {
                {"schema_registry.url", "must be an http:// or https:// URL"});
   expect_error(kMinimal + "[schema_registry]\nurl = \"http://r\"\ntoken_env = \"IDEMSINK_TEST_NO_SUCH_VARIABLE\"\n",
                {"schema_registry.token_env", "IDEMSINK_TEST_NO_SUCH_VARIABLE is not set"});
+}
+
+// What a reload may change while the host runs (config/reload.h).
+namespace {
+
+const std::string kTwoRoutes = R"([kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "g"
+
+[database]
+database = "shop"
+
+[host]
+log_level = "info"
+
+[[route]]
+name = "waybill"
+topic = "orders"
+plugin = "/opt/plugins/waybill.so"
+[route.retry]
+max_attempts = 3
+[route.options]
+endpoint = "http://a"
+
+[[route]]
+name = "sms"
+topic = "texts"
+plugin = "/opt/plugins/sms.so"
+)";
+
+ReloadPlan plan_to(const std::string& next_text) {
+  return plan_reload(load_string(kTwoRoutes, "a.toml"), kTwoRoutes, load_string(next_text, "a.toml"), next_text);
+}
+
+std::string with(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  BOOST_REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_restart) {
+  // Comments and layout: nothing changes.
+  BOOST_TEST(!plan_to("# a comment\n" + kTwoRoutes).changes_anything());
+
+  // Options, retries, a filter, the log level: applied, to that route only.
+  auto plan = plan_to(with(with(with(kTwoRoutes, "endpoint = \"http://a\"", "endpoint = \"http://b\""),
+                                "max_attempts = 3", "max_attempts = 5"),
+                           "log_level = \"info\"", "log_level = \"debug\""));
+  BOOST_TEST(plan.refusal(false) == "");
+  BOOST_TEST(plan.log_level_changed);
+  BOOST_TEST(plan.routes_to_apply(false) == std::vector<std::string>{"waybill"});
+  BOOST_TEST(plan.describe() ==
+             "changed host.log_level; route waybill: route.options.endpoint, route.retry.max_attempts");
+  BOOST_TEST(plan_to(with(kTwoRoutes, "plugin = \"/opt/plugins/sms.so\"",
+                          "plugin = \"/opt/plugins/sms.so\"\nwhen = { json = \"type\", equals = \"x\" }"))
+                 .routes_to_apply(false) == std::vector<std::string>{"sms"});
+
+  // Kafka, a route's topic or plugin file: a restart, naming the keys.
+  BOOST_TEST(plan_to(with(kTwoRoutes, "group_id = \"g\"", "group_id = \"h\"")).refusal(true) ==
+             "needs a restart (kafka.group_id)");
+  BOOST_TEST(plan_to(with(kTwoRoutes, "topic = \"texts\"", "topic = \"texts2\"")).refusal(true) ==
+             "route sms needs a restart (route.topic)");
+  // Added, removed: a restart.
+  BOOST_TEST(plan_to(kTwoRoutes + "[[route]]\nname = \"x\"\ntopic = \"x\"\nplugin = \"/p.so\"\n").refusal(false) ==
+             "route x is new: adding a route needs a restart");
+  BOOST_TEST(plan_to(kTwoRoutes.substr(0, kTwoRoutes.find("[[route]]\nname = \"sms\""))).refusal(false) ==
+             "route sms is gone: removing a route needs a restart");
+
+  // The biz_key's source: refused unless forced, then applied.
+  plan = plan_to(with(kTwoRoutes, "topic = \"texts\"", "topic = \"texts\"\nkey = { from = \"json\", json = \"id\" }"));
+  BOOST_TEST(plan.refusal(false).find("route sms: its identity changes (route.key.from, route.key.json)") == 0u,
+             plan.refusal(false));
+  BOOST_TEST(plan.refusal(false).find("refused unless forced") != std::string::npos);
+  BOOST_TEST(plan.refusal(true) == "");
+  BOOST_TEST(plan.routes_to_apply(true) == std::vector<std::string>{"sms"});
+  BOOST_TEST(plan.routes_to_apply(false).empty());
+  // A rename (same topic and group): an identity change even when forced.
+  plan = plan_to(with(kTwoRoutes, "name = \"sms\"", "name = \"texts\""));
+  BOOST_TEST(plan.refusal(true).find("route texts: was route sms") == 0u, plan.refusal(true));
 }

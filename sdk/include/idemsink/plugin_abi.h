@@ -24,8 +24,11 @@
  *    abi_minor <= its own IDEMSINK_ABI_MINOR.
  *  - No C++ types and no exceptions cross this boundary.
  *
- * Threading: create and destroy are called on the host's start-up/shutdown
- * thread. invoke and reconcile are called on the host's engine thread and
+ * Threading: create and destroy are called on threads of the host's own
+ * (start-up, shutdown, a config reload's), never the engine thread or a
+ * database worker. A reload that changes a route's options creates a new
+ * instance beside the old one; the old one is destroyed once its calls have
+ * reported or passed their deadline. invoke and reconcile are called on the host's engine thread and
  * must not block: do the I/O on a thread or event loop of the plugin's own.
  * apply is called on a database worker thread, inside the transaction it
  * writes through. A completion may be reported from any thread, at most once,

@@ -1,0 +1,200 @@
+#include "core/config/reload.h"
+
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <toml++/toml.h>
+
+namespace idemsink::config {
+
+namespace {
+
+// Every key of a document (or a table of it) as its dotted path, with its
+// value as TOML writes it; arrays whole.
+using Flat = std::map<std::string, std::string>;
+
+void flatten(const toml::node& n, const std::string& path, Flat& out) {
+  if (const toml::table* t = n.as_table()) {
+    for (auto&& [k, v] : *t) flatten(v, path.empty() ? std::string(k.str()) : path + "." + std::string(k.str()), out);
+    return;
+  }
+  std::ostringstream text;
+  n.visit([&text](const auto& v) { text << v; });
+  out[path] = text.str();
+}
+
+toml::table parse_text(const std::string& text, const std::string& file) {
+  try {
+    return toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(file + ": " + std::string(e.description()));
+  }
+}
+
+std::vector<std::string> differing(const Flat& a, const Flat& b, const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : a)
+    if (auto it = b.find(k); it == b.end() || it->second != v) keys.push_back(prefix + k);
+  for (const auto& [k, v] : b)
+    if (!a.contains(k)) keys.push_back(prefix + k);
+  return keys;
+}
+
+// A [[route]] key (relative to the route) by what changing it means.
+enum class Class { InPlace, Identity, Restart };
+
+Class class_of(std::string_view key) {
+  const std::string_view section = key.substr(0, key.find('.'));
+  for (std::string_view s : {"options", "circuit", "rate_limit", "dlq", "output", "when"})
+    if (section == s) return Class::InPlace;
+  for (std::string_view k : {"concurrency", "call_timeout", "payload_check", "max_record_bytes", "retry.max_attempts",
+                             "retry.backoff_initial", "retry.backoff_max"})
+    if (key == k) return Class::InPlace;
+  if (section == "key" || section == "database") return Class::Identity;
+  return Class::Restart;  // the topic, group, formats, plugin file, and any key not known here
+}
+
+std::string joined(const std::vector<std::string>& items, std::string_view sep = ", ") {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : std::string(sep)) + i;
+  return out;
+}
+
+RouteChange compare_route(const std::string& name, const Flat& before, const Flat& after) {
+  RouteChange c{name};
+  std::vector<std::string> relative = differing(before, after, "");
+  if (relative.empty()) return c;
+  std::vector<std::string> restart, identity;
+  bool only_key = true;
+  for (const auto& k : relative) {
+    c.keys.push_back("route." + k);
+    switch (class_of(k)) {
+      case Class::InPlace: break;
+      case Class::Identity:
+        identity.push_back("route." + k);
+        only_key = only_key && k.starts_with("key");
+        break;
+      case Class::Restart: restart.push_back("route." + k); break;
+    }
+  }
+  if (!restart.empty()) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why = "needs a restart (" + joined(restart) + ")";
+  } else if (!identity.empty()) {
+    c.kind = RouteChange::Kind::Identity;
+    c.forcible = only_key;
+    c.why = "its identity changes (" + joined(identity) +
+            "): records already claimed would be claimed again under another identity and run again";
+  } else {
+    c.kind = RouteChange::Kind::Changed;
+  }
+  return c;
+}
+
+std::vector<Flat> route_tables(const toml::table& doc, const Config& cfg) {
+  std::vector<Flat> out;
+  if (const toml::array* routes = doc["route"].as_array())
+    for (const toml::node& r : *routes) {
+      Flat f;
+      flatten(r, "", f);
+      out.push_back(std::move(f));
+    }
+  if (out.size() != cfg.routes.size())
+    throw ConfigError(cfg.file.string() + ": " + std::to_string(out.size()) + " [[route]] tables but " +
+                      std::to_string(cfg.routes.size()) + " routes loaded");
+  return out;
+}
+
+}  // namespace
+
+ReloadPlan plan_reload(const Config& running, const std::string& running_text, const Config& next,
+                       const std::string& next_text) {
+  const toml::table before_doc = parse_text(running_text, running.file.string());
+  const toml::table after_doc = parse_text(next_text, next.file.string());
+  ReloadPlan plan;
+
+  Flat before_top, after_top;
+  for (auto&& [k, v] : before_doc)
+    if (k.str() != "route") flatten(v, std::string(k.str()), before_top);
+  for (auto&& [k, v] : after_doc)
+    if (k.str() != "route") flatten(v, std::string(k.str()), after_top);
+  for (auto& key : differing(before_top, after_top, ""))
+    if (key == "host.log_level")
+      plan.log_level_changed = true;
+    else
+      plan.restart_keys.push_back(std::move(key));
+
+  const std::vector<Flat> before = route_tables(before_doc, running), after = route_tables(after_doc, next);
+  auto index_of = [](const Config& cfg, const std::string& name) -> std::optional<size_t> {
+    for (size_t i = 0; i < cfg.routes.size(); ++i)
+      if (cfg.routes[i].name == name) return i;
+    return std::nullopt;
+  };
+  std::vector<const RouteConfig*> gone;
+  for (size_t i = 0; i < running.routes.size(); ++i) {
+    const auto& r = running.routes[i];
+    if (const auto j = index_of(next, r.name))
+      plan.routes.push_back(compare_route(r.name, before[i], after[*j]));
+    else
+      gone.push_back(&r);
+  }
+  for (const auto& r : next.routes) {
+    if (index_of(running, r.name)) continue;
+    RouteChange c{r.name, RouteChange::Kind::Restart, {"route.name"}};
+    c.why = "is new: adding a route needs a restart";
+    for (auto it = gone.begin(); it != gone.end(); ++it)
+      if ((*it)->topic == r.topic && (*it)->group_id == r.group_id) {
+        c.kind = RouteChange::Kind::Identity;
+        c.why = "was route " + (*it)->name +
+                " (same topic and group): its claims are under the old name, so records already done would run "
+                "again; renaming needs a restart";
+        gone.erase(it);
+        break;
+      }
+    plan.routes.push_back(std::move(c));
+  }
+  for (const RouteConfig* r : gone)
+    plan.routes.push_back(
+        {r->name, RouteChange::Kind::Restart, {"route.name"}, "is gone: removing a route needs a restart"});
+  return plan;
+}
+
+bool ReloadPlan::changes_anything() const {
+  if (log_level_changed || !restart_keys.empty()) return true;
+  for (const auto& r : routes)
+    if (r.kind != RouteChange::Kind::Unchanged) return true;
+  return false;
+}
+
+std::string ReloadPlan::refusal(bool force) const {
+  std::vector<std::string> why;
+  if (!restart_keys.empty()) why.push_back("needs a restart (" + joined(restart_keys) + ")");
+  for (const auto& r : routes) {
+    if (r.kind == RouteChange::Kind::Restart) why.push_back("route " + r.route + " " + r.why);
+    if (r.kind != RouteChange::Kind::Identity) continue;
+    if (!force)
+      why.push_back("route " + r.route + ": " + r.why + "; refused unless forced");
+    else if (!r.forcible)
+      why.push_back("route " + r.route + ": " + r.why);
+  }
+  return joined(why, "; ");
+}
+
+std::string ReloadPlan::describe() const {
+  std::vector<std::string> parts;
+  if (log_level_changed) parts.push_back("host.log_level");
+  if (!restart_keys.empty()) parts.push_back(joined(restart_keys));
+  for (const auto& r : routes)
+    if (r.kind != RouteChange::Kind::Unchanged) parts.push_back("route " + r.route + ": " + joined(r.keys));
+  return parts.empty() ? "no change" : "changed " + joined(parts, "; ");
+}
+
+std::vector<std::string> ReloadPlan::routes_to_apply(bool force) const {
+  std::vector<std::string> out;
+  for (const auto& r : routes)
+    if (r.kind == RouteChange::Kind::Changed || (force && r.kind == RouteChange::Kind::Identity && r.forcible))
+      out.push_back(r.route);
+  return out;
+}
+
+}  // namespace idemsink::config

@@ -1,0 +1,61 @@
+// What a reload of the config file would change, and whether it may.
+//
+// The running file and the new one are compared key by key, as written
+// (the TOML documents, so a setting added later is compared without being
+// listed here), route by route by name. Each difference falls in a class:
+//
+//   changed   a route's options, limits, retries (attempts and backoff),
+//             circuit, DLQ, output, filter ([route.when]), concurrency,
+//             call_timeout, payload_check, max_record_bytes: applied to
+//             that route alone, while it runs (pipeline::Engine::reconfigure);
+//             host.log_level too.
+//   identity  where a route's biz_key comes from ([route.key]), its database
+//             ([route.database]), or its name (a route gone and one come
+//             with the same topic and group): records already claimed would
+//             get another identity and run again. Refused unless forced; a
+//             forced key change is applied, a database or a name needs a
+//             restart even then.
+//   restart   anything else: [kafka], [database], [claim], [schema_registry],
+//             [host] but its log level, a route's topic, group, start_at,
+//             retry topics, formats, order_by or plugin file, and a route
+//             added or removed. Refused, naming the keys.
+//
+// A reload applies all of its changes or none.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+
+namespace idemsink::config {
+
+struct RouteChange {
+  enum class Kind { Unchanged, Changed, Identity, Restart };
+  std::string route;
+  Kind kind = Kind::Unchanged;
+  std::vector<std::string> keys;  // the keys that differ, "route.retry.max_attempts"; never their values
+  std::string why;                // Identity and Restart: what it would do
+  bool forcible = false;          // Identity: applied when forced
+};
+
+struct ReloadPlan {
+  std::vector<std::string> restart_keys;  // outside the routes
+  bool log_level_changed = false;
+  std::vector<RouteChange> routes;  // the running routes in order, then the added ones
+
+  bool changes_anything() const;
+  /// Why it may not be applied (empty: it may be).
+  std::string refusal(bool force) const;
+  /// One line for the log and the operator log: what changed, route by route.
+  std::string describe() const;
+  /// The routes to reconfigure (Changed, and Identity when forced).
+  std::vector<std::string> routes_to_apply(bool force) const;
+};
+
+/// Compares the running config (and the text it was read from) with a new
+/// one that loaded. Throws ConfigError when a text does not parse.
+ReloadPlan plan_reload(const Config& running, const std::string& running_text, const Config& next,
+                       const std::string& next_text);
+
+}  // namespace idemsink::config

@@ -1,0 +1,204 @@
+// A reload while the host runs (config/reload.h): one route's options and
+// retries change under load while the other route never notices, what needs
+// a restart or changes a route's identity is refused and changes nothing, a
+// file that does not load changes nothing, and the host killed afterwards
+// restarts on the new file with no record run twice or lost.
+#define BOOST_TEST_MODULE reload
+#include <boost/test/unit_test.hpp>
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "devkit/services.h"
+#include "tests/support/scenario.h"
+
+using namespace idemsink;
+using namespace idemsink::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write(const std::filesystem::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, "the config holds " + from);
+  return text.replace(at, from.size(), to);
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::pair<int, std::string> reload(int port, const std::string& body = R"({"note":"test"})") {
+  return http_request(port, "POST", "/api/v1/host/reload", body, {{"Content-Type", "application/json"}});
+}
+
+std::string status_hash(int port) {
+  return nlohmann::json::parse(http_request(port, "GET", "/status").second)["config"]["hash"].get<std::string>();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_needs_a_restart) {
+  Scenario s("reload_routes");
+  s.topic("orders", 2).topic("texts", 2);
+  const auto log_b = s.dir / "calls_b.log";
+  const auto log_a2 = s.dir / "calls_a_after.log";
+  RouteSpec a = with_delay(s.scripted("a", "orders"), "5ms");
+  RouteSpec b = with_delay(s.scripted("b", "texts"), "5ms");
+  b.options["log"] = "\"" + log_b.string() + "\"";
+  auto& host = s.host("host-a", {a, b}, {.admin = true});
+  const int port = s.admin_port(host);
+  wait_until([&] { return http_status(port, "/livez") == 200; }, 60s, "the admin port");
+  const auto file = host.config_path();
+  const std::string before_text = slurp(file);
+  const std::string hash_before = status_hash(port);
+
+  // Load on both routes, then the reload in the middle of it.
+  constexpr int kBatch = 1000;
+  s.kafka.produce("orders", keyed_messages("o", 0, kBatch));
+  s.kafka.produce("texts", keyed_messages("t", 0, kBatch));
+  wait_until([&] { return Scenario::calls_per_key(log_b).size() >= 200; }, 60s, "route b under way");
+  const size_t revokes_before = count_of(host.log(), "revok");
+  // Route a (written first): its calls log elsewhere, and its retries change.
+  write(file, replaced(replaced(before_text, "\"" + s.calls_log().string() + "\"", "\"" + log_a2.string() + "\""),
+                       "[route.options]", "[route.retry]\nmax_attempts = 7\n[route.options]"));
+  const auto [status, answer] = reload(port);
+  BOOST_TEST_REQUIRE(status == 200, answer);
+  BOOST_TEST(answer.find("route a: route.options.log, route.retry.max_attempts") != std::string::npos, answer);
+  BOOST_TEST(answer.find("route b") == std::string::npos, answer);
+  const std::string hash_after = status_hash(port);
+  BOOST_TEST(hash_after != hash_before);
+  s.kafka.produce("orders", keyed_messages("o", kBatch, 2 * kBatch));
+  s.kafka.produce("texts", keyed_messages("t", kBatch, 2 * kBatch));
+  s.wait_committed(host);
+
+  // Every record once: route a's before the reload in the old log, after it in the new one.
+  auto calls_a = Scenario::calls_per_key(s.calls_log());
+  const auto calls_a2 = Scenario::calls_per_key(log_a2);
+  BOOST_TEST(!calls_a2.empty());
+  for (const auto& [k, n] : calls_a2) calls_a[k] += n;
+  const auto calls_b = Scenario::calls_per_key(log_b);
+  BOOST_TEST(calls_a.size() == size_t{2 * kBatch});
+  BOOST_TEST(calls_b.size() == size_t{2 * kBatch});
+  for (const auto& [k, n] : calls_a) BOOST_TEST(n == 1, "route a called " << k << " " << n << " times");
+  for (const auto& [k, n] : calls_b) BOOST_TEST(n == 1, "route b called " << k << " " << n << " times");
+  for (int i = kBatch; i < 2 * kBatch; ++i) BOOST_TEST(calls_a2.contains("o" + std::to_string(i)));
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 4 * kBatch);
+  // The reload revoked nothing and paused nothing.
+  BOOST_TEST(count_of(host.log(), "revok") == revokes_before);
+  BOOST_TEST(host.log().find("reload by ") != std::string::npos);
+
+  // What needs a restart, and an identity change, are refused and change nothing.
+  const std::string applied_text = slurp(file);
+  write(file, replaced(applied_text, "group_id = \"", "group_id = \"other-"));
+  auto [restart_status, restart_answer] = reload(port);
+  BOOST_TEST(restart_status == 409, restart_answer);
+  BOOST_TEST(restart_answer.find("needs a restart (kafka.group_id)") != std::string::npos, restart_answer);
+  write(file, replaced(applied_text, "[[route]]\nname = \"b\"",
+                       "[[route]]\nname = \"b\"\nkey = { from = \"json\", json = \"id\" }"));
+  auto [identity_status, identity_answer] = reload(port);
+  BOOST_TEST(identity_status == 409, identity_answer);
+  BOOST_TEST(identity_answer.find("route b: its identity changes (route.key") != std::string::npos, identity_answer);
+  BOOST_TEST(identity_answer.find("refused unless forced") != std::string::npos, identity_answer);
+  // A file that does not load: its error, and nothing changes.
+  write(file, applied_text + "\n[[route]]\nname = \"c\"\n");
+  auto [broken_status, broken_answer] = reload(port);
+  BOOST_TEST(broken_status == 409, broken_answer);
+  write(file, replaced(applied_text, "delay = \"5ms\"", "delay = \"soon\""));
+  auto [option_status, option_answer] = reload(port);
+  BOOST_TEST(option_status == 409, option_answer);
+  BOOST_TEST(option_answer.find("delay") != std::string::npos, option_answer);
+  BOOST_TEST(status_hash(port) == hash_after);
+  const std::string metrics = http_request(port, "GET", "/metrics").second;
+  BOOST_TEST(metrics.find("idemsink_config_reloads_total{result=\"applied\"} 1") != std::string::npos, metrics);
+  BOOST_TEST(metrics.find("idemsink_config_reloads_total{result=\"refused\"} 4") != std::string::npos, metrics);
+  BOOST_TEST(metrics.find("hash=\"" + hash_after + "\"") != std::string::npos);
+
+  // The file put back as applied: SIGHUP and `idemsink reload` find nothing to change.
+  write(file, applied_text);
+  host.proc().signal(SIGHUP);
+  wait_until([&] { return host.log().find("reload by signal:SIGHUP: no setting changed") != std::string::npos; }, 30s,
+             "the SIGHUP reload");
+  const auto [cli_rc, cli_out] = run_cli(s.dir, "reload", {"reload", "--config", file.string(), "--note", "cli"});
+  BOOST_TEST(cli_rc == 0, cli_out);
+  BOOST_TEST(cli_out.find("no setting changed") != std::string::npos, cli_out);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_operator_log WHERE action = 'host.reload'") == 7);
+
+  // Killed after the reload, the host comes back on the new file: the rest
+  // of the records once each, nothing lost.
+  s.kafka.produce("orders", keyed_messages("o", 2 * kBatch, 3 * kBatch));
+  wait_until([&] { return Scenario::calls_per_key(log_a2).size() >= size_t{kBatch} + 100; }, 60s, "more calls");
+  host.kill();
+  auto& again = s.host("host-a2", {a, b}, {.edit = [&](std::string& text) { text = applied_text; }});
+  s.wait_committed(again);
+  // Each record done once; a record called again after the kill (its call
+  // was out, its outcome not yet written) was called with its one token.
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 5 * kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE NOT " + sql_status_is(claim::Status::Done)) == 0);
+  std::map<std::string, std::set<std::string>> tokens;
+  for (const auto& log : {s.calls_log(), log_a2})
+    for (const auto& cols : read_call_log(log)) tokens[unhex(cols.at(1))].insert(cols.at(2));
+  BOOST_TEST(tokens.size() == size_t{3 * kBatch});
+  for (const auto& [key, t] : tokens)
+    BOOST_TEST(t.size() == 1u, "key " << key << " called with " << t.size() << " tokens");
+  BOOST_TEST(again.stop() == 0);
+  s.audit_clean(again);
+}
+
+// A local_tx route's apply jobs read its settings on database workers: the
+// reload waits for them, then the new instance writes; every payment is
+// credited once, the ones after the reload with the new entry type.
+BOOST_AUTO_TEST_CASE(a_reload_of_a_local_tx_route_under_load_credits_each_payment_once) {
+  Scenario s("reload_ledger");
+  s.topic("payments", 2).topic("payments.dlq", 1);
+  RouteSpec ledger{"ledger", "payments", shipped_plugin("ledger")};
+  ledger.options["entry_type"] = "\"PAY_CREDIT\"";
+  auto& host = s.host("lp", {ledger}, {.admin = true});
+  const int port = s.admin_port(host);
+  wait_until([&] { return http_status(port, "/livez") == 200; }, 60s, "the admin port");
+  auto payments = [](int from, int to) {
+    std::vector<TestMessage> out;
+    for (int i = from; i < to; ++i) {
+      const std::string id = "pay-" + std::to_string(i);
+      out.push_back(
+          {id, nlohmann::json{{"account", "acct-" + std::to_string(i % 7)}, {"amount", 1.25}}.dump(), {}, i % 2});
+    }
+    return out;
+  };
+  constexpr int kBatch = 3000;
+  s.kafka.produce("payments", payments(0, kBatch));
+  wait_until([&] { return s.scalar("SELECT COUNT(*) FROM ledger_entries") >= 300; }, 60s, "credits under way");
+  const auto file = host.config_path();
+  write(file, replaced(replaced(slurp(file), "\"PAY_CREDIT\"", "\"PAY_CREDIT_V2\""), "[route.options]",
+                       "[route.retry]\nmax_attempts = 9\n[route.options]"));
+  const auto [status, answer] = reload(port);
+  BOOST_TEST_REQUIRE(status == 200, answer);
+  BOOST_TEST(answer.find("route ledger: route.options.entry_type, route.retry.max_attempts") != std::string::npos,
+             answer);
+  s.kafka.produce("payments", payments(kBatch, 2 * kBatch));
+  s.wait_committed(host);
+
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_entries") == 2 * kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 2 * kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_entries WHERE entry_type = 'PAY_CREDIT_V2'") >= kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_entries WHERE entry_type = 'PAY_CREDIT_V2' AND CAST(SUBSTRING("
+                      "biz_key, 5) AS UNSIGNED) >= " +
+                      std::to_string(kBatch)) == kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_balances b WHERE balance_cents <> (SELECT SUM(amount_cents) "
+                      "FROM ledger_entries e WHERE e.account = b.account)") == 0);
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
+}
