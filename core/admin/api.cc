@@ -17,6 +17,7 @@
 #include "core/db/connection.h"
 #include "core/dlq/letters.h"
 #include "core/metrics/metrics.h"
+#include "core/offline/offset_move.h"
 #include "core/offline/replay.h"
 #include "core/operate/actions.h"
 #include "core/operate/operator_log.h"
@@ -197,6 +198,7 @@ struct Api::Call {
   json holds_release();
   json host_action();
   json host_reload();
+  json route_move();
   json operator_log();
 };
 
@@ -288,6 +290,47 @@ json Api::Call::route_action() {
   json out = done_json(operate::pause_route(c, *s.cfg, actor(), route, pause, why));
   s.engine->route_control().stored(route, pause, caller.name);  // here at once, the others within 2 s
   return out;
+}
+
+// POST /routes/NAME/rewind|skip {note, to_time | to_offsets: [{partition,
+// offset}]}: the route's offsets move on every host (claim/offset_moves.h).
+json Api::Call::route_move() {
+  const std::string& route = parts[1];
+  authorize(Need::Act);
+  const SliceView& s = slice_of(route);
+  authorize(Need::Route, route);
+  const json b = body();
+  const std::string why = note(b);
+  offline::MoveAsk ask;
+  ask.route = route;
+  ask.kind = parts[2] == "skip" ? claim::OffsetMove::Kind::Skip : claim::OffsetMove::Kind::Rewind;
+  const std::string to_time = text(b, "to_time", false);
+  if (!to_time.empty()) {
+    if (ask.kind == claim::OffsetMove::Kind::Skip) throw HttpError{400, "a skip names its offsets (to_offsets)"};
+    try {
+      ask.to_time_ms = offline::point_in_time_ms(to_time);
+    } catch (const std::invalid_argument& e) {
+      throw HttpError{400, e.what()};
+    }
+  }
+  if (b.contains("to_offsets")) {
+    if (!b["to_offsets"].is_array()) throw HttpError{400, "to_offsets must be a list of {partition, offset}"};
+    for (const auto& t : b["to_offsets"]) {
+      if (!t.is_object() || !t.contains("partition") || !t.contains("offset") || !t["partition"].is_number_integer() ||
+          !t["offset"].is_number_integer() || t["partition"].get<int64_t>() < 0 ||
+          t["partition"].get<int64_t>() > INT32_MAX || t["offset"].get<int64_t>() < 0)
+        throw HttpError{400, "to_offsets must be a list of {partition, offset}, both whole numbers, not negative"};
+      ask.to_offsets.push_back({t["partition"].get<int32_t>(), t["offset"].get<int64_t>()});
+    }
+  }
+  if (ask.to_time_ms.has_value() == !ask.to_offsets.empty())
+    throw HttpError{400, "say where to: to_time or to_offsets (one of them)"};
+  db::Connection c(s.cfg->database);
+  try {
+    return done_json(operate::move_offsets(c, *s.cfg, actor(), ask, why));
+  } catch (const offline::KafkaUnavailable& e) {
+    throw HttpError{503, std::string("Kafka did not answer: ") + e.what()};
+  }
 }
 
 json Api::Call::letters() {
@@ -638,6 +681,8 @@ ApiResponse Api::handle(const ApiRequest& req) const {
       out = call.routes();
     } else if (post && first == "routes" && p.size() == 3 && (p[2] == "pause" || p[2] == "resume")) {
       out = call.route_action();
+    } else if (post && first == "routes" && p.size() == 3 && (p[2] == "rewind" || p[2] == "skip")) {
+      out = call.route_move();
     } else if (get && first == "partitions" && p.size() == 1) {
       call.authorize(Need::Read);
       out = {{"partitions", call.partitions()}};

@@ -1,10 +1,13 @@
 #include "core/app/commands.h"
 
 #include "core/common/asio.h"
+#include <algorithm>
 #include <iostream>
+#include <thread>
 #include <map>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/offset_moves.h"
 #include "core/claim/order_hold.h"
 #include "core/claim/schema.h"
 #include "core/common/http_fetch.h"
@@ -260,6 +263,36 @@ int route_pause(const config::Config& cfg, const std::string& route, bool paused
   operate::Actor who = operate::cli_actor();
   if (!by.empty()) who.name = by;
   return report(operate::pause_route(c, cfg, who, route, paused, note));
+}
+
+int route_move(const config::Config& cfg, const offline::MoveAsk& ask, const std::string& by, const std::string& note,
+               std::chrono::seconds wait) {
+  db::Connection c(cfg.database_of(*cfg.route_by_name(ask.route)));
+  operate::Actor who = operate::cli_actor();
+  if (!by.empty()) who.name = by;
+  const operate::Done done = operate::move_offsets(c, cfg, who, ask, note);
+  if (!done.ok) return report(done);
+  std::cout << done.message << "\n";
+  std::vector<uint64_t> ids;
+  for (const auto& m : done.detail["moves"]) ids.push_back(m["id"].get<uint64_t>());
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::vector<claim::OffsetMove> moves;
+  for (;;) {
+    moves = claim::OffsetMoves::read(c, ids);
+    const bool all = std::all_of(moves.begin(), moves.end(), [](const auto& m) { return !m.applied_at.empty(); });
+    if (all || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (const auto& m : moves) {
+    std::cout << "  " << m.topic << "[" << m.partition << "] #" << m.id << " to " << m.to << ": ";
+    if (m.applied_at.empty())
+      std::cout << "pending: no host owns the partition now; the next to own it applies it\n";
+    else if (!m.from)
+      std::cout << m.applied_by << "\n";
+    else
+      std::cout << "applied by " << m.applied_by << " at " << m.applied_at << ", from " << *m.from << "\n";
+  }
+  return 0;
 }
 
 int replay(const config::Config& cfg, const operate::ReplayRequest& req, const std::string& note) {

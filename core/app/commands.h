@@ -2,6 +2,7 @@
 // Each returns the process exit code.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ int route_pause(const config::Config& cfg, const std::string& route, bool paused
 
 /// `idemsink replay`: dead (failed) claims of a route re-opened and their
 /// records sent back to its source topic; exit 1 if some could not be replayed.
+/// `idemsink route rewind|skip`: requests the move, then waits up to
+/// `wait` for the hosts to apply it, printing each partition's move.
+int route_move(const config::Config& cfg, const offline::MoveAsk& ask, const std::string& by, const std::string& note,
+               std::chrono::seconds wait);
+
 int replay(const config::Config& cfg, const operate::ReplayRequest& req, const std::string& note);
 
 /// The operator log, newest first, one JSON object per line.

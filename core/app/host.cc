@@ -21,6 +21,7 @@
 #include "core/admin/admin_server.h"
 #include "core/app/build_info.h"
 #include "core/claim/offsets.h"
+#include "core/claim/offset_moves.h"
 #include "core/claim/order_hold.h"
 #include "core/operate/operator_log.h"
 #include "core/claim/schema.h"
@@ -74,6 +75,7 @@ std::vector<std::string> schema_statements(const config::Config& cfg,
                                  claim::meta_table(),
                                  claim::OffsetStore::schema(),
                                  claim::OrderHolds::schema(),
+                                 claim::OffsetMoves::schema(),
                                  dlq::Outbox::schema(),
                                  pipeline::RouteControl::schema(),
                                  operate::OperatorLog::schema()};

@@ -45,6 +45,9 @@ commands:
                                entities held by an unfinished earlier record ([route.order_by]): list, release
   route pause|resume NAME --config FILE | route list --config FILE
                                pause or resume one route on every host of the group (kept across restarts)
+  route rewind NAME --config FILE (--to-time T | --to-offset TOPIC:PART:OFFSET...) [--note TEXT]
+  route skip NAME --config FILE --to-offset TOPIC:PART:OFFSET... --note TEXT
+                               move a route's offsets on every host: read again (claims answer) or pass over
   replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run] [--note TEXT]
                                re-open dead (failed) claims and drive their records again
   operator-log --config FILE [--route R] [--limit N]
@@ -190,20 +193,46 @@ int plugin_info_command(const po::variables_map& vm) {
 
 void declare_route(po::options_description& o, po::positional_options_description& pos) {
   config_option(o);
-  o.add_options()("action", po::value<std::string>()->required(), "pause, resume or list")(
+  o.add_options()("action", po::value<std::string>()->required(), "pause, resume, list, rewind or skip")(
       "name", po::value<std::string>(), "the route, as [[route]] name says")(
       "by", po::value<std::string>(), "who, stored with the change (default: cli:$USER on this machine)")(
-      "note", po::value<std::string>()->default_value("no note"), "why, in the operator log");
+      "note", po::value<std::string>()->default_value("no note"), "why, in the operator log (a skip must say)")(
+      "to-time", po::value<std::string>(),
+      "rewind: every partition to its first record stamped then or later (\"1h\" ago, or a UTC time)")(
+      "to-offset", po::value<std::vector<std::string>>()->composing(),
+      "rewind or skip: TOPIC:PARTITION:OFFSET, repeatable")("wait", po::value<int>()->default_value(30),
+                                                            "seconds to wait for the hosts to apply a rewind or skip");
   pos.add("action", 1).add("name", 1);
 }
 int route_command(const po::variables_map& vm) {
   const std::string action = vm["action"].as<std::string>();
-  if (action != "pause" && action != "resume" && action != "list")
-    throw po::error("route action must be pause, resume or list, not " + action);
+  if (action != "pause" && action != "resume" && action != "list" && action != "rewind" && action != "skip")
+    throw po::error("route action must be pause, resume, list, rewind or skip, not " + action);
   const config::Config cfg = load_config(vm);
   if (action == "list") return app::route_list(cfg);
   if (!vm.count("name")) throw po::error("route " + action + " needs the route's name");
   const std::string by = vm.count("by") ? vm["by"].as<std::string>() : "";
+  if (action == "rewind" || action == "skip") {
+    const config::RouteConfig* route = cfg.route_by_name(vm["name"].as<std::string>());
+    if (route == nullptr) throw po::error("no route named " + vm["name"].as<std::string>());
+    offline::MoveAsk ask;
+    ask.route = route->name;
+    ask.kind = action == "skip" ? claim::OffsetMove::Kind::Skip : claim::OffsetMove::Kind::Rewind;
+    if (vm.count("to-time")) {
+      if (ask.kind == claim::OffsetMove::Kind::Skip)
+        throw po::error("skip takes --to-offset: a skip passes over records, named one partition at a time");
+      ask.to_time_ms = offline::point_in_time_ms(vm["to-time"].as<std::string>());
+    }
+    if (vm.count("to-offset"))
+      for (const auto& t : vm["to-offset"].as<std::vector<std::string>>())
+        ask.to_offsets.push_back(offline::partition_offset(t, route->topic));
+    if (ask.to_time_ms.has_value() == !ask.to_offsets.empty())
+      throw po::error("route " + action + " needs --to-time or --to-offset (one of them)");
+    const std::string note = vm["note"].as<std::string>();
+    if (ask.kind == claim::OffsetMove::Kind::Skip && (vm["note"].defaulted() || note.empty()))
+      throw po::error("a skip passes over records: say why with --note");
+    return app::route_move(cfg, ask, by, note, std::chrono::seconds(vm["wait"].as<int>()));
+  }
   return app::route_pause(cfg, vm["name"].as<std::string>(), action == "pause", by, vm["note"].as<std::string>());
 }
 
@@ -304,7 +333,10 @@ const Command kCommands[] = {
     {"replay", "replay --config FILE --route R [--reason REASON] [--since TIME] [--key K] [--dry-run]", declare_replay,
      replay_command},
     {"plugin-info", "plugin-info FILE.so", declare_plugin_info, plugin_info_command},
-    {"route", "route pause|resume NAME --config FILE [--by WHO]\n       idemsink route list --config FILE",
+    {"route",
+     "route pause|resume NAME --config FILE [--by WHO]\n       idemsink route list --config FILE\n       idemsink "
+     "route rewind NAME --config FILE (--to-time T | --to-offset TOPIC:PART:OFFSET...) [--note TEXT]\n       "
+     "idemsink route skip NAME --config FILE --to-offset TOPIC:PART:OFFSET... --note TEXT",
      declare_route, route_command},
     {"outbox", "outbox --config FILE [--list | --retry ID | --discard ID [--note TEXT]] [--database LABEL]",
      declare_dlq, dlq_command},

@@ -1,5 +1,6 @@
 #include "core/claim/schema.h"
 
+#include "core/claim/offset_moves.h"
 #include "core/claim/offsets.h"
 #include "core/claim/order_hold.h"
 #include "core/common/util.h"
@@ -224,6 +225,7 @@ PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_
   if (!claims_existed) mark_directory_complete(c);
   c.execute(OffsetStore::schema());
   c.execute(OrderHolds::schema());
+  c.execute(OffsetMoves::schema());
   // Columns added since the first release; instant on InnoDB.
   run_ddl(c,
           "ALTER TABLE idemsink_claim ADD COLUMN IF NOT EXISTS uncertain_calls INT UNSIGNED NOT NULL DEFAULT 0 COMMENT "

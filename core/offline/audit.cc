@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/db/connection.h"
+#include "core/claim/offset_moves.h"
 #include "core/claim/offsets.h"
 #include "core/dlq/headers.h"
 #include "core/dlq/outbox.h"
@@ -14,6 +15,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/oauth.h"
 #include "core/kafka/watermarks.h"
+#include "core/offline/reader.h"
 #include "core/pipeline/route_filter.h"
 #include "core/pipeline/key_extractor.h"
 
@@ -21,39 +23,6 @@ namespace idemsink::offline {
 namespace {
 
 using db::Connection;
-
-kafka::HandlePtr consumer_handle(const config::Config& cfg, const std::string& group) {
-  std::map<std::string, std::string> props{{"enable.auto.commit", "false"}};
-  for (const auto& [k, v] : cfg.kafka.properties) props[k] = v;
-  for (const auto& [k, v] : cfg.kafka.consumer_properties) props[k] = v;
-  props["bootstrap.servers"] = cfg.kafka.bootstrap_servers;
-  props["group.id"] = group;
-  props["enable.auto.commit"] = "false";
-  props["enable.partition.eof"] = "true";  // a partition whose committed offset follows a transaction marker ends there
-  rd_kafka_conf_t* conf = kafka::make_conf(props);
-  kafka::route_librdkafka_logs(conf);
-  kafka::oauth::prepare(conf, cfg.kafka);
-  char err[512];
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
-  if (!rk) {
-    rd_kafka_conf_destroy(conf);
-    throw kafka::KafkaError(std::string("audit consumer: ") + err);
-  }
-  kafka::HandlePtr handle(rk);
-  kafka::oauth::attach(rk, cfg.kafka);
-  return handle;
-}
-
-int partition_count(rd_kafka_t* rk, const std::string& topic) {
-  const rd_kafka_metadata_t* md = nullptr;
-  rd_kafka_topic_t* t = rd_kafka_topic_new(rk, topic.c_str(), nullptr);
-  auto err = rd_kafka_metadata(rk, 0, t, &md, 10000);
-  rd_kafka_topic_destroy(t);
-  if (err) throw kafka::KafkaError("metadata of " + topic + ": " + rd_kafka_err2str(err));
-  int n = md->topic_cnt == 1 && !md->topics[0].err ? md->topics[0].partition_cnt : 0;
-  rd_kafka_metadata_destroy(md);
-  return n;
-}
 
 struct Seen {
   int64_t offset;
@@ -92,6 +61,8 @@ void account(Connection& c, const std::string& route, PartitionAudit& pa, const 
       ++pa.by_outbox;
     } else if (s.biz_key && terminal.count(*s.biz_key)) {
       ++pa.by_claim;
+    } else if (pa.skipped_by_operator(s.offset)) {
+      ++pa.by_operator_skip;
     } else {
       pa.missing.push_back(s.offset);
     }
@@ -154,6 +125,11 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
         if (h.name == dlq::headers::kLostTo && h.value) to = std::stoll(*h.value);
       pa.lost.push_back({std::stoll(*r[0]), to, "noted by host " + r[2].value_or("?") + " at " + r[3].value_or("?")});
     }
+    if (topic == route.topic)
+      for (const auto& m : claim::OffsetMoves::skips(db, route.group_id, topic, p))
+        pa.operator_skips.push_back({*m.from, m.to,
+                                     "skip #" + std::to_string(m.id) + " by " + m.requested_by + ", applied by " +
+                                         m.applied_by + " at " + m.applied_at + ": " + m.note});
     report.partitions.push_back(std::move(pa));
   }
   if (index.empty()) return;
@@ -223,8 +199,12 @@ void AuditReport::print(std::ostream& os) const {
     os << p.route << ": " << p.topic << "[" << p.partition << "] offsets " << p.low << ".." << p.committed << ": "
        << p.consumed << " records, " << p.by_claim << " by claim, " << p.by_outbox << " by DLQ outbox";
     if (p.skipped > 0) os << ", " << p.skipped << " skipped (not taken by the route)";
+    if (p.by_operator_skip > 0) os << ", " << p.by_operator_skip << " skipped by an operator";
     if (!p.missing.empty()) os << ", " << p.missing.size() << " UNACCOUNTED at offsets " << ranges(p.missing, 20);
     os << "\n";
+    for (const auto& s : p.operator_skips)
+      os << p.topic << "[" << p.partition << "] offsets " << s.from << ".." << s.to - 1 << ": passed over by "
+         << s.noted << "\n";
     for (const auto& l : p.lost) {
       os << p.topic << "[" << p.partition << "] offsets " << l.from << ".." << l.to - 1 << ": " << l.to - l.from
          << " record(s) LOST: deleted by retention before the group read them (" << l.noted << ")\n";

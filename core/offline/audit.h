@@ -1,7 +1,8 @@
 // `idemsink audit`: proves the commit rule after the fact. Every record of
 // every route topic below the group's committed offset must be accounted
 // for: a terminal claim (done, failed, unknown) for its key, or a DLQ
-// outbox row for its exact position (poison input, retry forwards).
+// outbox row for its exact position (poison input, retry forwards), or an
+// operator's skip that passed over it (named in the report, never as lost).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,20 @@ struct PartitionAudit {
     std::string noted;
   };
   std::vector<Lost> lost;
+  /// Ranges [from, to) an operator's skip passed over (claim/offset_moves.h):
+  /// a record there with no outcome is accounted as skipped by them.
+  struct OperatorSkip {
+    int64_t from;
+    int64_t to;
+    std::string noted;  // which skip, who, when, why
+  };
+  std::vector<OperatorSkip> operator_skips;
+  int64_t by_operator_skip = 0;
+  bool skipped_by_operator(int64_t offset) const {
+    for (const auto& s : operator_skips)
+      if (offset >= s.from && offset < s.to) return true;
+    return false;
+  }
 };
 
 struct AuditReport {

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/claim/claim_store.h"
+#include "core/claim/offset_moves.h"
 #include "core/claim/order_hold.h"
 #include "core/common/util.h"
 #include "core/dlq/letters.h"
@@ -44,6 +45,37 @@ Done pause_route(db::Connection& c, const config::Config& cfg, const Actor& who,
                               "route " + route + (paused ? " paused" : " resumed") +
                                   ": every running host of the group follows within 2 s",
                               {{"route", route}, {"paused", paused}}};
+                });
+}
+
+Done move_offsets(db::Connection& c, const config::Config& cfg, const Actor& who, const offline::MoveAsk& ask,
+                  const std::string& note) {
+  const bool skip = ask.kind == claim::OffsetMove::Kind::Skip;
+  if (skip && note.find_first_not_of(" \t\n") == std::string::npos)
+    return {false, "a skip passes over records: its note must say why", nullptr};
+  offline::MovePlan plan = offline::plan_move(cfg, ask);
+  if (!plan.refusal.empty())
+    return {false, std::string(skip ? "skip" : "rewind") + " refused: " + plan.refusal, nullptr};
+  for (auto& m : plan.moves) {
+    m.requested_by = who.name;
+    m.note = note;
+  }
+  return logged(c, who, {skip ? "route.skip" : "route.rewind", ask.route, nlohmann::json::array(), note, ""},
+                [&](LogEntry& entry) {
+                  const auto ids = claim::OffsetMoves::request(c, plan.moves);
+                  nlohmann::json moves = nlohmann::json::array();
+                  for (size_t i = 0; i < ids.size(); ++i)
+                    moves.push_back({{"id", ids[i]},
+                                     {"topic", plan.moves[i].topic},
+                                     {"partition", plan.moves[i].partition},
+                                     {"to", plan.moves[i].to}});
+                  entry.records = moves;
+                  std::string lines;
+                  for (const auto& l : plan.lines) lines += (lines.empty() ? "" : "; ") + l;
+                  return Done{true,
+                              std::string(skip ? "skip" : "rewind") + " of route " + ask.route + " requested (" +
+                                  lines + "): each partition's owner applies it within 2 s",
+                              {{"route", ask.route}, {"kind", skip ? "skip" : "rewind"}, {"moves", moves}}};
                 });
 }
 

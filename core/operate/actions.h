@@ -13,6 +13,7 @@
 
 #include "core/config/config.h"
 #include "core/db/connection.h"
+#include "core/offline/offset_move.h"
 #include "core/operate/operator_log.h"
 
 namespace idemsink::operate {
@@ -28,6 +29,12 @@ struct Done {
 /// database; hosts follow within 2 s).
 Done pause_route(db::Connection& c, const config::Config& cfg, const Actor& who, const std::string& route, bool paused,
                  const std::string& note);
+
+/// Moves a route's offsets (offline/offset_move.h checks where to, asking
+/// Kafka): stored with its log entry for the hosts to apply
+/// (claim/offset_moves.h). A skip needs a note that says why.
+Done move_offsets(db::Connection& c, const config::Config& cfg, const Actor& who, const offline::MoveAsk& ask,
+                  const std::string& note);
 
 struct ReplayRequest {
   std::string route;

@@ -79,7 +79,8 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
       renew_timer_(io),
       relay_timer_(io),
       gauges_timer_(io),
-      summary_timer_(io) {
+      summary_timer_(io),
+      moves_timer_(io) {
   // A feed per consumer group, in the order routes first name them.
   std::vector<std::pair<std::string, std::vector<Route*>>> groups;
   for (auto& r : routes_) {
@@ -201,6 +202,7 @@ void Engine::start(const std::vector<kafka::Consumer*>& consumers) {
   });
   relay_timer_.start(2s, [this] { relay_.kick(); });
   gauges_timer_.start(5s, [this] { refresh_gauges(); });
+  moves_timer_.start(kMovesEvery, [this] { apply_offset_moves(); });
   summary_timer_.start(10s, [this] {
     if (hits_since_summary_ > 0)
       spdlog::info("idempotent hits in the last 10s: {} (already-done records skipped, as designed)",
@@ -571,7 +573,8 @@ void Engine::quiesce(std::chrono::steady_clock::time_point deadline) {
     claimer_.stop();
     housekeeping_.stop();
     route_control_.stop();
-    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_}) t->stop();
+    for (auto* t : {&commit_timer_, &renew_timer_, &relay_timer_, &gauges_timer_, &summary_timer_, &moves_timer_})
+      t->stop();
     for (auto& [id, rec] : records_)
       if (rec->timer) rec->timer->cancel();
     dispatcher_.stop();
@@ -587,6 +590,27 @@ Route* Engine::route_named(const std::string& name) {
   for (auto& r : routes_)
     if (r->cfg.name == name) return r.get();
   return nullptr;
+}
+
+void Engine::apply_offset_moves() {
+  if (moves_reading_) return;
+  moves_reading_ = true;
+  std::vector<std::string> groups;
+  for (const auto& f : feeds_) groups.push_back(f->group);
+  pool_.submit(
+      "read operators' offset moves",
+      [this, groups](db::Connection& c) {
+        std::vector<claim::OffsetMove> moves;
+        for (const auto& g : groups)
+          for (auto& m : claim::OffsetMoves::pending(c, g)) moves.push_back(std::move(m));
+        asio::post(io_, [this, moves = std::move(moves)] {
+          moves_reading_ = false;
+          for (const auto& m : moves)
+            for (auto& f : feeds_)
+              if (f->group == m.group) f->partitions.move(m, owner_);
+        });
+      },
+      [this](const db::DbError&) { asio::post(io_, [this] { moves_reading_ = false; }); });
 }
 
 void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Instance> handler,

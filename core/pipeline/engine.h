@@ -227,6 +227,8 @@ class Engine : public RemoteGate {
   std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
 
   Route* route_named(const std::string& name);
+  /// Applies the operators' offset moves of the partitions this host owns.
+  void apply_offset_moves();
   /// Runs `then` once no apply job of the route is queued or running.
   void when_idle(Route& route, std::function<void()> then);
   /// Ids of the probes reconciliation's calls make, apart from records' ids.
@@ -240,6 +242,10 @@ class Engine : public RemoteGate {
   Periodic relay_timer_;
   Periodic gauges_timer_;
   Periodic summary_timer_;
+  /// Operators' offset moves (claim/offset_moves.h) are looked for this often.
+  static constexpr std::chrono::seconds kMovesEvery{2};
+  Periodic moves_timer_;
+  bool moves_reading_ = false;
 };
 
 /// One consumer group's part of an engine (the file's comment): its consumer

@@ -495,6 +495,52 @@ void Partitions::stalled(const kafka::TopicPartition& tp) {
   part->metrics->stalls.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Partitions::move(const claim::OffsetMove& m, const std::string& host) {
+  const auto it = parts_.find({m.topic, m.partition});
+  if (it == parts_.end()) return;  // not ours: its owner moves it
+  const std::shared_ptr<Partition> p = it->second;
+  if (p->revoked || p->starting || p->moving || storing_) return;
+  const auto commit_point = p->tracker.commit_point();
+  const auto read_to = p->tracker.next_expected();
+  if (!commit_point || !read_to) return;
+  const int64_t from = *commit_point;
+  // A rewind never moves forward (a partition behind its target is read
+  // from where it is); a skip never moves back.
+  const bool moves = m.kind == claim::OffsetMove::Kind::Rewind ? m.to < *read_to : m.to > *read_to;
+  p->moving = true;
+  pool_.submit(
+      "apply an operator's offset move",
+      [this, p, m, from, moves, host](db::Connection& c) {
+        c.begin();
+        const bool ours = claim::OffsetMoves::mark_applied(c, m, from, host);
+        if (ours && moves && m.kind == claim::OffsetMove::Kind::Rewind)
+          offsets_.write(c, std::vector<claim::StoredOffset>{{m.topic, m.partition, m.to}});
+        c.commit();
+        asio::post(io_, [this, p, m, from, moves, ours] {
+          p->moving = false;
+          if (!ours || !current(p)) return;
+          if (!moves) {
+            spdlog::info("route {}: {}[{}]: {} #{} to {} by {}: already at {}, not moved", m.route, m.topic,
+                         m.partition, claim::to_string(m.kind), m.id, m.to, m.requested_by, from);
+            return;
+          }
+          spdlog::warn("route {}: {}[{}]: {} #{} by {} ({}): from {} to {}", m.route, m.topic, m.partition,
+                       claim::to_string(m.kind), m.id, m.requested_by, m.note, from, m.to);
+          // As after a failover's re-read (recheck_stored): records in the
+          // pipeline finish against the old tracker, unknown to the new one.
+          p->tracker = OffsetTracker{};
+          p->tracker.start_at(m.to);
+          p->kafka.reset(-1);  // the commit goes to the target, back or forward
+          rewind(*p, m.to);
+        });
+      },
+      [this, p](const db::DbError& e) {
+        spdlog::warn("kafka: {}[{}]: an operator's offset move was not stamped ({}); tried again next round",
+                     p->tp.topic, p->tp.partition, e.what());
+        asio::post(io_, [p] { p->moving = false; });
+      });
+}
+
 void Partitions::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }
 
 void Partitions::hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms) {
@@ -520,7 +566,7 @@ void Partitions::commit() {
   std::vector<kafka::TopicPartitionOffset> offsets;
   const auto now = std::chrono::steady_clock::now();
   for (auto& [tp, part] : parts_) {
-    if (part->revoked) continue;
+    if (part->revoked || part->moving) continue;
     auto cp = part->tracker.commit_point();
     // A commit whose result never came back, failed without saying so for
     // this partition, or was overtaken by a late one is sent again: the

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/claim/offset_moves.h"
 #include "core/claim/offsets.h"
 #include "core/db/pool.h"
 #include "core/kafka/consumer.h"
@@ -97,6 +98,16 @@ class Partitions {
   /// A retry-topic partition whose record at `offset` is due at `due_ms`:
   /// paused and rewound to it until then.
   void hold(const std::shared_ptr<Partition>& part, int64_t offset, int64_t due_ms);
+
+  /// An operator's move of one of these partitions (claim/offset_moves.h),
+  /// applied when the partition is ours and settled (not starting, revoked
+  /// or with offsets being stored; else a later round tries again). Stamped
+  /// in the database with where the partition was (a rewind also lowers the
+  /// stored offset in that transaction: a host dying right after still
+  /// reads again), then the partition reads on from the target, and its
+  /// commit goes there. Records in flight finish; a rewind's records meet
+  /// their claims. `host` stamps it.
+  void move(const claim::OffsetMove& m, const std::string& host);
 
   /// Commits every partition whose commit point moved: to the database,
   /// then, once that is durable, to Kafka.

@@ -103,6 +103,7 @@ struct Partition {
   // rewound to that record until this timer fires.
   std::unique_ptr<boost::asio::steady_timer> hold_timer;
   bool stalled = false;    // the consumer reported a stall; cleared by the next record
+  bool moving = false;     // an operator's move is being stamped: its offsets are not stored meanwhile
   size_t in_pipeline = 0;  // records of this assignment not yet ended (a revocation waits for them)
   // Assigned, its start not decided yet: the database's offset is being read
   // (it may be behind Kafka's, if the database went back in time). Records
