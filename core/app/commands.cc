@@ -286,7 +286,7 @@ int route_move(const config::Config& cfg, const offline::MoveAsk& ask, const std
   for (const auto& m : moves) {
     std::cout << "  " << m.topic << "[" << m.partition << "] #" << m.id << " to " << m.to << ": ";
     if (m.applied_at.empty())
-      std::cout << "pending: no host owns the partition now; the next to own it applies it\n";
+      std::cout << "pending: applied by the host that owns the partition once it has read from it (none yet)\n";
     else if (!m.from)
       std::cout << m.applied_by << "\n";
     else

@@ -593,12 +593,20 @@ class HostRun {
       }
     });
     {
+      // A local_tx route waits for its apply jobs, which wait for the
+      // database: not for ever here. A route not changed yet changes once
+      // they end; the next reload compares with the file as it ran before.
+      const auto deadline = std::chrono::steady_clock::now() + kApplyWait;
       std::unique_lock lk(pending->mu);
-      while (pending->left > 0)
-        if (pending->cv.wait_for(lk, std::chrono::milliseconds(200)) == std::cv_status::timeout && draining_)
+      while (pending->left > 0) {
+        pending->cv.wait_for(lk, std::chrono::milliseconds(200));
+        if (pending->left > 0 && (draining_ || std::chrono::steady_clock::now() >= deadline))
           return {false,
-                  "the host began stopping while the reload applied; the routes changed so far keep it",
+                  std::string(draining_ ? "the host began stopping" : "a local_tx route's apply jobs did not end") +
+                      " while the reload applied: " + std::to_string(pending->left) + " of " +
+                      std::to_string(routes.size()) + " route(s) not changed yet (each changes once its jobs end)",
                   {{"result", "refused"}, {"routes", routes}}};
+      }
     }
     running_ = std::move(*next);
     running_text_ = text;
@@ -606,6 +614,8 @@ class HostRun {
     return {
         true, plan.describe() + " (config " + hash + ")", {{"result", "applied"}, {"hash", hash}, {"routes", routes}}};
   }
+
+  static constexpr std::chrono::seconds kApplyWait{60};
 
   Slice* slice_of(const std::string& route) {
     for (auto& s : slices_)

@@ -43,15 +43,26 @@ std::vector<std::string> differing(const Flat& a, const Flat& b, const std::stri
 // A [[route]] key (relative to the route) by what changing it means.
 enum class Class { InPlace, Identity, Restart };
 
+// In place: what only the engine thread reads, per record or per call.
+// call_timeout, retries, the DLQ and the output are read by the reconciler
+// too (from the config the host started with), and switching the circuit
+// off while it is open would leave it open: those need a restart.
 Class class_of(std::string_view key) {
   const std::string_view section = key.substr(0, key.find('.'));
-  for (std::string_view s : {"options", "circuit", "rate_limit", "dlq", "output", "when"})
+  for (std::string_view s : {"options", "rate_limit", "when"})
     if (section == s) return Class::InPlace;
-  for (std::string_view k : {"concurrency", "call_timeout", "payload_check", "max_record_bytes", "retry.max_attempts",
-                             "retry.backoff_initial", "retry.backoff_max"})
+  if (section == "circuit" && key != "circuit.enabled") return Class::InPlace;
+  for (std::string_view k : {"concurrency", "payload_check", "max_record_bytes"})
     if (key == k) return Class::InPlace;
   if (section == "key" || section == "database") return Class::Identity;
   return Class::Restart;  // the topic, group, formats, plugin file, and any key not known here
+}
+
+// A rate limit newly shared by the group needs the partition counts of the
+// route's topics, which the engine reads at assignment.
+bool newly_group_limited(const RouteConfig& before, const RouteConfig& after) {
+  const auto group = [](const RateLimitConfig& r) { return r.rate > 0 && r.scope == "group"; };
+  return group(after.rate_limit) && !group(before.rate_limit);
 }
 
 std::string joined(const std::vector<std::string>& items, std::string_view sep = ", ") {
@@ -133,9 +144,16 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
   std::vector<const RouteConfig*> gone;
   for (size_t i = 0; i < running.routes.size(); ++i) {
     const auto& r = running.routes[i];
-    if (const auto j = index_of(next, r.name))
-      plan.routes.push_back(compare_route(r.name, before[i], after[*j]));
-    else
+    if (const auto j = index_of(next, r.name)) {
+      RouteChange c = compare_route(r.name, before[i], after[*j]);
+      if (c.kind == RouteChange::Kind::Changed && newly_group_limited(r, next.routes[*j])) {
+        c.kind = RouteChange::Kind::Restart;
+        c.why =
+            "needs a restart (route.rate_limit: a limit newly shared by the group needs the topic's partition "
+            "counts, read at assignment)";
+      }
+      plan.routes.push_back(std::move(c));
+    } else
       gone.push_back(&r);
   }
   for (const auto& r : next.routes) {

@@ -4,10 +4,10 @@
 // (the TOML documents, so a setting added later is compared without being
 // listed here), route by route by name. Each difference falls in a class:
 //
-//   changed   a route's options, limits, retries (attempts and backoff),
-//             circuit, DLQ, output, filter ([route.when]), concurrency,
-//             call_timeout, payload_check, max_record_bytes: applied to
-//             that route alone, while it runs (pipeline::Engine::reconfigure);
+//   changed   a route's options, rate limit (but one newly shared by the
+//             group), circuit thresholds, filter ([route.when]),
+//             concurrency, payload_check, max_record_bytes: applied to that
+//             route alone, while it runs (pipeline::Engine::reconfigure);
 //             host.log_level too.
 //   identity  where a route's biz_key comes from ([route.key]), its database
 //             ([route.database]), or its name (a route gone and one come
@@ -17,7 +17,9 @@
 //             restart even then.
 //   restart   anything else: [kafka], [database], [claim], [schema_registry],
 //             [host] but its log level, a route's topic, group, start_at,
-//             retry topics, formats, order_by or plugin file, and a route
+//             call_timeout, [route.retry], [route.dlq], [route.output]
+//             (the reconciler reads those as the host started),
+//             circuit.enabled, formats, order_by or plugin file, and a route
 //             added or removed. Refused, naming the keys.
 //
 // A reload applies all of its changes or none.

@@ -134,6 +134,9 @@ MovePlan plan_move_asking_kafka(const config::Config& cfg, const MoveAsk& ask) {
     if (to < marks.low)
       refused.push_back(name + ": " + std::to_string(to) + " is before the first offset Kafka still has, " +
                         std::to_string(marks.low));
+    else if (rereads && stamp < 0)
+      refused.push_back(name + ": the record at " + std::to_string(to) +
+                        " could not be read to check it is within the claims' horizon");
     else if (stamp >= 0 && stamp < horizon_ms)
       refused.push_back(name + ": the record at " + std::to_string(to) + " is past the claims' horizon of " +
                         std::to_string(horizon_days) +

@@ -56,6 +56,17 @@ Done move_offsets(db::Connection& c, const config::Config& cfg, const Actor& who
   offline::MovePlan plan = offline::plan_move(cfg, ask);
   if (!plan.refusal.empty())
     return {false, std::string(skip ? "skip" : "rewind") + " refused: " + plan.refusal, nullptr};
+  // Records a skip passed over have no claims: read again, they would run.
+  if (!skip)
+    for (const auto& m : plan.moves)
+      for (const auto& s : claim::OffsetMoves::skips(c, m.group, m.topic, m.partition))
+        if (m.to < s.to)
+          return {false,
+                  "rewind refused: " + m.topic + "[" + std::to_string(m.partition) + "] " + std::to_string(m.to) +
+                      " is before the end of skip #" + std::to_string(s.id) + " by " + s.requested_by + " (" + s.note +
+                      "), which passed over " + std::to_string(*s.from) + ".." + std::to_string(s.to - 1) +
+                      ": read again, those records would run; rewind to " + std::to_string(s.to) + " or later",
+                  nullptr};
   for (auto& m : plan.moves) {
     m.requested_by = who.name;
     m.note = note;

@@ -623,13 +623,25 @@ void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Insta
   auto change = [this, route, next = std::move(next), handler = std::move(handler),
                  applied = std::move(applied)]() mutable {
     const auto now = std::chrono::steady_clock::now();
+    // Only the fields a reload may change (config/reload.h): the route's
+    // name and topics are read by the admin port's threads meanwhile.
+    config::RouteConfig& cfg = route->cfg;
+    cfg.options = std::move(next.options);
+    cfg.concurrency = next.concurrency;
+    cfg.payload_check = next.payload_check;
+    cfg.max_record_bytes = next.max_record_bytes;
+    cfg.circuit = next.circuit;
+    cfg.rate_limit = next.rate_limit;
+    cfg.when = std::move(next.when);
+    cfg.key_source = next.key_source;  // forced only
+    cfg.key_header = std::move(next.key_header);
+    cfg.key_json_path = std::move(next.key_json_path);
     route->filter.reset();
-    if (next.when) route->filter.emplace(*next.when);
-    route->extractor = KeyExtractor(next);
-    route->circuit.set_config(next.circuit);
-    route->limiter.set_config(next.rate_limit, now);
+    if (cfg.when) route->filter.emplace(*cfg.when);
+    route->extractor = KeyExtractor(cfg);
+    route->circuit.set_config(cfg.circuit);
+    route->limiter.set_config(cfg.rate_limit, now);
     if (handler) route->handler = std::move(handler);
-    route->cfg = std::move(next);
     route->held_for_reload = false;
     update_rate_shares();
     dispatcher_.pump();

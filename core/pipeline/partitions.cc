@@ -343,7 +343,7 @@ void Partitions::check_drains() {
     // Records of an earlier assignment of the same partition (past their
     // grace then) do not hold this revocation up.
     size_t active = 0;
-    for (const auto& p : d.parts) active += p->in_pipeline;
+    for (const auto& p : d.parts) active += p->in_pipeline + (p->moving ? 1 : 0);
     if (active > 0 && now < d.deadline) {
       ++it;
       continue;
@@ -499,46 +499,67 @@ void Partitions::move(const claim::OffsetMove& m, const std::string& host) {
   const auto it = parts_.find({m.topic, m.partition});
   if (it == parts_.end()) return;  // not ours: its owner moves it
   const std::shared_ptr<Partition> p = it->second;
-  if (p->revoked || p->starting || p->moving || storing_) return;
+  if (p->revoked || p->starting || p->moving || storing_ || rechecking_) return;
   const auto commit_point = p->tracker.commit_point();
   const auto read_to = p->tracker.next_expected();
   if (!commit_point || !read_to) return;
   const int64_t from = *commit_point;
-  // A rewind never moves forward (a partition behind its target is read
-  // from where it is); a skip never moves back.
-  const bool moves = m.kind == claim::OffsetMove::Kind::Rewind ? m.to < *read_to : m.to > *read_to;
-  p->moving = true;
+  const bool back = m.kind == claim::OffsetMove::Kind::Rewind;
+  // A rewind never passes the commit point (a record below it, waiting
+  // for a retry, must keep it) and never moves forward; a skip never moves
+  // back. A skip that does not move passes over nothing: its range is empty.
+  const int64_t target = back ? std::min(m.to, from) : m.to;
+  const bool moves = back ? target < *read_to : target > *read_to;
+  const int64_t stamped_from = !back && !moves ? target : from;
+  p->moving = true;  // no offset of it is stored, and a revocation waits, until the move is settled
   pool_.submit(
       "apply an operator's offset move",
-      [this, p, m, from, moves, host](db::Connection& c) {
+      [this, p, m, target, stamped_from, moves, back, host](db::Connection& c) {
+        // Against the server the partitions read their start from, as store() does.
+        const uint64_t known = server_id_.load();
+        if (known != 0 && c.server_id() != known) {
+          asio::post(io_, [this, p] {
+            settle_move(*p);
+            recheck_stored();
+          });
+          return;
+        }
         c.begin();
-        const bool ours = claim::OffsetMoves::mark_applied(c, m, from, host);
-        if (ours && moves && m.kind == claim::OffsetMove::Kind::Rewind)
-          offsets_.write(c, std::vector<claim::StoredOffset>{{m.topic, m.partition, m.to}});
+        const bool ours = claim::OffsetMoves::mark_applied(c, m, stamped_from, host);
+        // Lowered with the stamp: a host dying before its next commit still reads again.
+        if (ours && moves && back) offsets_.write(c, std::vector<claim::StoredOffset>{{m.topic, m.partition, target}});
         c.commit();
-        asio::post(io_, [this, p, m, from, moves, ours] {
-          p->moving = false;
-          if (!ours || !current(p)) return;
-          if (!moves) {
-            spdlog::info("route {}: {}[{}]: {} #{} to {} by {}: already at {}, not moved", m.route, m.topic,
-                         m.partition, claim::to_string(m.kind), m.id, m.to, m.requested_by, from);
-            return;
+        asio::post(io_, [this, p, m, target, stamped_from, moves, ours] {
+          // Even while being revoked: its drain waited, and commits where it moved.
+          const auto held = parts_.find(p->tp);
+          if (ours && held != parts_.end() && held->second == p) {
+            if (!moves) {
+              spdlog::info("route {}: {}[{}]: {} #{} to {} by {}: already at {}, not moved", m.route, m.topic,
+                           m.partition, claim::to_string(m.kind), m.id, m.to, m.requested_by, stamped_from);
+            } else {
+              spdlog::warn("route {}: {}[{}]: {} #{} by {} ({}): from {} to {}", m.route, m.topic, m.partition,
+                           claim::to_string(m.kind), m.id, m.requested_by, m.note, stamped_from, target);
+              // As after a failover's re-read (recheck_stored): records in the
+              // pipeline finish against the old tracker, unknown to the new one.
+              p->tracker = OffsetTracker{};
+              p->tracker.start_at(target);
+              p->kafka.reset(-1);  // the commit goes to the target, back or forward
+              rewind(*p, target);
+            }
           }
-          spdlog::warn("route {}: {}[{}]: {} #{} by {} ({}): from {} to {}", m.route, m.topic, m.partition,
-                       claim::to_string(m.kind), m.id, m.requested_by, m.note, from, m.to);
-          // As after a failover's re-read (recheck_stored): records in the
-          // pipeline finish against the old tracker, unknown to the new one.
-          p->tracker = OffsetTracker{};
-          p->tracker.start_at(m.to);
-          p->kafka.reset(-1);  // the commit goes to the target, back or forward
-          rewind(*p, m.to);
+          settle_move(*p);
         });
       },
       [this, p](const db::DbError& e) {
         spdlog::warn("kafka: {}[{}]: an operator's offset move was not stamped ({}); tried again next round",
                      p->tp.topic, p->tp.partition, e.what());
-        asio::post(io_, [p] { p->moving = false; });
+        asio::post(io_, [this, p] { settle_move(*p); });
       });
+}
+
+void Partitions::settle_move(Partition& p) {
+  p.moving = false;
+  check_drains();
 }
 
 void Partitions::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }

@@ -138,6 +138,8 @@ class Partitions {
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
   void check_drains();
+  /// An operator's move of `p` is settled (applied, or to be tried again).
+  void settle_move(Partition& p);
   /// The database's offsets of newly assigned partitions are known: each
   /// starts, from the database's offset if it is behind Kafka's.
   void started(const std::vector<std::shared_ptr<Partition>>& parts,

@@ -495,8 +495,7 @@ void Reconciler::replace_handler(const std::string& route, std::shared_ptr<plugi
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
                           std::optional<std::string> value, int64_t timestamp_ms,
                           std::function<void(idemsink_outcome, std::string)> answered) {
-  const auto handler = handlers_.find(claim.row.ns);
-  if (handler == handlers_.end()) return false;
+  if (!handlers_.contains(claim.row.ns)) return false;
   auto cand = std::make_shared<Candidate>();
   cand->row = claim.row;
   cand->status = claim.status;
@@ -509,8 +508,10 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
   cand->key = std::move(key);
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;
-  cand->handler = handler->second;
+  // The instance is read on the engine thread, where a reload replaces it
+  // (the routes, the map's keys, never change).
   asio::post(io_, [this, cand, answered = std::move(answered)]() mutable {
+    cand->handler = handlers_.at(cand->row.ns);
     const config::RouteConfig& route = *cfg_.route_by_name(cand->row.ns);
     const uint64_t call_id =
         call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,

@@ -99,6 +99,11 @@ BOOST_AUTO_TEST_CASE(a_rewind_meets_its_claims_and_a_skip_is_accounted_by_the_au
                "--to-offset", "orders:1:" + std::to_string(ends.at(1)), "--note", "bad batch from upstream"});
   BOOST_TEST_REQUIRE(rc == 0, out);
   BOOST_TEST(out.find("applied by host-a#") != std::string::npos, out);
+  // Read again, the records skipped over would run: a rewind into them is refused.
+  std::tie(rc, out) =
+      run_cli(s.dir, "rewind-into-skip", {"route", "rewind", "a", "--config", config, "--to-offset", "orders:0:0"});
+  BOOST_TEST(rc == 1, out);
+  BOOST_TEST(out.find("is before the end of skip #") != std::string::npos, out);
   BOOST_TEST(run_cli(s.dir, "resume", {"route", "resume", "a", "--config", config}).first == 0);
   s.wait_committed(host);
   for (const auto& [key, n] : s.calls_per_key()) BOOST_TEST(key.rfind("late", 0) != 0, key << " was called");

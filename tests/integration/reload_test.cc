@@ -72,12 +72,12 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_
   s.kafka.produce("texts", keyed_messages("t", 0, kBatch));
   wait_until([&] { return Scenario::calls_per_key(log_b).size() >= 200; }, 60s, "route b under way");
   const size_t revokes_before = count_of(host.log(), "revok");
-  // Route a (written first): its calls log elsewhere, and its retries change.
+  // Route a (written first): its calls log elsewhere, and its concurrency changes.
   write(file, replaced(replaced(before_text, "\"" + s.calls_log().string() + "\"", "\"" + log_a2.string() + "\""),
-                       "[route.options]", "[route.retry]\nmax_attempts = 7\n[route.options]"));
+                       "[route.options]", "concurrency = 7\n[route.options]"));
   const auto [status, answer] = reload(port);
   BOOST_TEST_REQUIRE(status == 200, answer);
-  BOOST_TEST(answer.find("route a: route.options.log, route.retry.max_attempts") != std::string::npos, answer);
+  BOOST_TEST(answer.find("route a: route.options.log, route.concurrency") != std::string::npos, answer);
   BOOST_TEST(answer.find("route b") == std::string::npos, answer);
   const std::string hash_after = status_hash(port);
   BOOST_TEST(hash_after != hash_before);
@@ -113,6 +113,11 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_
   BOOST_TEST(identity_status == 409, identity_answer);
   BOOST_TEST(identity_answer.find("route b: its identity changes (route.key") != std::string::npos, identity_answer);
   BOOST_TEST(identity_answer.find("refused unless forced") != std::string::npos, identity_answer);
+  write(file, replaced(applied_text, "[route.options]", "[route.retry]\nmax_attempts = 9\n[route.options]"));
+  auto [retry_status, retry_answer] = reload(port);
+  BOOST_TEST(retry_status == 409, retry_answer);
+  BOOST_TEST(retry_answer.find("route a needs a restart (route.retry.max_attempts)") != std::string::npos,
+             retry_answer);
   // A file that does not load: its error, and nothing changes.
   write(file, applied_text + "\n[[route]]\nname = \"c\"\n");
   auto [broken_status, broken_answer] = reload(port);
@@ -124,7 +129,7 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_
   BOOST_TEST(status_hash(port) == hash_after);
   const std::string metrics = http_request(port, "GET", "/metrics").second;
   BOOST_TEST(metrics.find("idemsink_config_reloads_total{result=\"applied\"} 1") != std::string::npos, metrics);
-  BOOST_TEST(metrics.find("idemsink_config_reloads_total{result=\"refused\"} 4") != std::string::npos, metrics);
+  BOOST_TEST(metrics.find("idemsink_config_reloads_total{result=\"refused\"} 5") != std::string::npos, metrics);
   BOOST_TEST(metrics.find("hash=\"" + hash_after + "\"") != std::string::npos);
 
   // The file put back as applied: SIGHUP and `idemsink reload` find nothing to change.
@@ -135,7 +140,7 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_
   const auto [cli_rc, cli_out] = run_cli(s.dir, "reload", {"reload", "--config", file.string(), "--note", "cli"});
   BOOST_TEST(cli_rc == 0, cli_out);
   BOOST_TEST(cli_out.find("no setting changed") != std::string::npos, cli_out);
-  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_operator_log WHERE action = 'host.reload'") == 7);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_operator_log WHERE action = 'host.reload'") == 8);
 
   // Killed after the reload, the host comes back on the new file: the rest
   // of the records once each, nothing lost.
@@ -183,11 +188,10 @@ BOOST_AUTO_TEST_CASE(a_reload_of_a_local_tx_route_under_load_credits_each_paymen
   wait_until([&] { return s.scalar("SELECT COUNT(*) FROM ledger_entries") >= 300; }, 60s, "credits under way");
   const auto file = host.config_path();
   write(file, replaced(replaced(slurp(file), "\"PAY_CREDIT\"", "\"PAY_CREDIT_V2\""), "[route.options]",
-                       "[route.retry]\nmax_attempts = 9\n[route.options]"));
+                       "concurrency = 9\n[route.options]"));
   const auto [status, answer] = reload(port);
   BOOST_TEST_REQUIRE(status == 200, answer);
-  BOOST_TEST(answer.find("route ledger: route.options.entry_type, route.retry.max_attempts") != std::string::npos,
-             answer);
+  BOOST_TEST(answer.find("route ledger: route.options.entry_type, route.concurrency") != std::string::npos, answer);
   s.kafka.produce("payments", payments(kBatch, 2 * kBatch));
   s.wait_committed(host);
 

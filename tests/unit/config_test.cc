@@ -646,15 +646,27 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_r
   // Comments and layout: nothing changes.
   BOOST_TEST(!plan_to("# a comment\n" + kTwoRoutes).changes_anything());
 
-  // Options, retries, a filter, the log level: applied, to that route only.
-  auto plan = plan_to(with(with(with(kTwoRoutes, "endpoint = \"http://a\"", "endpoint = \"http://b\""),
-                                "max_attempts = 3", "max_attempts = 5"),
-                           "log_level = \"info\"", "log_level = \"debug\""));
+  // Options, concurrency, a filter, the log level: applied, to that route only.
+  auto plan = plan_to(
+      with(with(with(kTwoRoutes, "endpoint = \"http://a\"", "endpoint = \"http://b\""),
+                "plugin = \"/opt/plugins/waybill.so\"", "plugin = \"/opt/plugins/waybill.so\"\nconcurrency = 4"),
+           "log_level = \"info\"", "log_level = \"debug\""));
   BOOST_TEST(plan.refusal(false) == "");
   BOOST_TEST(plan.log_level_changed);
   BOOST_TEST(plan.routes_to_apply(false) == std::vector<std::string>{"waybill"});
-  BOOST_TEST(plan.describe() ==
-             "changed host.log_level; route waybill: route.options.endpoint, route.retry.max_attempts");
+  BOOST_TEST(plan.describe() == "changed host.log_level; route waybill: route.options.endpoint, route.concurrency");
+  // What the reconciler reads as the host started, and switching the circuit off: a restart.
+  BOOST_TEST(plan_to(with(kTwoRoutes, "max_attempts = 3", "max_attempts = 5")).refusal(false) ==
+             "route waybill needs a restart (route.retry.max_attempts)");
+  const std::string sms = "plugin = \"/opt/plugins/sms.so\"";
+  BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\ncircuit = { enabled = false }")).refusal(false) ==
+             "route sms needs a restart (route.circuit.enabled)");
+  // A rate limit newly shared by the group: a restart; one per host: applied.
+  BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\nrate_limit = { rate = 10, per = \"1s\" }"))
+                 .refusal(false)
+                 .find("route sms needs a restart (route.rate_limit") == 0u);
+  BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\nrate_limit = { rate = 10, per = \"1s\", scope = \"host\" }"))
+                 .refusal(false) == "");
   BOOST_TEST(plan_to(with(kTwoRoutes, "plugin = \"/opt/plugins/sms.so\"",
                           "plugin = \"/opt/plugins/sms.so\"\nwhen = { json = \"type\", equals = \"x\" }"))
                  .routes_to_apply(false) == std::vector<std::string>{"sms"});
