@@ -478,12 +478,7 @@ class HostRun {
     return text.str();
   }
 
-  static std::string config_hash(const std::string& text) {
-    const std::string digest = payload_hash(text);
-    std::string hex;
-    for (size_t i = 0; i < 8; ++i) hex += fmt::format("{:02x}", static_cast<unsigned char>(digest[i]));
-    return hex;
-  }
+  static std::string config_hash(const std::string& text) { return to_hex(payload_hash(text).substr(0, 8)); }
 
   // A reload (config/reload.h), from SIGHUP, the admin API or `idemsink
   // reload`: the file read and checked as at start-up (plugins loaded,

@@ -266,13 +266,7 @@ void Partitions::recheck_stored() {
               "kafka: {}[{}]: after the failover reading again from the database's offset {} the {} record(s) this "
               "host read since (their outcomes may be missing on the new server)",
               p->tp.topic, p->tp.partition, from, read_end - from);
-        // Records still in the pipeline finish against the old tracker's
-        // offsets (unknown to the new one: ignored); their copies read again
-        // meet their claims.
-        p->tracker = OffsetTracker{};
-        p->tracker.start_at(from);
-        p->kafka.reset(from);
-        rewind(*p, from);
+        read_on_from(*p, from, from);
       }
     });
   });
@@ -539,12 +533,7 @@ void Partitions::move(const claim::OffsetMove& m, const std::string& host) {
             } else {
               spdlog::warn("route {}: {}[{}]: {} #{} by {} ({}): from {} to {}", m.route, m.topic, m.partition,
                            claim::to_string(m.kind), m.id, m.requested_by, m.note, stamped_from, target);
-              // As after a failover's re-read (recheck_stored): records in the
-              // pipeline finish against the old tracker, unknown to the new one.
-              p->tracker = OffsetTracker{};
-              p->tracker.start_at(target);
-              p->kafka.reset(-1);  // the commit goes to the target, back or forward
-              rewind(*p, target);
+              read_on_from(*p, target, -1);  // Kafka's offset unknown: the commit goes to the target
             }
           }
           settle_move(*p);
@@ -560,6 +549,15 @@ void Partitions::move(const claim::OffsetMove& m, const std::string& host) {
 void Partitions::settle_move(Partition& p) {
   p.moving = false;
   check_drains();
+}
+
+void Partitions::read_on_from(Partition& p, int64_t offset, int64_t kafka_holds) {
+  // Records still in the pipeline finish against the old tracker's offsets
+  // (unknown to the new one: ignored); their copies read again meet their claims.
+  p.tracker = OffsetTracker{};
+  p.tracker.start_at(offset);
+  p.kafka.reset(kafka_holds);
+  rewind(p, offset);
 }
 
 void Partitions::rewind(Partition& part, int64_t offset) { part.seek_ticket = consumer_->seek({part.tp, offset}); }

@@ -93,6 +93,10 @@ class Partitions {
   /// the partition's log start comes back as Lost, to be recorded first.
   std::optional<Lost> hole(const kafka::Consumer::Gap& gap);
   void stalled(const kafka::TopicPartition& tp);
+  /// The partition's records are taken from `offset` on, with a new tracker
+  /// (a failover's re-read, an operator's move); Kafka is taken to hold
+  /// `kafka_holds` (-1: unknown, so the commit goes to `offset`).
+  void read_on_from(Partition& p, int64_t offset, int64_t kafka_holds);
   /// Reads the partition again from `offset`; records polled before are stale.
   void rewind(Partition& part, int64_t offset);
   /// A retry-topic partition whose record at `offset` is due at `due_ms`:
