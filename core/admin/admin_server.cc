@@ -272,7 +272,7 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 }  // namespace
 
-AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices,
+AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, const SliceViews& slices,
                          Api::Reload reload)
     : acceptor_(io_, parse_listen(cfg.host.admin_listen)) {
   port_ = acceptor_.local_endpoint().port();
@@ -285,7 +285,7 @@ AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, s
     tls_->use_private_key_file(cfg.host.admin_tls_key, ssl::context::pem);
   }
   std::vector<pipeline::Engine*> engines;
-  for (const auto& s : slices) engines.push_back(s.engine);
+  for (const auto& s : *slices.get()) engines.push_back(s.engine);
   auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes, cfg.host.admin_hostnames,
                                  "admin port of " + cfg.host.id);
   shared_.reset(new Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_, std::move(reload)),

@@ -47,8 +47,7 @@ class AdminServer {
  public:
   /// `cfg.host.admin_listen` is "host:port" (port 0 picks a free one).
   /// Throws on a bad address, a port in use, or TLS files it cannot use.
-  AdminServer(const config::Config& cfg, metrics::Metrics& metrics, std::vector<SliceView> slices,
-              Api::Reload reload = {});
+  AdminServer(const config::Config& cfg, metrics::Metrics& metrics, const SliceViews& slices, Api::Reload reload = {});
   ~AdminServer();
   void stop();
   unsigned short port() const { return port_; }

@@ -112,6 +112,8 @@ struct Api::Call {
   const ApiRequest& req;
   std::vector<std::string> parts;  // the path after /api/v1, split at '/'
   Caller caller;
+  // The slices as the request began (a reload may add or remove routes meanwhile).
+  const std::shared_ptr<const std::vector<SliceView>> slices = api.slices_.get();
 
   void authorize(Need need, const std::string& route = "") {
     const Auth::Verdict v = api.auth_.check(need, req.authorization, req.origin, req.host, req.scheme, route);
@@ -157,14 +159,14 @@ struct Api::Call {
   }
 
   const SliceView& slice_of(const std::string& route) const {
-    for (const auto& s : api.slices_)
+    for (const auto& s : (*slices))
       if (s.cfg->route_by_name(route)) return s;
     throw HttpError{404, "no route named " + route};
   }
   // The slice holding a claim or letter, found by asking each database.
   template <class Found>
   const SliceView* find_in_slices(Found&& found) const {
-    for (const auto& s : api.slices_) {
+    for (const auto& s : (*slices)) {
       db::Connection c(s.cfg->database);
       if (found(c, s)) return &s;
     }
@@ -175,9 +177,9 @@ struct Api::Call {
   std::vector<const SliceView*> slices_of_letter(const std::string& route_in_body = "") const {
     const std::string route = route_in_body.empty() ? param("route") : route_in_body;
     if (!route.empty()) return {&slice_of(route)};
-    if (api.slices_.size() > 1)
+    if ((*slices).size() > 1)
       throw HttpError{400, "routes use several databases and dead letter ids are per database: name the route"};
-    return {&api.slices_.front()};
+    return {&(*slices).front()};
   }
   static json done_json(const operate::Done& d) {
     if (!d.ok) throw HttpError{409, d.message};
@@ -247,7 +249,7 @@ json Api::Call::routes() {
   authorize(Need::Read);
   const json parts_now = partitions();
   json out = json::array();
-  for (const auto& s : api.slices_) {
+  for (const auto& s : (*slices)) {
     std::map<std::string, int64_t> unknown, letters;
     db::Connection c(s.cfg->database);
     for (auto& r : c.query("SELECT namespace, COUNT(*) FROM idemsink_claim WHERE " +
@@ -366,7 +368,7 @@ json Api::Call::letters() {
   q.limit = number("limit", 50, 500);
   q.before_id = number("before", 0, UINT64_MAX);
   json out = json::array();
-  for (const auto& s : api.slices_) {
+  for (const auto& s : (*slices)) {
     if (!q.route.empty() && !s.cfg->route_by_name(q.route)) continue;
     db::Connection c(s.cfg->database);
     for (const auto& l : dlq::list_letters(c, q))
@@ -432,7 +434,7 @@ json Api::Call::unknowns() {
   if (!route.empty()) slice_of(route);
   const size_t limit = number("limit", 100, 1000);
   json out = json::array();
-  for (const auto& s : api.slices_) {
+  for (const auto& s : (*slices)) {
     std::vector<claim::ClaimStore::Namespace> names;
     for (const auto& rc : s.cfg->routes)
       if (route.empty() || rc.name == route) names.push_back({rc.name, std::chrono::milliseconds(0)});
@@ -557,7 +559,7 @@ json Api::Call::holds() {
   const std::string route = param("route");
   if (!route.empty()) slice_of(route);
   json out = json::array();
-  for (const auto& s : api.slices_) {
+  for (const auto& s : (*slices)) {
     std::vector<std::string> hold_on_dead;
     for (const auto& rc : s.cfg->routes)
       if (rc.order_by.hold_on_dead()) hold_on_dead.push_back(rc.name);
@@ -595,11 +597,11 @@ json Api::Call::host_action() {
   authorize(Need::Host);
   const std::string why = note(body());
   const bool pause = parts[1] == "pause";
-  for (const auto& s : api.slices_) s.engine->set_operator_pause(pause);
+  for (const auto& s : (*slices)) s.engine->set_operator_pause(pause);
   std::string result = std::string("host ") + api.cfg_.host.id + (pause ? " paused" : " resumed");
   // Done in memory whatever the database says: a pause must work while it is down.
   try {
-    db::Connection c(api.slices_.front().cfg->database);
+    db::Connection c((*slices).front().cfg->database);
     c.begin();
     operate::OperatorLog::append(c, actor(), {pause ? "host.pause" : "host.resume", "", json::array(), why, result});
     c.commit();
@@ -629,7 +631,7 @@ json Api::Call::operator_log() {
   const std::string route = param("route");
   const size_t limit = number("limit", 100, 1000);
   std::vector<operate::LoggedAction> all;
-  for (const auto& s : api.slices_) {
+  for (const auto& s : (*slices)) {
     db::Connection c(s.cfg->database);
     for (auto& a : operate::OperatorLog::list(c, route, limit, number("before", 0, UINT64_MAX))) all.push_back(a);
   }
@@ -654,9 +656,9 @@ double Api::rate(const std::string& route, uint64_t done) const {
   return s.rate;
 }
 
-Api::Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth,
+Api::Api(const config::Config& cfg, const SliceViews& slices, metrics::Metrics& metrics, const Auth& auth,
          Reload reload)
-    : cfg_(cfg), slices_(std::move(slices)), metrics_(metrics), auth_(auth), reload_(std::move(reload)) {}
+    : cfg_(cfg), slices_(slices), metrics_(metrics), auth_(auth), reload_(std::move(reload)) {}
 
 ApiResponse Api::handle(const ApiRequest& req) const {
   Call call{*this, req, {}, {}};

@@ -39,12 +39,33 @@ namespace idemsink::admin {
 
 /// The part of the host serving one database's routes.
 struct SliceView {
-  const config::Config* cfg = nullptr;  // [database] is the slice's; only its routes
+  std::shared_ptr<const config::Config> cfg;  // [database] is the slice's; only its routes
   pipeline::Engine* engine = nullptr;
   pipeline::Reconciler* reconciler = nullptr;
   /// The routes whose records are decoded (docs/formats.md): a dead letter
   /// is shown decoded as its route reads it.
   std::map<std::string, const format::RecordDecoder*> decoders;
+};
+
+/// The slices as the admin port sees them: replaced whole when a reload adds
+/// or removes a route; a request works on the set it began with.
+class SliceViews {
+ public:
+  explicit SliceViews(std::vector<SliceView> slices)
+      : slices_(std::make_shared<const std::vector<SliceView>>(std::move(slices))) {}
+  std::shared_ptr<const std::vector<SliceView>> get() const {
+    std::lock_guard lk(mu_);
+    return slices_;
+  }
+  void set(std::vector<SliceView> slices) {
+    auto next = std::make_shared<const std::vector<SliceView>>(std::move(slices));
+    std::lock_guard lk(mu_);
+    slices_ = std::move(next);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const std::vector<SliceView>> slices_;
 };
 
 struct ApiRequest {
@@ -69,8 +90,7 @@ class Api {
   /// The host's reload (POST /host/reload), on an API thread: blocks until applied or refused.
   using Reload = std::function<operate::Done(const operate::Actor& who, bool force, const std::string& note)>;
 
-  Api(const config::Config& cfg, std::vector<SliceView> slices, metrics::Metrics& metrics, const Auth& auth,
-      Reload reload);
+  Api(const config::Config& cfg, const SliceViews& slices, metrics::Metrics& metrics, const Auth& auth, Reload reload);
 
   /// One request (an API thread).
   ApiResponse handle(const ApiRequest& req) const;
@@ -82,7 +102,7 @@ class Api {
   double rate(const std::string& route, uint64_t done) const;
 
   const config::Config& cfg_;
-  std::vector<SliceView> slices_;
+  const SliceViews& slices_;
   metrics::Metrics& metrics_;
   const Auth& auth_;
   Reload reload_;

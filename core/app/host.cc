@@ -124,12 +124,20 @@ namespace {
 // and reconciler. A database that is down stalls only its slice, at start-up
 // too: the slice starts once its database answers.
 struct Slice {
-  config::Config cfg;  // [database] is the slice's, routes only its own
+  config::Config cfg;  // [database] is the slice's, routes only its own, as the host started
+  /// Its routes as the last reload left them (the reloader's thread; the
+  /// admin port and the reconciler get copies).
+  std::shared_ptr<const config::Config> routes;
   std::vector<std::shared_ptr<plugin::Library>> libs;
   std::unique_ptr<db::Pool> pool;
   std::unique_ptr<Engine> engine;
-  std::map<std::string, const format::RecordDecoder*> decoders;  // the engine's routes', by name
-  std::vector<std::unique_ptr<kafka::Consumer>> consumers;       // one per group of its routes
+  std::map<std::string, const format::RecordDecoder*> decoders;  // the engine's routes', by name (the reloader's)
+  /// One per group of its routes; added and removed on the engine thread
+  /// before shutdown begins, read by the shutdown after.
+  std::vector<std::unique_ptr<kafka::Consumer>> consumers;
+  /// Closed by a reload that removed their routes: kept, as records past the
+  /// close's grace may hold their messages, until the records are dropped.
+  std::vector<std::unique_ptr<kafka::Consumer>> closed_consumers;
   std::unique_ptr<Reconciler> reconciler;
   bool started = false;  // engine thread only
 };
@@ -319,10 +327,9 @@ class HostRun {
       spdlog::info("{} databases: one consumer per database in group {}, so one database down stalls only its routes",
                    slices_.size(), cfg_.kafka.group_id);
     if (!cfg_.host.admin_listen.empty()) {
-      std::vector<admin::SliceView> views;
-      for (auto& s : slices_) views.push_back({&s.cfg, s.engine.get(), s.reconciler.get(), s.decoders});
+      views_.set(slice_views());
       admin_ = std::make_unique<admin::AdminServer>(
-          cfg_, metrics_, std::move(views),
+          cfg_, metrics_, views_,
           [this](const operate::Actor& who, bool force, const std::string& note) { return reload(who, force, note); });
     }
     for (auto& s : slices_)
@@ -380,20 +387,29 @@ class HostRun {
   // The slice's routes, pool, engine, consumers (one per group its routes
   // use, each member `index` of its group) and reconciler; nothing runs until
   // start_slice().
+  // A route as the engine runs it, with its handler instance (which may
+  // refuse its options: a plugin::LoadError or ConfigError).
+  std::unique_ptr<Route> make_route(const config::RouteConfig& rc, const std::shared_ptr<plugin::Library>& lib,
+                                    const std::string& database) {
+    auto route = std::make_unique<Route>(Route{rc, retirer_.adopt(std::make_unique<plugin::Instance>(lib, rc)),
+                                               KeyExtractor(rc), &metrics_.route(rc.name)});
+    if (rc.order_by.enabled())
+      route->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
+    if (rc.when) route->filter.emplace(*rc.when);
+    if (format::RecordDecoder::needed(rc)) route->decoder.emplace(rc, registries_.for_route(rc));
+    spdlog::info("route {}: topic {} (group {}{}) -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic,
+                 rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
+                 plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", database);
+    return route;
+  }
+
   void wire_slice(Slice& s, size_t index) {
+    s.routes = std::make_shared<const config::Config>(s.cfg);
     std::vector<std::unique_ptr<Route>> routes;
     for (const auto& rc : s.cfg.routes) {
       const auto& lib = lib_of_[rc.name];
       s.libs.push_back(lib);
-      routes.push_back(std::make_unique<Route>(Route{rc, retirer_.adopt(std::make_unique<plugin::Instance>(lib, rc)),
-                                                     KeyExtractor(rc), &metrics_.route(rc.name)}));
-      if (rc.order_by.enabled())
-        routes.back()->order_extractor.emplace(rc.order_by.source, rc.order_by.header, rc.order_by.json_path);
-      if (rc.when) routes.back()->filter.emplace(*rc.when);
-      if (format::RecordDecoder::needed(rc)) routes.back()->decoder.emplace(rc, registries_.for_route(rc));
-      spdlog::info("route {}: topic {} (group {}{}) -> plugin {} {} ({}), DLQ {}, database {}", rc.name, rc.topic,
-                   rc.group_id, rc.when ? ", when " + rc.when->describe() : "", lib->name(), lib->descriptor().version,
-                   plugin::kind_name(lib->kind()), rc.dlq.enabled ? rc.dlq.topic : "disabled", s.cfg.database.label());
+      routes.push_back(make_route(rc, lib, s.cfg.database.label()));
     }
     for (const auto& r : routes)
       if (r->decoder) s.decoders[r->cfg.name] = &*r->decoder;
@@ -409,7 +425,7 @@ class HostRun {
       config::KafkaConfig kafka = kafka::slice_consumer_config(s.cfg.kafka, index);
       kafka.group_id = feed.group;
       s.consumers.push_back(std::make_unique<kafka::Consumer>(kafka, feed.topics, *feed.listener));
-      engine.slice().kafka.push_back({feed.group, &s.consumers.back()->health()});
+      engine.slice().add_consumer(feed.group, &s.consumers.back()->health());
     }
     s.reconciler =
         std::make_unique<Reconciler>(io_, *s.pool, s.cfg, engine.handlers(), engine, &engine.slice(), owner_);
@@ -440,6 +456,9 @@ class HostRun {
     for (auto& starter : starters_) starter->request_stop();
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
     shutdown_ = std::thread([this, running] {
+      // A reload under way ends first (it sees draining_): its consumers
+      // are started or closed, never half.
+      std::lock_guard reload(reload_mu_);
       const auto deadline = std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5);
       asio::post(io_, [running] {
         for (Slice* s : running) s->reconciler->stop();
@@ -536,6 +555,15 @@ class HostRun {
       return {true, "no setting changed (config " + hash + ")", {{"result", "unchanged"}, {"hash", hash}}};
     }
     if (const std::string why = plan.refusal(force); !why.empty()) return refused(why);
+    // The slices' routes as they will be: the admin port's and the reconcilers' view.
+    std::map<const Slice*, std::shared_ptr<const config::Config>> views;
+    for (const auto& s : slices_) {
+      config::Config view = s.cfg;
+      view.routes.clear();
+      for (const auto& rc : next->routes)
+        if (next->database_of(rc).label() == s.cfg.database.label()) view.routes.push_back(rc);
+      views[&s] = std::make_shared<const config::Config>(std::move(view));
+    }
     // Every new instance is created before anything changes: a plugin that
     // refuses its options leaves the running config as it is.
     struct Change {
@@ -561,6 +589,16 @@ class HostRun {
       routes.push_back({{"route", name}, {"changed", keys}, {"new_instance", c.handler != nullptr}});
       changes.push_back(std::move(c));
     }
+    std::vector<Addition> additions;
+    try {
+      additions = prepare_additions(*next, libs, plan.routes_of(config::RouteChange::Kind::Added));
+    } catch (const std::exception& e) {
+      return refused(e.what());
+    }
+    for (const auto& name : plan.routes_of(config::RouteChange::Kind::Added))
+      routes.push_back({{"route", name}, {"added", true}});
+    for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
+      routes.push_back({{"route", name}, {"removed", true}});
     // Applied on the engine thread, each route on its own (a local_tx route
     // once its apply jobs ended); the others never notice.
     struct Pending {
@@ -575,14 +613,12 @@ class HostRun {
       if (--pending->left == 0) pending->cv.notify_all();
     };
     const std::string level = plan.log_level_changed ? next->host.log_level : "";
-    asio::post(io_, [changes = std::move(changes), one_done, level]() mutable {
+    asio::post(io_, [changes = std::move(changes), one_done, level, views]() mutable {
       if (!level.empty()) spdlog::set_level(spdlog::level::from_str(level));
       for (auto& c : changes) {
         Slice* s = c.slice;
-        const std::string name = c.route.name;
-        auto handler = c.handler;
-        s->engine->reconfigure(std::move(c.route), std::move(c.handler), [s, name, handler, one_done] {
-          if (handler) s->reconciler->replace_handler(name, handler);
+        s->engine->reconfigure(std::move(c.route), std::move(c.handler), [s, view = views.at(s), one_done] {
+          s->reconciler->set_routes(view, s->engine->handlers());
           one_done();
         });
       }
@@ -603,6 +639,24 @@ class HostRun {
                   {{"result", "refused"}, {"routes", routes}}};
       }
     }
+    // Routes added, then removed: a consumer of their own starts or closes;
+    // no other group rebalances.
+    for (auto& a : additions) {
+      try {
+        add_group(a, views.at(a.slice));
+      } catch (const std::exception& e) {
+        return {
+            false,
+            "group " + a.group + ": its routes were added but its consumer could not start (" + e.what() + "): restart",
+            {{"result", "refused"}, {"routes", routes}}};
+      }
+    }
+    std::set<std::pair<Slice*, std::string>> removals;
+    for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
+      removals.insert({slice_of(name), running_.route_by_name(name)->group_id});
+    for (const auto& [slice, group] : removals) remove_group(*slice, group, views.at(slice));
+    for (auto& s : slices_) s.routes = views.at(&s);
+    views_.set(slice_views());
     running_ = std::move(*next);
     running_text_ = text;
     metrics_.set_config(cfg_.file.string(), hash);
@@ -610,12 +664,130 @@ class HostRun {
         true, plan.describe() + " (config " + hash + ")", {{"result", "applied"}, {"hash", hash}, {"routes", routes}}};
   }
 
+  // Runs `fn` on the engine thread and waits for its result (the reloader's
+  // thread; the engine thread runs until the shutdown, which waits for a
+  // reload under way).
+  template <class Fn>
+  auto on_engine(Fn fn) {
+    std::packaged_task<decltype(fn())()> task(std::move(fn));
+    auto result = task.get_future();
+    asio::post(io_, [&task] { task(); });
+    return result.get();
+  }
+
+  // The routes a reload adds, made before anything changes (an instance may
+  // refuse its options), one entry per slice and group.
+  struct Addition {
+    Slice* slice;
+    std::string group;
+    std::vector<std::unique_ptr<Route>> routes;
+  };
+  std::vector<Addition> prepare_additions(const config::Config& next,
+                                          const std::vector<std::shared_ptr<plugin::Library>>& libs,
+                                          const std::vector<std::string>& names) {
+    std::vector<Addition> out;
+    const size_t registries = registries_.all().size();
+    for (const auto& name : names) {
+      const config::RouteConfig& rc = *next.route_by_name(name);
+      const auto& lib = libs[static_cast<size_t>(&rc - next.routes.data())];
+      const std::string database = next.database_of(rc).label();
+      auto s = std::find_if(slices_.begin(), slices_.end(),
+                            [&](const Slice& s) { return s.cfg.database.label() == database; });
+      if (s == slices_.end() || !on_engine([&s] { return s->started; }))
+        throw std::runtime_error(
+            "route " + name + ": database " + database +
+            " has not started its routes (it did not answer yet): restart, or reload once it runs");
+      // A plugin file new to the database brings its tables.
+      if (s->cfg.claim.apply_schema &&
+          std::none_of(s->libs.begin(), s->libs.end(), [&](const auto& l) { return l->path() == lib->path(); })) {
+        try {
+          db::Pool::run_once(s->cfg.database, [&](db::Connection& c) {
+            for (const char* stmt : lib->schema()) c.execute(stmt);
+          });
+        } catch (const db::DbError& e) {
+          throw std::runtime_error("route " + name + ": the tables of plugin " + lib->path().string() + ": " +
+                                   e.what());
+        }
+      }
+      std::unique_ptr<Route> route;
+      try {
+        route = make_route(rc, lib, database);
+      } catch (const std::exception& e) {
+        throw std::runtime_error("route " + name + ": " + e.what());
+      }
+      auto a = std::find_if(out.begin(), out.end(),
+                            [&](const Addition& a) { return a.slice == &*s && a.group == rc.group_id; });
+      if (a == out.end()) a = out.insert(out.end(), Addition{&*s, rc.group_id, {}});
+      a->routes.push_back(std::move(route));
+      s->libs.push_back(lib);
+      lib_of_[name] = lib;
+    }
+    const auto all = registries_.all();
+    for (size_t i = registries; i < all.size(); ++i)
+      metrics_.watch_registry(
+          all[i]->config().url, [r = all[i]] { return r->problem(); }, [r = all[i]] { return r->waiting(); });
+    return out;
+  }
+
+  // Added routes of one group: the engine's feed for them, then its
+  // consumer, started like the others.
+  void add_group(Addition& a, const std::shared_ptr<const config::Config>& view) {
+    Slice& s = *a.slice;
+    for (const auto& r : a.routes)
+      if (r->decoder) s.decoders[r->cfg.name] = &*r->decoder;
+    const Engine::FeedPlan plan = on_engine([&] { return s.engine->add_routes(std::move(a.routes)); });
+    config::KafkaConfig kafka = kafka::slice_consumer_config(s.cfg.kafka, static_cast<size_t>(&s - slices_.data()));
+    kafka.group_id = a.group;
+    auto consumer = std::make_unique<kafka::Consumer>(kafka, plan.topics, *plan.listener);
+    on_engine([&] {
+      s.engine->attach_feed(a.group, consumer.get());
+      s.engine->slice().add_consumer(a.group, &consumer->health());
+      consumer->start();
+      s.consumers.push_back(std::move(consumer));
+      s.reconciler->set_routes(view, s.engine->handlers());
+    });
+    std::string topics;
+    for (const auto& t : plan.topics) topics += (topics.empty() ? "" : ", ") + t;
+    spdlog::info("reload: group {} started, reading {}", a.group, topics);
+  }
+
+  // Removed routes' group: its consumer closes as at shutdown (partitions
+  // revoked, drained up to the grace, committed; it leaves the group), then
+  // its routes leave the engine.
+  void remove_group(Slice& s, const std::string& group, const std::shared_ptr<const config::Config>& view) {
+    std::unique_ptr<kafka::Consumer> consumer = on_engine([&] {
+      std::unique_ptr<kafka::Consumer> out;
+      auto it =
+          std::find_if(s.consumers.begin(), s.consumers.end(), [&](const auto& c) { return c->group() == group; });
+      if (it == s.consumers.end()) return out;
+      out = std::move(*it);
+      s.consumers.erase(it);
+      s.engine->slice().remove_consumer(&out->health());
+      return out;
+    });
+    if (consumer)
+      consumer->close(std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5));
+    on_engine([&] {
+      s.engine->remove_feed(group);
+      s.reconciler->set_routes(view, s.engine->handlers());
+      if (consumer) s.closed_consumers.push_back(std::move(consumer));
+    });
+    spdlog::info("reload: group {} closed; its routes are removed", group);
+  }
+
   static constexpr std::chrono::seconds kApplyWait{60};
 
   Slice* slice_of(const std::string& route) {
     for (auto& s : slices_)
-      if (s.cfg.route_by_name(route)) return &s;
+      if (s.routes->route_by_name(route)) return &s;
     throw std::logic_error("no slice runs route " + route);
+  }
+
+  // The admin port's view of the slices, as their routes are now (reload_mu_, or before it opens).
+  std::vector<admin::SliceView> slice_views() {
+    std::vector<admin::SliceView> views;
+    for (auto& s : slices_) views.push_back({s.routes, s.engine.get(), s.reconciler.get(), s.decoders});
+    return views;
   }
 
   // After the engine thread stopped: the exit code.
@@ -628,8 +800,10 @@ class HostRun {
     for (auto& s : slices_) s.engine->drop_records();
     spdlog::info("idemsink host {} stopped", cfg_.host.id);
     bool abandoned = false;
-    for (const auto& s : slices_)
+    for (const auto& s : slices_) {
       for (const auto& c : s.consumers) abandoned = abandoned || c->abandoned();
+      for (const auto& c : s.closed_consumers) abandoned = abandoned || c->abandoned();
+    }
     if (abandoned) {
       // librdkafka's threads still run (docs/librdkafka.md): no destructor may
       // race them. Everything durable is written; the logs are flushed.
@@ -663,6 +837,7 @@ class HostRun {
   // Declared after the slices: its threads stop before the engines their
   // answers are posted to go away.
   format::Registries registries_;
+  admin::SliceViews views_{{}};
   std::unique_ptr<admin::AdminServer> admin_;
   int exit_code_ = 0;
   bool stopping_ = false;  // engine thread only: no slice starts once shutdown began

@@ -1,6 +1,8 @@
 #include "core/config/reload.h"
 
+#include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <sstream>
 #include <string_view>
 #include <toml++/toml.h>
@@ -156,10 +158,19 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
     } else
       gone.push_back(&r);
   }
+  // Routes by group: an added or removed route may not share its group
+  // with a route that stays, whose partitions the group's rebalance would
+  // move (a route of its own group is a consumer of its own, as Kafka
+  // Connect gives each connector its group).
+  auto readers_of = [](const Config& cfg, const std::string& group, const std::string& except) {
+    std::vector<std::string> names;
+    for (const auto& r : cfg.routes)
+      if (r.group_id == group && r.name != except) names.push_back(r.name);
+    return names;
+  };
   for (const auto& r : next.routes) {
     if (index_of(running, r.name)) continue;
-    RouteChange c{r.name, RouteChange::Kind::Restart, {"route.name"}};
-    c.why = "is new: adding a route needs a restart";
+    RouteChange c{r.name, RouteChange::Kind::Added, {"route.name"}};
     for (auto it = gone.begin(); it != gone.end(); ++it)
       if ((*it)->topic == r.topic && (*it)->group_id == r.group_id) {
         c.kind = RouteChange::Kind::Identity;
@@ -169,11 +180,34 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
         gone.erase(it);
         break;
       }
+    if (c.kind == RouteChange::Kind::Added) {
+      const std::string label = next.database_of(r).label();
+      const bool served = std::any_of(running.routes.begin(), running.routes.end(),
+                                      [&](const RouteConfig& o) { return running.database_of(o).label() == label; });
+      if (const auto sharing = readers_of(running, r.group_id, r.name); !sharing.empty()) {
+        c.kind = RouteChange::Kind::Restart;
+        c.why = "is new in group " + r.group_id + ", which route(s) " + joined(sharing) +
+                " read: joining it would rebalance them; give it a group of its own (group_id = \"" + r.group_id + "." +
+                r.name + "\") or restart";
+      } else if (r.order_by.enabled()) {
+        c.kind = RouteChange::Kind::Restart;
+        c.why = "is new with [route.order_by], whose holds the host keeps in lists made at start: restart";
+      } else if (!served) {
+        c.kind = RouteChange::Kind::Restart;
+        c.why = "is new on database " + label + ", where no running route is: a new database needs a restart";
+      }
+    }
     plan.routes.push_back(std::move(c));
   }
-  for (const RouteConfig* r : gone)
-    plan.routes.push_back(
-        {r->name, RouteChange::Kind::Restart, {"route.name"}, "is gone: removing a route needs a restart"});
+  for (const RouteConfig* r : gone) {
+    RouteChange c{r->name, RouteChange::Kind::Removed, {"route.name"}};
+    if (const auto sharing = readers_of(next, r->group_id, r->name); !sharing.empty()) {
+      c.kind = RouteChange::Kind::Restart;
+      c.why = "is gone from group " + r->group_id + ", which route(s) " + joined(sharing) +
+              " read on: leaving it would rebalance them; restart";
+    }
+    plan.routes.push_back(std::move(c));
+  }
   return plan;
 }
 
@@ -202,8 +236,12 @@ std::string ReloadPlan::describe() const {
   std::vector<std::string> parts;
   if (log_level_changed) parts.push_back("host.log_level");
   if (!restart_keys.empty()) parts.push_back(joined(restart_keys));
-  for (const auto& r : routes)
-    if (r.kind != RouteChange::Kind::Unchanged) parts.push_back("route " + r.route + ": " + joined(r.keys));
+  for (const auto& r : routes) switch (r.kind) {
+      case RouteChange::Kind::Unchanged: break;
+      case RouteChange::Kind::Added: parts.push_back("route " + r.route + " added"); break;
+      case RouteChange::Kind::Removed: parts.push_back("route " + r.route + " removed"); break;
+      default: parts.push_back("route " + r.route + ": " + joined(r.keys));
+    }
   return parts.empty() ? "no change" : "changed " + joined(parts, "; ");
 }
 
@@ -213,6 +251,19 @@ std::vector<std::string> ReloadPlan::routes_to_apply(bool force) const {
     if (r.kind == RouteChange::Kind::Changed || (force && r.kind == RouteChange::Kind::Identity && r.forcible))
       out.push_back(r.route);
   return out;
+}
+
+std::vector<std::string> ReloadPlan::routes_of(RouteChange::Kind kind) const {
+  std::vector<std::string> out;
+  for (const auto& r : routes)
+    if (r.kind == kind) out.push_back(r.route);
+  return out;
+}
+
+const RouteChange& ReloadPlan::route(const std::string& name) const {
+  for (const auto& r : routes)
+    if (r.route == name) return r;
+  throw std::logic_error("no route " + name + " in the reload plan");
 }
 
 }  // namespace idemsink::config

@@ -19,8 +19,15 @@
 //             [host] but its log level, a route's topic, group, start_at,
 //             call_timeout, [route.retry], [route.dlq], [route.output]
 //             (the reconciler reads those as the host started),
-//             circuit.enabled, formats, order_by or plugin file, and a route
-//             added or removed. Refused, naming the keys.
+//             circuit.enabled, formats, order_by or plugin file. Refused,
+//             naming the keys.
+//   added     a route that is new, in a group no running route reads, on a
+//   removed   database a running route uses; a route that is gone, the last
+//             of its group: its own consumer starts, or closes (its
+//             partitions drained and committed as at shutdown), and no other
+//             route's group rebalances. One sharing its group with a route
+//             that stays would rebalance that route, and an added one with
+//             [route.order_by] needs the hold lists made at start: a restart.
 //
 // A reload applies all of its changes or none.
 #pragma once
@@ -33,7 +40,7 @@
 namespace idemsink::config {
 
 struct RouteChange {
-  enum class Kind { Unchanged, Changed, Identity, Restart };
+  enum class Kind { Unchanged, Changed, Identity, Restart, Added, Removed };
   std::string route;
   Kind kind = Kind::Unchanged;
   std::vector<std::string> keys;  // the keys that differ, "route.retry.max_attempts"; never their values
@@ -53,6 +60,10 @@ struct ReloadPlan {
   std::string describe() const;
   /// The routes to reconfigure (Changed, and Identity when forced).
   std::vector<std::string> routes_to_apply(bool force) const;
+  /// The routes of one kind (Added, Removed), in the plan's order.
+  std::vector<std::string> routes_of(RouteChange::Kind kind) const;
+  /// The change of one route of the plan (it must be there).
+  const RouteChange& route(const std::string& name) const;
 };
 
 /// Compares the running config (and the text it was read from) with a new

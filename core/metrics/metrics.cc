@@ -60,6 +60,21 @@ std::string SliceMetrics::db_last_job_error() const {
   return db_last_job_error_;
 }
 
+void SliceMetrics::add_consumer(std::string group, const kafka::ClientHealth* health) {
+  std::lock_guard lk(mu_);
+  consumers_.push_back({std::move(group), health});
+}
+
+void SliceMetrics::remove_consumer(const kafka::ClientHealth* health) {
+  std::lock_guard lk(mu_);
+  std::erase_if(consumers_, [&](const Consumer& c) { return c.health == health; });
+}
+
+std::vector<SliceMetrics::Consumer> SliceMetrics::consumers() const {
+  std::lock_guard lk(mu_);
+  return consumers_;
+}
+
 void SliceMetrics::set_start_problem(std::string problem) {
   std::lock_guard lk(mu_);
   start_problem_ = std::move(problem);
@@ -130,11 +145,12 @@ std::string Metrics::readiness_problem() const {
       out += "schema registry " + r.url + " does not answer (" + p + "); records needing a schema it has not given " +
              "wait (" + std::to_string(r.waiting()) + " schemas)\n";
   for (const auto& s : slices_) {
-    if (s->kafka.empty()) continue;
+    const auto consumers = s->consumers();
+    if (consumers.empty()) continue;
     const std::string which = slices_.size() > 1 ? " (database " + s->database + ")" : "";
     std::string problems;
     bool joining = false;
-    for (const auto& consumer : s->kafka) {
+    for (const auto& consumer : consumers) {
       if (const std::string p = consumer.health->problem(); !p.empty()) {
         if (problems.find(p) == std::string::npos) problems += p + which + "\n";
         continue;
@@ -280,12 +296,14 @@ void Metrics::render_clients(std::string& out) const {
   // A slice with consumers of several groups (routes sharing a topic) labels
   // each by its group.
   std::vector<std::pair<std::string, kafka::ClientHealth::Snapshot>> clients;
-  for (const auto& s : slices_)
-    for (const auto& consumer : s->kafka) {
+  for (const auto& s : slices_) {
+    const auto consumers = s->consumers();
+    for (const auto& consumer : consumers) {
       std::string label = slice_label(*s);
-      if (s->kafka.size() > 1) label += (label.empty() ? "" : ",") + ("group=\"" + consumer.group + "\"");
+      if (consumers.size() > 1) label += (label.empty() ? "" : ",") + ("group=\"" + consumer.group + "\"");
       clients.emplace_back(label, consumer.health->snapshot());
     }
+  }
   auto with = [](const std::string& label, const std::string& more) {
     if (label.empty()) return more.empty() ? std::string() : "{" + more + "}";
     return "{" + label + (more.empty() ? "" : "," + more) + "}";

@@ -176,13 +176,15 @@ struct SliceMetrics {
   const std::string database;  // "<schema>@<host>:<port>" or "<schema>@<socket>"
 
   IDEMSINK_SLICE_METRICS(IDEMSINK_METRIC_FIELD)
-  /// The slice's consumers, one per consumer group its routes use (set
-  /// before the admin port opens).
+  /// The slice's consumers, one per consumer group its routes use; a
+  /// reload adds and removes them. A removed one's health outlives it.
   struct Consumer {
     std::string group;
     const kafka::ClientHealth* health;
   };
-  std::vector<Consumer> kafka;
+  void add_consumer(std::string group, const kafka::ClientHealth* health);
+  void remove_consumer(const kafka::ClientHealth* health);
+  std::vector<Consumer> consumers() const;
 
   /// Why the slice has not started yet (its database unreachable at
   /// start-up), or "" once it runs.
@@ -196,6 +198,7 @@ struct SliceMetrics {
 
  private:
   mutable std::mutex mu_;
+  std::vector<Consumer> consumers_;
   std::map<std::pair<std::string, std::string>, uint64_t> db_job_failures_;
   std::string db_last_job_error_;
   std::string start_problem_;

@@ -140,6 +140,53 @@ Engine::Feed& Engine::feed_of(const Route& route) {
   throw std::logic_error("route " + route.cfg.name + " has no feed");
 }
 
+Engine::FeedPlan Engine::add_routes(std::vector<std::unique_ptr<Route>> routes) {
+  const std::string group = routes.at(0)->cfg.group_id;
+  for (const auto& f : feeds_)
+    if (f->group == group) throw std::logic_error("add_routes: group " + group + " has a feed already");
+  const bool paused = operator_paused();
+  std::vector<Route*> added;
+  for (auto& r : routes) {
+    added.push_back(r.get());
+    routes_.push_back(std::move(r));
+  }
+  Feed& feed = *feeds_.emplace_back(std::make_unique<Feed>(*this, group, added));
+  feed.gate.set_operator_pause(paused);
+  for (Route* r : added) {
+    route_control_.add(r);
+    housekeeping_.add_route(r->cfg, *r->metrics);
+  }
+  std::vector<std::string> topics;
+  for (const auto& [topic, tr] : feed.route_by_topic) topics.push_back(topic);
+  return {group, std::move(topics), &feed};
+}
+
+void Engine::attach_feed(const std::string& group, kafka::Consumer* consumer) {
+  for (auto& f : feeds_)
+    if (f->group == group) {
+      f->consumer = consumer;
+      f->gate.attach(consumer);
+      f->partitions.attach(consumer);
+      return;
+    }
+  throw std::logic_error("attach_feed: no feed of group " + group);
+}
+
+void Engine::remove_feed(const std::string& group) {
+  auto feed = std::find_if(feeds_.begin(), feeds_.end(), [&](const auto& f) { return f->group == group; });
+  if (feed == feeds_.end()) throw std::logic_error("remove_feed: no feed of group " + group);
+  for (Route* r : (*feed)->routes) {
+    route_control_.remove(r->cfg.name);
+    health_.stop(*r);
+    auto it = std::find_if(routes_.begin(), routes_.end(), [&](const auto& own) { return own.get() == r; });
+    removed_routes_.push_back(std::move(*it));
+    routes_.erase(it);
+  }
+  removed_feeds_.push_back(std::move(*feed));
+  feeds_.erase(feed);
+  update_rate_shares();
+}
+
 void Engine::set_operator_pause(bool paused) {
   for (auto& f : feeds_) f->gate.set_operator_pause(paused);
 }

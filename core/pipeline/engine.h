@@ -22,6 +22,8 @@
 // consumer, partitions, commits, lag and fetch gate (its own bound of
 // buffered records), so one route slow, held or paused never holds another
 // back; the claims, calls, writes and the outbox are the engine's, shared.
+// A reload adds a feed for routes of a new group and removes one whose
+// routes all went, once its consumer closed; the others never notice.
 //
 // Threading: all engine state lives on one io_context thread. The consumers'
 // poll threads, database workers and plugin threads only post to it.
@@ -108,6 +110,18 @@ class Engine : public RemoteGate {
   /// the settings changed: at once, or for a local_tx route once its apply
   /// jobs ended (no call of the route starts meanwhile).
   void reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Instance> handler, std::function<void()> applied);
+
+  /// Routes a reload adds, all of one group no running route reads
+  /// (config/reload.h): a feed of their own, so no other group rebalances.
+  /// Engine thread; the host makes the feed's consumer and attaches it.
+  FeedPlan add_routes(std::vector<std::unique_ptr<Route>> routes);
+  /// The consumer made for a feed add_routes planned (engine thread), before it starts.
+  void attach_feed(const std::string& group, kafka::Consumer* consumer);
+  /// A group whose routes a reload removed, once its consumer closed (its
+  /// partitions revoked, drained and committed as at shutdown): its routes
+  /// and feed leave the engine (engine thread). They are kept, not
+  /// destroyed: a record whose call outlived the close still points at them.
+  void remove_feed(const std::string& group);
 
   /// Operator pause/resume (admin API): stops fetching, keeps the groups.
   void set_operator_pause(bool paused);
@@ -207,6 +221,9 @@ class Engine : public RemoteGate {
   dlq::Outbox outbox_;
   std::vector<std::unique_ptr<Route>> routes_;
   std::vector<std::unique_ptr<Feed>> feeds_;
+  // What a reload removed: records past the close's grace may point at them.
+  std::vector<std::unique_ptr<Route>> removed_routes_;
+  std::vector<std::unique_ptr<Feed>> removed_feeds_;
 
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   uint64_t next_id_ = 1;

@@ -37,6 +37,10 @@ Housekeeping::Housekeeping(asio::io_context& io, db::Pool& pool, const config::C
   }
 }
 
+void Housekeeping::add_route(const config::RouteConfig& route, metrics::RouteMetrics& metrics) {
+  routes_[route.name] = &metrics;
+}
+
 void Housekeeping::start() {
   // Schema changes are the DBA's when claim.apply_schema is off: then the
   // partitions are only watched (the gauge), never changed.
@@ -145,9 +149,9 @@ void Housekeeping::refresh_gauges() {
   gauges_running_ = true;
   pool_.submit(
       "gauges",
-      [this](db::Connection& c) {
+      [this, routes = routes_](db::Connection& c) {
         const auto backlog = outbox_.backlog_by_route(c);
-        for (const auto& [name, m] : routes_) {
+        for (const auto& [name, m] : routes) {
           const auto it = backlog.find(name);
           m->dlq_pending.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.first));
           m->dlq_unpublishable.store(it == backlog.end() ? 0 : static_cast<int64_t>(it->second.second));
@@ -163,7 +167,7 @@ void Housekeeping::refresh_gauges() {
           const auto holds = claim::OrderHolds::live_by_route(c, hold_on_dead_);
           for (const auto& name : ordered_) {
             const auto it = holds.find(name);
-            routes_.at(name)->order_holds.store(it == holds.end() ? 0 : static_cast<int64_t>(it->second));
+            routes.at(name)->order_holds.store(it == holds.end() ? 0 : static_cast<int64_t>(it->second));
           }
         }
         asio::post(io_, [this] { gauges_running_ = false; });

@@ -31,6 +31,9 @@ class Housekeeping {
   Housekeeping(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, claim::ClaimStore& store,
                const dlq::Outbox& outbox, metrics::Metrics& all, metrics::SliceMetrics& metrics);
 
+  /// A route a reload added (engine thread; config/reload.h: never one with
+  /// [route.order_by], whose holds are kept by the lists made at start).
+  void add_route(const config::RouteConfig& route, metrics::RouteMetrics& metrics);
   void start();
   void stop();
 

@@ -78,6 +78,7 @@ Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Confi
     : io_(io),
       pool_(pool),
       cfg_(cfg),
+      routes_(std::make_shared<const config::Config>(cfg)),
       gate_(gate),
       metrics_(metrics),
       store_(cfg.host.id, owner, cfg.claim.lease),
@@ -89,7 +90,7 @@ Reconciler::Reconciler(asio::io_context& io, db::Pool& pool, const config::Confi
 
 void Reconciler::start(std::chrono::milliseconds first_delay) {
   const auto period = cfg_.claim.reconcile_interval;
-  if (handlers_.empty() || period.count() == 0) return;
+  if (period.count() == 0) return;  // a round with no route to ask ends at once
   timer_.expires_after(first_delay);
   timer_.async_wait([this, period](boost::system::error_code ec) {
     if (ec || stopped_) return;
@@ -126,18 +127,22 @@ void Reconciler::stop() {
 // routes' lines of calls run side by side, each in its own order.
 class Reconciler::Round : public std::enable_shared_from_this<Round> {
  public:
-  Round(Reconciler& reconciler, std::function<void(ReconcileSummary)> done) : r_(reconciler), done_(std::move(done)) {}
+  // On the engine thread: the routes as they are now, kept for the round
+  // (a reload adding, changing or removing one meanwhile leaves it as is).
+  Round(Reconciler& reconciler, std::function<void(ReconcileSummary)> done)
+      : r_(reconciler), routes_(reconciler.routes_), handlers_(reconciler.handlers_), done_(std::move(done)) {
+    for (const auto& [name, h] : handlers_)
+      if (const config::RouteConfig* rc = routes_->route_by_name(name);  // none: a reload is removing it
+          rc != nullptr && (r_.only_route_.empty() || name == r_.only_route_))
+        namespaces_.push_back({name, r_.cfg_.reconcile_after(*rc)});
+  }
 
   /// Database worker: the candidates, and the payload the outbox kept of each.
   void scan(Connection& c, size_t limit) {
     // An unknown is asked about only once its newest call is old enough to
     // have landed: a call still on its way must not look like "never sent".
-    std::vector<claim::ClaimStore::Namespace> routes;
-    for (const auto& [name, h] : r_.handlers_)
-      if (r_.only_route_.empty() || name == r_.only_route_)
-        routes.push_back({name, r_.cfg_.reconcile_after(*r_.cfg_.route_by_name(name))});
     std::vector<Candidate> found;
-    for (auto& u : r_.store_.unsettled(c, routes, r_.cfg_.claim.stuck_after, limit, false)) {
+    for (auto& u : r_.store_.unsettled(c, namespaces_, r_.cfg_.claim.stuck_after, limit, false)) {
       Candidate cand;
       cand.row = std::move(u.row);
       cand.status = u.status;
@@ -213,8 +218,8 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     return out;
   }
 
-  const config::RouteConfig& route_of(const Candidate& c) const { return *r_.cfg_.route_by_name(c.row.ns); }
-  idemsink_kind kind_of(const Candidate& c) const { return r_.handlers_.at(c.row.ns)->kind(); }
+  const config::RouteConfig& route_of(const Candidate& c) const { return *routes_->route_by_name(c.row.ns); }
+  idemsink_kind kind_of(const Candidate& c) const { return handlers_.at(c.row.ns)->kind(); }
 
   /// The calls a record may have had when "never applied" settles it failed:
   /// the route's attempts; twice as many on an idempotent route, whose
@@ -263,7 +268,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
                                  c.detail = std::move(detail);
                                  self->answered();
                                });
-        c.handler = self->r_.handlers_.at(c.row.ns);
+        c.handler = self->handlers_.at(c.row.ns);
         c.handler->reconcile(record_of(c, route, c.calls), call_id);
       } else {
         c.deferred = true;
@@ -324,7 +329,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   void write_settled(Connection& c, const std::vector<std::string>& done, const std::vector<Failure>& failed) const {
     std::vector<std::string> settled = done;
     for (const auto& f : failed) settled.push_back(f.token);
-    dlq::write_settlement_events(c, r_.cfg_, r_.store_, r_.outbox_, settled);
+    dlq::write_settlement_events(c, *routes_, r_.store_, r_.outbox_, settled);
     dlq::Outbox::settle_held(c, done);
     for (const auto& f : failed) dlq::Outbox::publish_settled_failure(c, f.token, dlq::to_string(f.reason), f.error);
   }
@@ -414,7 +419,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
                                     asio::post(self->r_.io_, [self, counted] { self->redriven(counted); });
                                   });
           });
-      cand.handler = self->r_.handlers_.at(cand.row.ns);
+      cand.handler = self->handlers_.at(cand.row.ns);
       cand.handler->invoke(record_of(cand, route, cand.calls + 1), call_id);
     });
   }
@@ -477,6 +482,9 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   }
 
   Reconciler& r_;
+  const std::shared_ptr<const config::Config> routes_;
+  const std::map<std::string, std::shared_ptr<plugin::Instance>> handlers_;
+  std::vector<claim::ClaimStore::Namespace> namespaces_;  // the routes asked about
   const std::function<void(ReconcileSummary)> done_;
   std::vector<Candidate> cands_;
   ReconcileSummary summary_;
@@ -486,10 +494,12 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
   size_t redrives_left_ = 0;
 };
 
-void Reconciler::replace_handler(const std::string& route, std::shared_ptr<plugin::Instance> handler) {
-  // The same plugin file as before (a reload changes only options): it can
-  // reconcile if the old one could.
-  if (auto it = handlers_.find(route); it != handlers_.end()) it->second = std::move(handler);
+void Reconciler::set_routes(std::shared_ptr<const config::Config> routes,
+                            const std::map<std::string, std::shared_ptr<plugin::Instance>>& handlers) {
+  routes_ = std::move(routes);
+  handlers_.clear();
+  for (const auto& [route, h] : handlers)
+    if (h->can_reconcile()) handlers_.emplace(route, h);
 }
 
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
@@ -508,11 +518,15 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
   cand->key = std::move(key);
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;
-  // The instance is read on the engine thread, where a reload replaces it
-  // (the routes, the map's keys, never change).
+  // The instance is read on the engine thread, where a reload replaces it,
+  // or removes the route meanwhile.
   asio::post(io_, [this, cand, answered = std::move(answered)]() mutable {
-    cand->handler = handlers_.at(cand->row.ns);
-    const config::RouteConfig& route = *cfg_.route_by_name(cand->row.ns);
+    const auto handler = handlers_.find(cand->row.ns);
+    const config::RouteConfig* rc = routes_->route_by_name(cand->row.ns);
+    if (handler == handlers_.end() || rc == nullptr)
+      return answered(IDEMSINK_OUTCOME_RETRYABLE, "the route was removed by a reload");
+    cand->handler = handler->second;
+    const config::RouteConfig& route = *rc;
     const uint64_t call_id =
         call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,
                            {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},

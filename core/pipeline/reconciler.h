@@ -91,9 +91,11 @@ class Reconciler {
   /// nothing (the console shows it beside an unknown): `answered` runs on
   /// the engine thread, within the route's call_timeout. `key`/`value`: the
   /// record as its dead letter kept it. False if the route has no hook.
-  /// A reload gave `route` a new instance (engine thread): calls from now
-  /// on go to it, the ones out finish on the old.
-  void replace_handler(const std::string& route, std::shared_ptr<plugin::Instance> handler);
+  /// A reload's routes (engine thread): `routes`, a config whose routes are
+  /// the slice's, and each one's instance. Calls from now on go to them; a
+  /// round under way ends on the set it began with.
+  void set_routes(std::shared_ptr<const config::Config> routes,
+                  const std::map<std::string, std::shared_ptr<plugin::Instance>>& handlers);
 
   bool ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
                 std::optional<std::string> value, int64_t timestamp_ms,
@@ -105,8 +107,9 @@ class Reconciler {
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
-  const config::Config& cfg_;
-  /// Routes whose plugin can reconcile (engine thread; a database step reads only the names).
+  const config::Config& cfg_;                     // the host's settings; routes_ has the routes
+  std::shared_ptr<const config::Config> routes_;  // engine thread; a round keeps its own
+  /// Routes whose plugin can reconcile (engine thread; a round keeps its own).
   std::map<std::string, std::shared_ptr<plugin::Instance>> handlers_;
   RemoteGate& gate_;
   metrics::SliceMetrics* metrics_;

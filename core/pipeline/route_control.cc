@@ -49,7 +49,7 @@ void RouteControl::write(db::Connection& c, const std::string& route, bool pause
 
 RouteControl::RouteControl(asio::io_context& io, db::Pool& pool, const config::DatabaseConfig& database,
                            std::vector<Route*> routes)
-    : io_(io), pool_(pool), database_(database), routes_(std::move(routes)), timer_(io) {}
+    : io_(io), pool_(pool), database_(database), timer_(io), routes_(std::move(routes)) {}
 
 void RouteControl::load_at_start() {
   try {
@@ -91,7 +91,20 @@ void RouteControl::refresh() {
       [this](const db::DbError&) { asio::post(io_, [this] { refreshing_ = false; }); });
 }
 
+void RouteControl::add(Route* route) {
+  std::lock_guard lk(mu_);
+  routes_.push_back(route);
+  apply_locked(states_, known_);
+}
+
+void RouteControl::remove(const std::string& route) {
+  std::lock_guard lk(mu_);
+  std::erase_if(routes_, [&](const Route* r) { return r->cfg.name == route; });
+  applied_.erase(route);
+}
+
 bool RouteControl::has(const std::string& route) const {
+  std::lock_guard lk(mu_);
   for (const Route* r : routes_)
     if (r->cfg.name == route) return true;
   return false;
@@ -117,7 +130,10 @@ void RouteControl::apply(const std::map<std::string, State>& states, bool known)
 }
 
 void RouteControl::apply_locked(const std::map<std::string, State>& states, bool known) {
-  if (known) states_ = states;
+  if (known) {
+    states_ = states;
+    known_ = true;
+  }
   for (Route* r : routes_) {
     const auto it = states.find(r->cfg.name);
     const bool paused = !known || (it != states.end() && it->second.paused);

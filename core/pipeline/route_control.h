@@ -45,6 +45,12 @@ class RouteControl {
   void start();
   void stop();
 
+  /// A route a reload added (engine thread): its stored pause applies before
+  /// its consumer starts.
+  void add(Route* route);
+  /// A route a reload removed, once its consumer closed.
+  void remove(const std::string& route);
+
   bool has(const std::string& route) const;
   /// Stores an operator's pause or resume and applies it here at once; the
   /// other hosts follow within a refresh. Blocking, on its own connection
@@ -72,11 +78,12 @@ class RouteControl {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const config::DatabaseConfig& database_;
-  const std::vector<Route*> routes_;
   Periodic timer_;
   bool refreshing_ = false;  // engine thread
 
   mutable std::mutex mu_;
+  std::vector<Route*> routes_;  // a reload adds and removes them
+  bool known_ = false;          // the table was read once
   std::map<std::string, State> states_;
   std::map<std::string, bool> applied_;  // route -> paused, as the fetch gate was told
   uint64_t sets_ = 0;                    // operator sets through this host

@@ -206,3 +206,95 @@ BOOST_AUTO_TEST_CASE(a_reload_of_a_local_tx_route_under_load_credits_each_paymen
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);
 }
+
+// A route added and one removed by a reload, each in a group of its own
+// (config/reload.h): the added one's consumer starts, the removed one's
+// closes after draining, and the route that stays is never revoked. The
+// removed route added back goes on from its commits; killed under load on
+// all three, the host restarts with every record done once.
+BOOST_AUTO_TEST_CASE(a_reload_adds_and_removes_routes_of_their_own_groups_while_the_other_runs) {
+  Scenario s("reload_add_remove");
+  s.topic("orders", 2).topic("texts", 2).topic("parcels", 2);
+  const auto log_b = s.dir / "calls_b.log";
+  const auto log_c = s.dir / "calls_c.log";
+  RouteSpec a = with_delay(s.scripted("a", "orders"), "5ms");
+  // b's calls are slow, so that it has calls out when it is removed.
+  RouteSpec b = with_delay(s.scripted("b", "texts", "group_id = \"g.b\""), "100ms");
+  b.options["log"] = "\"" + log_b.string() + "\"";
+  RouteSpec c = with_delay(s.scripted("c", "parcels", "group_id = \"g.c\""), "5ms");
+  c.options["log"] = "\"" + log_c.string() + "\"";
+  auto& host = s.host("host-a", {a, b}, {.admin = true});
+  const int port = s.admin_port(host);
+  wait_until([&] { return http_status(port, "/livez") == 200; }, 60s, "the admin port");
+  const auto file = host.config_path();
+  const std::string with_b = slurp(file);
+  const size_t b_at = with_b.find("[[route]]\nname = \"b\"");
+  BOOST_TEST_REQUIRE(b_at != std::string::npos);
+  const std::string without_b =
+      with_b.substr(0, b_at) + with_b.substr(with_b.find("[[route]]", b_at + 1) == std::string::npos
+                                                 ? with_b.size()
+                                                 : with_b.find("[[route]]", b_at + 1));
+  const std::string b_table = with_b.substr(b_at, with_b.size() - without_b.size());
+
+  constexpr int kBatch = 1000;
+  s.kafka.produce("orders", keyed_messages("o", 0, kBatch));
+  s.kafka.produce("texts", keyed_messages("t", 0, kBatch));
+  wait_until([&] { return Scenario::calls_per_key(log_b).size() >= 200; }, 60s, "route b under way");
+  wait_until([&] { return Scenario::calls_per_key(s.calls_log()).size() >= 200; }, 60s, "route a under way");
+
+  // b removed and c added, while a and b have records in flight.
+  write(file, without_b + route_config(c));
+  const auto [status, answer] = reload(port);
+  BOOST_TEST_REQUIRE(status == 200, answer);
+  BOOST_TEST(answer.find("route c added") != std::string::npos, answer);
+  BOOST_TEST(answer.find("route b removed") != std::string::npos, answer);
+  const size_t b_called_at_removal = Scenario::calls_per_key(log_b).size();
+  s.kafka.produce("parcels", keyed_messages("p", 0, kBatch));
+  s.kafka.produce("orders", keyed_messages("o", kBatch, 2 * kBatch));
+  s.kafka.produce("texts", keyed_messages("t", kBatch, 2 * kBatch));
+  s.wait_committed(host, {"orders"});
+  s.wait_committed(host, 120s, {"parcels"}, "g.c");
+  BOOST_TEST(Scenario::calls_per_key(s.calls_log()).size() == size_t{2 * kBatch});
+  BOOST_TEST(Scenario::calls_per_key(log_c).size() == size_t{kBatch});
+  // Route b is not read any more; its claims left held by nobody.
+  BOOST_TEST(Scenario::calls_per_key(log_b).size() == b_called_at_removal);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'b' AND owner IS NOT NULL AND NOT " +
+                      sql_status_is(claim::Status::Done)) == 0);
+  // The route that stayed was never revoked; the admin port lists the routes as they are now.
+  BOOST_TEST(count_of(host.log(), "revoking orders") == 0u, host.log());
+  std::set<std::string> listed;
+  for (const auto& r : nlohmann::json::parse(http_request(port, "GET", "/api/v1/routes").second))
+    listed.insert(r["name"].get<std::string>());
+  BOOST_TEST((listed == std::set<std::string>{"a", "c"}));
+
+  // b back: it goes on from its commits; then all three under load, the host killed.
+  write(file, without_b + route_config(c) + b_table);
+  const auto [back_status, back_answer] = reload(port);
+  BOOST_TEST_REQUIRE(back_status == 200, back_answer);
+  s.kafka.produce("orders", keyed_messages("o", 2 * kBatch, 3 * kBatch));
+  s.kafka.produce("parcels", keyed_messages("p", kBatch, 2 * kBatch));
+  s.kafka.produce("texts", keyed_messages("t", 2 * kBatch, 3 * kBatch));
+  wait_until([&] { return Scenario::calls_per_key(log_b).size() >= size_t{kBatch} + 200; }, 60s, "route b back");
+  BOOST_TEST(count_of(host.log(), "revoking orders") == 0u);
+  host.kill();
+  const std::string final_text = slurp(file);
+  auto& again = s.host("host-a2", {a, c}, {.edit = [&](std::string& text) { text = final_text; }});
+  s.wait_committed(again, {"orders"});
+  s.wait_committed(again, 120s, {"parcels"}, "g.c");
+  s.wait_committed(again, 120s, {"texts"}, "g.b");
+
+  // Every record of every route done once, each key called with one token.
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) ==
+             3 * kBatch + 3 * kBatch + 2 * kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE NOT " + sql_status_is(claim::Status::Done)) == 0);
+  for (const auto& [log, n] : std::vector<std::pair<std::filesystem::path, int>>{
+           {s.calls_log(), 3 * kBatch}, {log_b, 3 * kBatch}, {log_c, 2 * kBatch}}) {
+    std::map<std::string, std::set<std::string>> tokens;
+    for (const auto& cols : read_call_log(log)) tokens[unhex(cols.at(1))].insert(cols.at(2));
+    BOOST_TEST(tokens.size() == size_t(n), log);
+    for (const auto& [key, t] : tokens)
+      BOOST_TEST(t.size() == 1u, log << ": key " << key << " called with " << t.size() << " tokens");
+  }
+  BOOST_TEST(again.stop() == 0);
+  s.audit_clean(again);
+}

@@ -676,11 +676,29 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_r
              "needs a restart (kafka.group_id)");
   BOOST_TEST(plan_to(with(kTwoRoutes, "topic = \"texts\"", "topic = \"texts2\"")).refusal(true) ==
              "route sms needs a restart (route.topic)");
-  // Added, removed: a restart.
+  // Added or removed in a group of its own: applied; sharing a group with a
+  // route that stays, or on a database no route uses: a restart.
+  const std::string own_group = "[[route]]\nname = \"x\"\ntopic = \"x\"\nplugin = \"/p.so\"\ngroup_id = \"g.x\"\n";
+  plan = plan_to(kTwoRoutes + own_group);
+  BOOST_TEST(plan.refusal(false) == "");
+  BOOST_TEST(plan.routes_of(RouteChange::Kind::Added) == std::vector<std::string>{"x"});
+  BOOST_TEST(plan.describe() == "changed route x added");
   BOOST_TEST(plan_to(kTwoRoutes + "[[route]]\nname = \"x\"\ntopic = \"x\"\nplugin = \"/p.so\"\n").refusal(false) ==
-             "route x is new: adding a route needs a restart");
+             "route x is new in group g, which route(s) waybill, sms read: joining it would rebalance them; give it "
+             "a group of its own (group_id = \"g.x\") or restart");
+  BOOST_TEST(plan_to(kTwoRoutes + own_group + "[route.database]\ndatabase = \"other\"\n")
+                 .refusal(false)
+                 .find("route x is new on database other@") == 0u);
   BOOST_TEST(plan_to(kTwoRoutes.substr(0, kTwoRoutes.find("[[route]]\nname = \"sms\""))).refusal(false) ==
-             "route sms is gone: removing a route needs a restart");
+             "route sms is gone from group g, which route(s) waybill read on: leaving it would rebalance them; "
+             "restart");
+  const std::string sms_own = with(kTwoRoutes, "topic = \"texts\"", "topic = \"texts\"\ngroup_id = \"g.sms\"");
+  plan = plan_reload(load_string(sms_own, "a.toml"), sms_own,
+                     load_string(sms_own.substr(0, sms_own.find("[[route]]\nname = \"sms\"")), "a.toml"),
+                     sms_own.substr(0, sms_own.find("[[route]]\nname = \"sms\"")));
+  BOOST_TEST(plan.refusal(false) == "");
+  BOOST_TEST(plan.routes_of(RouteChange::Kind::Removed) == std::vector<std::string>{"sms"});
+  BOOST_TEST(plan.describe() == "changed route sms removed");
 
   // The biz_key's source: refused unless forced, then applied.
   plan = plan_to(with(kTwoRoutes, "topic = \"texts\"", "topic = \"texts\"\nkey = { from = \"json\", json = \"id\" }"));
