@@ -47,8 +47,8 @@ struct Result {
 };
 
 std::string route_toml(const std::string& name, const std::string& topic, const std::string& extra) {
-  return "[[route]]\nname = \"" + name + "\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_BENCH_PLUGIN +
-         "\"\n" + extra;
+  return "[[route]]\nname = \"" + name + "\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_BENCH_PLUGIN + "\"\n" +
+         extra;
 }
 
 size_t count_of(const std::string& text, const std::string& what) {

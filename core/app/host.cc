@@ -456,15 +456,18 @@ class HostRun {
     for (auto& starter : starters_) starter->request_stop();
     // Draining blocks on the engine thread's progress, so it runs elsewhere.
     shutdown_ = std::thread([this, running] {
-      // A reload under way ends first (it sees draining_): its consumers
-      // are started or closed, never half.
-      std::lock_guard reload(reload_mu_);
-      const auto deadline = std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5);
-      asio::post(io_, [running] {
-        for (Slice* s : running) s->reconciler->stop();
-      });
-      close_consumers(running, deadline);
-      for (Slice* s : running) s->engine->quiesce(deadline);
+      {
+        // A reload under way ends first (it sees draining_): its consumers
+        // are started or closed, never half. Released before the admin
+        // port stops: a reload asked meanwhile waits here, then is refused.
+        std::lock_guard reload(reload_mu_);
+        const auto deadline = std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5);
+        asio::post(io_, [running] {
+          for (Slice* s : running) s->reconciler->stop();
+        });
+        close_consumers(running, deadline);
+        for (Slice* s : running) s->engine->quiesce(deadline);
+      }
       if (admin_) admin_->stop();
       work_.reset();
       io_.stop();
@@ -505,6 +508,7 @@ class HostRun {
   // changes, then each changed route reconfigured on the engine thread.
   // One at a time; logged, counted and in the operator log whatever came of it.
   operate::Done reload(const operate::Actor& who, bool force, const std::string& note) {
+    if (draining_) return {false, "refused, nothing changed: the host is stopping", {{"result", "refused"}}};
     std::lock_guard lock(reload_mu_);
     operate::Done done = try_reload(force);
     const std::string result = done.detail.value("result", "refused");
@@ -555,15 +559,7 @@ class HostRun {
       return {true, "no setting changed (config " + hash + ")", {{"result", "unchanged"}, {"hash", hash}}};
     }
     if (const std::string why = plan.refusal(force); !why.empty()) return refused(why);
-    // The slices' routes as they will be: the admin port's and the reconcilers' view.
-    std::map<const Slice*, std::shared_ptr<const config::Config>> views;
-    for (const auto& s : slices_) {
-      config::Config view = s.cfg;
-      view.routes.clear();
-      for (const auto& rc : next->routes)
-        if (next->database_of(rc).label() == s.cfg.database.label()) view.routes.push_back(rc);
-      views[&s] = std::make_shared<const config::Config>(std::move(view));
-    }
+    auto views = views_of(*next);
     // Every new instance is created before anything changes: a plugin that
     // refuses its options leaves the running config as it is.
     struct Change {
@@ -641,35 +637,64 @@ class HostRun {
     }
     // Routes added, then removed: a consumer of their own starts or closes;
     // no other group rebalances.
+    std::set<std::string> not_added;
+    std::string failures;
     for (auto& a : additions) {
+      std::set<std::string> names;
+      for (const auto& r : a.routes) names.insert(r->cfg.name);
       try {
         add_group(a, views.at(a.slice));
       } catch (const std::exception& e) {
-        return {
-            false,
-            "group " + a.group + ": its routes were added but its consumer could not start (" + e.what() + "): restart",
-            {{"result", "refused"}, {"routes", routes}}};
+        not_added.merge(names);
+        failures +=
+            "; group " + a.group + ": its consumer could not start (" + e.what() + "), its routes were not added";
       }
     }
     std::set<std::pair<Slice*, std::string>> removals;
     for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
       removals.insert({slice_of(name), running_.route_by_name(name)->group_id});
     for (const auto& [slice, group] : removals) remove_group(*slice, group, views.at(slice));
+    if (!not_added.empty()) {
+      // What runs is the file but for those routes: the next reload compares with that.
+      std::erase_if(next->routes, [&](const config::RouteConfig& r) { return not_added.contains(r.name); });
+      text = config::without_routes(text, not_added);
+      views = views_of(*next);
+      on_engine([&] {
+        for (auto& s : slices_) s.reconciler->set_routes(views.at(&s), s.engine->handlers());
+      });
+    }
     for (auto& s : slices_) s.routes = views.at(&s);
     views_.set(slice_views());
     running_ = std::move(*next);
     running_text_ = text;
-    metrics_.set_config(cfg_.file.string(), hash);
+    metrics_.set_config(cfg_.file.string(), config_hash(text));
+    if (!not_added.empty())
+      return {false,
+              plan.describe() + ", but" + failures.substr(1) + " (restart, or reload to try again)",
+              {{"result", "refused"}, {"routes", routes}}};
     return {
         true, plan.describe() + " (config " + hash + ")", {{"result", "applied"}, {"hash", hash}, {"routes", routes}}};
+  }
+
+  // The slices' routes as `next` has them: the admin port's and the reconcilers' view.
+  std::map<const Slice*, std::shared_ptr<const config::Config>> views_of(const config::Config& next) const {
+    std::map<const Slice*, std::shared_ptr<const config::Config>> views;
+    for (const auto& s : slices_) {
+      config::Config view = s.cfg;
+      view.routes.clear();
+      for (const auto& rc : next.routes)
+        if (next.database_of(rc).label() == s.cfg.database.label()) view.routes.push_back(rc);
+      views[&s] = std::make_shared<const config::Config>(std::move(view));
+    }
+    return views;
   }
 
   // Runs `fn` on the engine thread and waits for its result (the reloader's
   // thread; the engine thread runs until the shutdown, which waits for a
   // reload under way).
   template <class Fn>
-  auto on_engine(Fn fn) {
-    std::packaged_task<decltype(fn())()> task(std::move(fn));
+  std::invoke_result_t<Fn> on_engine(Fn fn) {
+    std::packaged_task<std::invoke_result_t<Fn>()> task(std::move(fn));
     auto result = task.get_future();
     asio::post(io_, [&task] { task(); });
     return result.get();
@@ -730,22 +755,40 @@ class HostRun {
   }
 
   // Added routes of one group: the engine's feed for them, then its
-  // consumer, started like the others.
+  // consumer, started like the others. A consumer that cannot start takes
+  // its routes out again (throws).
   void add_group(Addition& a, const std::shared_ptr<const config::Config>& view) {
     Slice& s = *a.slice;
+    std::map<std::string, const format::RecordDecoder*> decoders;
     for (const auto& r : a.routes)
-      if (r->decoder) s.decoders[r->cfg.name] = &*r->decoder;
+      if (r->decoder) decoders[r->cfg.name] = &*r->decoder;
     const Engine::FeedPlan plan = on_engine([&] { return s.engine->add_routes(std::move(a.routes)); });
     config::KafkaConfig kafka = kafka::slice_consumer_config(s.cfg.kafka, static_cast<size_t>(&s - slices_.data()));
     kafka.group_id = a.group;
-    auto consumer = std::make_unique<kafka::Consumer>(kafka, plan.topics, *plan.listener);
+    std::unique_ptr<kafka::Consumer> consumer;
+    std::string failed;
+    try {
+      consumer = std::make_unique<kafka::Consumer>(kafka, plan.topics, *plan.listener);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
     on_engine([&] {
-      s.engine->attach_feed(a.group, consumer.get());
-      s.engine->slice().add_consumer(a.group, &consumer->health());
-      consumer->start();
-      s.consumers.push_back(std::move(consumer));
-      s.reconciler->set_routes(view, s.engine->handlers());
+      if (consumer) {
+        s.engine->attach_feed(a.group, consumer.get());
+        try {
+          consumer->start();
+          s.engine->slice().add_consumer(a.group, &consumer->health());
+          s.consumers.push_back(std::move(consumer));
+          s.reconciler->set_routes(view, s.engine->handlers());
+          return;
+        } catch (const std::exception& e) {
+          failed = e.what();
+        }
+      }
+      s.engine->remove_feed(a.group);
     });
+    if (!failed.empty()) throw std::runtime_error(failed);
+    s.decoders.merge(decoders);
     std::string topics;
     for (const auto& t : plan.topics) topics += (topics.empty() ? "" : ", ") + t;
     spdlog::info("reload: group {} started, reading {}", a.group, topics);
@@ -753,26 +796,32 @@ class HostRun {
 
   // Removed routes' group: its consumer closes as at shutdown (partitions
   // revoked, drained up to the grace, committed; it leaves the group), then
-  // its routes leave the engine.
+  // its routes leave the engine. The consumer goes once no record holds a
+  // message of it (librdkafka waits for those).
   void remove_group(Slice& s, const std::string& group, const std::shared_ptr<const config::Config>& view) {
     std::unique_ptr<kafka::Consumer> consumer = on_engine([&] {
       std::unique_ptr<kafka::Consumer> out;
       auto it =
           std::find_if(s.consumers.begin(), s.consumers.end(), [&](const auto& c) { return c->group() == group; });
-      if (it == s.consumers.end()) return out;
       out = std::move(*it);
       s.consumers.erase(it);
       s.engine->slice().remove_consumer(&out->health());
+      // A slice still waiting for its database never started its consumers:
+      // its feed goes at once, before the slice can start.
+      if (!s.started) s.engine->remove_feed(group);
       return out;
     });
-    if (consumer)
-      consumer->close(std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5));
-    on_engine([&] {
-      s.engine->remove_feed(group);
+    consumer->close(std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5));
+    const bool held = on_engine([&] {
+      if (s.started) s.engine->remove_feed(group);
       s.reconciler->set_routes(view, s.engine->handlers());
-      if (consumer) s.closed_consumers.push_back(std::move(consumer));
+      if (!s.engine->holds_records_of(group)) return false;
+      s.closed_consumers.push_back(std::move(consumer));
+      return true;
     });
-    spdlog::info("reload: group {} closed; its routes are removed", group);
+    consumer.reset();  // here, not on the engine thread: it joins librdkafka's threads
+    spdlog::info("reload: group {} closed{}; its routes are removed", group,
+                 held ? " (a call past the grace still holds its messages)" : "");
   }
 
   static constexpr std::chrono::seconds kApplyWait{60};

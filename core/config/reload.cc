@@ -45,16 +45,18 @@ std::vector<std::string> differing(const Flat& a, const Flat& b, const std::stri
 // A [[route]] key (relative to the route) by what changing it means.
 enum class Class { InPlace, Identity, Restart };
 
-// In place: what only the engine thread reads, per record or per call.
-// call_timeout, retries, the DLQ and the output are read by the reconciler
-// too (from the config the host started with), and switching the circuit
-// off while it is open would leave it open: those need a restart.
+// In place: what the engine thread reads per record or per call, and the
+// reconciler from the reload's snapshot (Reconciler::set_routes). The retry
+// topics change the subscription, the DLQ where letters already written
+// go, and switching the circuit off while it is open would leave it open:
+// those need a restart; call_timeout may only grow (plan_reload).
 Class class_of(std::string_view key) {
   const std::string_view section = key.substr(0, key.find('.'));
-  for (std::string_view s : {"options", "rate_limit", "when"})
+  for (std::string_view s : {"options", "rate_limit", "when", "output"})
     if (section == s) return Class::InPlace;
   if (section == "circuit" && key != "circuit.enabled") return Class::InPlace;
-  for (std::string_view k : {"concurrency", "payload_check", "max_record_bytes"})
+  for (std::string_view k : {"concurrency", "payload_check", "max_record_bytes", "call_timeout", "retry.max_attempts",
+                             "retry.backoff_initial", "retry.backoff_max"})
     if (key == k) return Class::InPlace;
   if (section == "key" || section == "database") return Class::Identity;
   return Class::Restart;  // the topic, group, formats, plugin file, and any key not known here
@@ -154,6 +156,15 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
             "needs a restart (route.rate_limit: a limit newly shared by the group needs the topic's partition "
             "counts, read at assignment)";
       }
+      // A call out under the longer deadline must not be taken for one that
+      // never happened (the reconciler waits call_timeout before it asks),
+      // and the dispatcher's deadlines stay in the order calls started.
+      if (c.kind == RouteChange::Kind::Changed && next.routes[*j].call_timeout < r.call_timeout) {
+        c.kind = RouteChange::Kind::Restart;
+        c.why =
+            "needs a restart (route.call_timeout lowered: a call out under the longer one could be taken for one "
+            "never sent)";
+      }
       plan.routes.push_back(std::move(c));
     } else
       gone.push_back(&r);
@@ -209,6 +220,19 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
     plan.routes.push_back(std::move(c));
   }
   return plan;
+}
+
+std::string without_routes(const std::string& text, const std::set<std::string>& routes) {
+  toml::table doc = parse_text(text, "the config");
+  if (toml::array* tables = doc["route"].as_array())
+    for (size_t i = tables->size(); i-- > 0;) {
+      const toml::table* t = (*tables)[i].as_table();
+      const auto name = t ? (*t)["name"].value<std::string>() : std::nullopt;
+      if (name && routes.contains(*name)) tables->erase(tables->begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  std::ostringstream out;
+  out << doc;
+  return out.str();
 }
 
 bool ReloadPlan::changes_anything() const {

@@ -6,8 +6,10 @@
 //
 //   changed   a route's options, rate limit (but one newly shared by the
 //             group), circuit thresholds, filter ([route.when]),
-//             concurrency, payload_check, max_record_bytes: applied to that
-//             route alone, while it runs (pipeline::Engine::reconfigure);
+//             concurrency, payload_check, max_record_bytes, attempts and
+//             backoff ([route.retry] but its topics), [route.output], a
+//             longer call_timeout: applied to that route alone, while it runs
+//             (pipeline::Engine::reconfigure, the reconciler's snapshot);
 //             host.log_level too.
 //   identity  where a route's biz_key comes from ([route.key]), its database
 //             ([route.database]), or its name (a route gone and one come
@@ -17,8 +19,7 @@
 //             restart even then.
 //   restart   anything else: [kafka], [database], [claim], [schema_registry],
 //             [host] but its log level, a route's topic, group, start_at,
-//             call_timeout, [route.retry], [route.dlq], [route.output]
-//             (the reconciler reads those as the host started),
+//             a shorter call_timeout, the retry topics, [route.dlq],
 //             circuit.enabled, formats, order_by or plugin file. Refused,
 //             naming the keys.
 //   added     a route that is new, in a group no running route reads, on a
@@ -32,6 +33,7 @@
 // A reload applies all of its changes or none.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,5 +72,9 @@ struct ReloadPlan {
 /// one that loaded. Throws ConfigError when a text does not parse.
 ReloadPlan plan_reload(const Config& running, const std::string& running_text, const Config& next,
                        const std::string& next_text);
+
+/// The file's text without the [[route]] tables named `routes`: what runs
+/// when a reload could not add them.
+std::string without_routes(const std::string& text, const std::set<std::string>& routes);
 
 }  // namespace idemsink::config

@@ -144,14 +144,19 @@ Engine::FeedPlan Engine::add_routes(std::vector<std::unique_ptr<Route>> routes) 
   const std::string group = routes.at(0)->cfg.group_id;
   for (const auto& f : feeds_)
     if (f->group == group) throw std::logic_error("add_routes: group " + group + " has a feed already");
-  const bool paused = operator_paused();
   std::vector<Route*> added;
   for (auto& r : routes) {
     added.push_back(r.get());
     routes_.push_back(std::move(r));
   }
-  Feed& feed = *feeds_.emplace_back(std::make_unique<Feed>(*this, group, added));
-  feed.gate.set_operator_pause(paused);
+  auto made = std::make_unique<Feed>(*this, group, added);
+  Feed& feed = *made;
+  {
+    // The host's pause reaches the new feed too, however the two cross.
+    std::lock_guard lk(feeds_mu_);
+    feed.gate.set_operator_pause(operator_paused_);
+    feeds_.push_back(std::move(made));
+  }
   for (Route* r : added) {
     route_control_.add(r);
     housekeeping_.add_route(r->cfg, *r->metrics);
@@ -178,20 +183,38 @@ void Engine::remove_feed(const std::string& group) {
   for (Route* r : (*feed)->routes) {
     route_control_.remove(r->cfg.name);
     health_.stop(*r);
+    // Its instance goes with its last call (a record holds the one it called).
+    if (r->live == 0) r->handler.reset();
     auto it = std::find_if(routes_.begin(), routes_.end(), [&](const auto& own) { return own.get() == r; });
     removed_routes_.push_back(std::move(*it));
     routes_.erase(it);
   }
-  removed_feeds_.push_back(std::move(*feed));
-  feeds_.erase(feed);
+  {
+    std::lock_guard lk(feeds_mu_);
+    removed_feeds_.push_back(std::move(*feed));
+    feeds_.erase(feed);
+  }
   update_rate_shares();
 }
 
+bool Engine::holds_records_of(const std::string& group) const {
+  for (const auto& f : removed_feeds_)
+    if (f->group == group)
+      for (const auto& [id, rec] : records_)
+        if (rec->part->owner == &f->partitions) return true;
+  return false;
+}
+
 void Engine::set_operator_pause(bool paused) {
+  std::lock_guard lk(feeds_mu_);
+  operator_paused_ = paused;
   for (auto& f : feeds_) f->gate.set_operator_pause(paused);
 }
 
-bool Engine::operator_paused() const { return !feeds_.empty() && feeds_.front()->gate.operator_paused(); }
+bool Engine::operator_paused() const {
+  std::lock_guard lk(feeds_mu_);
+  return operator_paused_;
+}
 
 Engine::~Engine() = default;
 
@@ -680,6 +703,11 @@ void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Insta
     cfg.circuit = next.circuit;
     cfg.rate_limit = next.rate_limit;
     cfg.when = std::move(next.when);
+    cfg.call_timeout = next.call_timeout;  // never lower (config/reload.cc)
+    cfg.retry.max_attempts = next.retry.max_attempts;
+    cfg.retry.backoff_initial = next.retry.backoff_initial;
+    cfg.retry.backoff_max = next.retry.backoff_max;
+    cfg.output = std::move(next.output);
     cfg.key_source = next.key_source;  // forced only
     cfg.key_header = std::move(next.key_header);
     cfg.key_json_path = std::move(next.key_json_path);
@@ -708,7 +736,7 @@ void Engine::when_idle(Route& route, std::function<void()> then) {
 
 RemoteGate::Answer Engine::try_call(const std::string& name) {
   Route* route = route_named(name);
-  if (route == nullptr) return {};
+  if (route == nullptr) return {Pass::Closed};  // removed by a reload: a round that began before waits
   // The route's budget as the dispatcher takes it, then the circuit: a
   // remote that is down is not called, but for the probe once it is due and
   // no record of the route has taken it (a route whose records all ended

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -122,8 +123,11 @@ class Engine : public RemoteGate {
   /// and feed leave the engine (engine thread). They are kept, not
   /// destroyed: a record whose call outlived the close still points at them.
   void remove_feed(const std::string& group);
+  /// Whether a record of a removed group's feed is still in the engine (a
+  /// call that outlived the close's grace): its consumer must live on.
+  bool holds_records_of(const std::string& group) const;
 
-  /// Operator pause/resume (admin API): stops fetching, keeps the groups.
+  /// Operator pause/resume (admin API, any thread): stops fetching, keeps the groups.
   void set_operator_pause(bool paused);
   bool operator_paused() const;
 
@@ -220,7 +224,10 @@ class Engine : public RemoteGate {
   claim::ClaimStore store_;
   dlq::Outbox outbox_;
   std::vector<std::unique_ptr<Route>> routes_;
+  /// Changed on the engine thread; the admin port's pause walks it too (feeds_mu_).
   std::vector<std::unique_ptr<Feed>> feeds_;
+  mutable std::mutex feeds_mu_;
+  bool operator_paused_ = false;  // feeds_mu_
   // What a reload removed: records past the close's grace may point at them.
   std::vector<std::unique_ptr<Route>> removed_routes_;
   std::vector<std::unique_ptr<Feed>> removed_feeds_;

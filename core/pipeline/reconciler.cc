@@ -496,16 +496,21 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
 
 void Reconciler::set_routes(std::shared_ptr<const config::Config> routes,
                             const std::map<std::string, std::shared_ptr<plugin::Instance>>& handlers) {
-  routes_ = std::move(routes);
-  handlers_.clear();
+  std::map<std::string, std::shared_ptr<plugin::Instance>> next;
   for (const auto& [route, h] : handlers)
-    if (h->can_reconcile()) handlers_.emplace(route, h);
+    if (h->can_reconcile()) next.emplace(route, h);
+  std::lock_guard lk(hook_mu_);
+  routes_ = std::move(routes);
+  handlers_ = std::move(next);
 }
 
 bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional<std::string> key,
                           std::optional<std::string> value, int64_t timestamp_ms,
                           std::function<void(idemsink_outcome, std::string)> answered) {
-  if (!handlers_.contains(claim.row.ns)) return false;
+  {
+    std::lock_guard lk(hook_mu_);  // an API thread; a reload changes the map on the engine thread
+    if (!handlers_.contains(claim.row.ns)) return false;
+  }
   auto cand = std::make_shared<Candidate>();
   cand->row = claim.row;
   cand->status = claim.status;

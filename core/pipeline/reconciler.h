@@ -43,6 +43,7 @@
 #include "core/common/asio.h"
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -109,8 +110,10 @@ class Reconciler {
   db::Pool& pool_;
   const config::Config& cfg_;                     // the host's settings; routes_ has the routes
   std::shared_ptr<const config::Config> routes_;  // engine thread; a round keeps its own
-  /// Routes whose plugin can reconcile (engine thread; a round keeps its own).
+  /// Routes whose plugin can reconcile (engine thread; a round keeps its own;
+  /// ask_hook looks a route up from an API thread under hook_mu_).
   std::map<std::string, std::shared_ptr<plugin::Instance>> handlers_;
+  std::mutex hook_mu_;
   RemoteGate& gate_;
   metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;

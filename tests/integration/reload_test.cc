@@ -113,11 +113,10 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_one_route_while_both_run_and_refuses_what_
   BOOST_TEST(identity_status == 409, identity_answer);
   BOOST_TEST(identity_answer.find("route b: its identity changes (route.key") != std::string::npos, identity_answer);
   BOOST_TEST(identity_answer.find("refused unless forced") != std::string::npos, identity_answer);
-  write(file, replaced(applied_text, "[route.options]", "[route.retry]\nmax_attempts = 9\n[route.options]"));
+  write(file, replaced(applied_text, "[route.options]", "[route.retry]\ntopics = [\"10s\"]\n[route.options]"));
   auto [retry_status, retry_answer] = reload(port);
   BOOST_TEST(retry_status == 409, retry_answer);
-  BOOST_TEST(retry_answer.find("route a needs a restart (route.retry.max_attempts)") != std::string::npos,
-             retry_answer);
+  BOOST_TEST(retry_answer.find("route a needs a restart (route.retry.topics)") != std::string::npos, retry_answer);
   // A file that does not load: its error, and nothing changes.
   write(file, applied_text + "\n[[route]]\nname = \"c\"\n");
   auto [broken_status, broken_answer] = reload(port);
@@ -275,7 +274,12 @@ BOOST_AUTO_TEST_CASE(a_reload_adds_and_removes_routes_of_their_own_groups_while_
   s.kafka.produce("parcels", keyed_messages("p", kBatch, 2 * kBatch));
   s.kafka.produce("texts", keyed_messages("t", 2 * kBatch, 3 * kBatch));
   wait_until([&] { return Scenario::calls_per_key(log_b).size() >= size_t{kBatch} + 200; }, 60s, "route b back");
+  // Back from its commits: nothing it had done is read again (no duplicates), nothing called twice.
+  for (const auto& r : nlohmann::json::parse(http_request(port, "GET", "/api/v1/routes").second))
+    if (r["name"] == "b") BOOST_TEST(r["counters"]["duplicates"].get<int64_t>() == 0, r.dump());
+  for (const auto& [k, n] : Scenario::calls_per_key(log_b)) BOOST_TEST(n == 1, "route b called " << k << " " << n);
   BOOST_TEST(count_of(host.log(), "revoking orders") == 0u);
+  BOOST_TEST(count_of(host.log(), "lost orders") == 0u);
   host.kill();
   const std::string final_text = slurp(file);
   auto& again = s.host("host-a2", {a, c}, {.edit = [&](std::string& text) { text = final_text; }});
@@ -297,4 +301,69 @@ BOOST_AUTO_TEST_CASE(a_reload_adds_and_removes_routes_of_their_own_groups_while_
   }
   BOOST_TEST(again.stop() == 0);
   s.audit_clean(again);
+}
+
+// Attempts, backoff, the output and a longer call_timeout change in place
+// (config/reload.h): records failing before the reload are dead letters
+// after two calls, those after it are done on their fourth, and their
+// outcome events appear from the reload on; the reconciler's view of the
+// route changes with the engine's.
+BOOST_AUTO_TEST_CASE(a_reload_changes_attempts_and_the_output_of_a_running_route) {
+  Scenario s("reload_retries");
+  s.topic("orders", 2).topic("orders.dlq", 1).topic("orders.out", 1);
+  RouteSpec a = s.scripted("a", "orders",
+                           "call_timeout = \"20s\"\ncircuit = { enabled = false }\n[route.retry]\nmax_attempts = 2\n"
+                           "backoff_initial = \"10ms\"\n"
+                           "backoff_max = \"20ms\"");
+  auto& host = s.host("host-a", {a}, {.admin = true});
+  const int port = s.admin_port(host);
+  wait_until([&] { return http_status(port, "/livez") == 200; }, 60s, "the admin port");
+  const auto file = host.config_path();
+
+  // Before: a record that succeeds on its fourth call is dead after its second.
+  constexpr int kBatch = 50;
+  s.kafka.produce("orders", keyed_messages("retry3-b", 0, kBatch));
+  s.wait_committed(host, {"orders"});
+  BOOST_TEST(s.wait_records("orders.dlq", kBatch).size() == size_t{kBatch});
+
+  write(file, replaced(replaced(slurp(file), "max_attempts = 2", "max_attempts = 5"), "call_timeout = \"20s\"",
+                       "call_timeout = \"40s\"\noutput = { topic = \"orders.out\" }"));
+  const auto [status, answer] = reload(port);
+  BOOST_TEST_REQUIRE(status == 200, answer);
+  BOOST_TEST(answer.find("route.retry.max_attempts") != std::string::npos, answer);
+  s.kafka.produce("orders", keyed_messages("retry3-a", 0, kBatch));
+  s.wait_committed(host, {"orders"});
+
+  // Calls per key: two before, four after; every record after the reload done, with its event.
+  std::map<std::string, int> calls;
+  for (const auto& cols : read_call_log(s.calls_log())) ++calls[unhex(cols.at(1))];
+  BOOST_TEST(calls.size() == size_t{2 * kBatch});
+  for (const auto& [key, n] : calls)
+    BOOST_TEST(n == (key.starts_with("retry3-b") ? 2 : 4), key << " called " << n << " times");
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == kBatch);
+  const auto events = s.wait_records("orders.out", kBatch);
+  BOOST_TEST(events.size() == size_t{kBatch});
+  BOOST_TEST(s.wait_records("orders.dlq", kBatch).size() == size_t{kBatch});
+  BOOST_TEST(host.stop() == 0);
+  s.audit_clean(host);
+}
+
+// A reload asked while the host drains its calls is refused, and the host
+// still stops: the shutdown holds the reload's lock only while it drains.
+BOOST_AUTO_TEST_CASE(a_reload_asked_while_the_host_drains_is_refused_and_the_host_stops) {
+  Scenario s("reload_draining");
+  s.topic("orders", 1);
+  auto& host = s.host("host-a", {with_delay(s.scripted("a", "orders"), "3s")}, {.admin = true});
+  const int port = s.admin_port(host);
+  wait_until([&] { return http_status(port, "/livez") == 200; }, 60s, "the admin port");
+  s.kafka.produce("orders", keyed_messages("o", 0, 3));
+  wait_until([&] { return admin_metric(port, "idemsink_in_flight{route=\"a\"}") > 0; }, 60s, "calls out");
+  host.proc().signal(SIGTERM);
+  wait_until([&] { return host.log().find("draining") != std::string::npos; }, 30s, "the drain");
+  const auto [status, answer] = reload(port);
+  BOOST_TEST(status == 409, answer);
+  BOOST_TEST(answer.find("the host is stopping") != std::string::npos, answer);
+  BOOST_TEST(host.stop() == 0);
+  BOOST_TEST(Scenario::calls_per_key(s.calls_log()).size() == 3u);
 }

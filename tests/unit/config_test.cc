@@ -655,10 +655,21 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_r
   BOOST_TEST(plan.log_level_changed);
   BOOST_TEST(plan.routes_to_apply(false) == std::vector<std::string>{"waybill"});
   BOOST_TEST(plan.describe() == "changed host.log_level; route waybill: route.options.endpoint, route.concurrency");
-  // What the reconciler reads as the host started, and switching the circuit off: a restart.
-  BOOST_TEST(plan_to(with(kTwoRoutes, "max_attempts = 3", "max_attempts = 5")).refusal(false) ==
-             "route waybill needs a restart (route.retry.max_attempts)");
+  // Attempts, backoff, the output, a longer call_timeout: applied (the
+  // reconciler reads them from the reload's snapshot). Retry topics, a
+  // shorter call_timeout, the DLQ, switching the circuit off: a restart.
   const std::string sms = "plugin = \"/opt/plugins/sms.so\"";
+  plan = plan_to(with(with(kTwoRoutes, "max_attempts = 3", "max_attempts = 5\nbackoff_max = \"9s\""), sms,
+                      sms + "\ncall_timeout = \"60s\"\noutput = { topic = \"texts.out\" }"));
+  BOOST_TEST(plan.refusal(false) == "");
+  BOOST_TEST((plan.routes_to_apply(false) == std::vector<std::string>{"waybill", "sms"}));
+  BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\ncall_timeout = \"5s\""))
+                 .refusal(false)
+                 .find("route sms needs a restart (route.call_timeout lowered") == 0u);
+  BOOST_TEST(plan_to(with(kTwoRoutes, "max_attempts = 3", "max_attempts = 3\ntopics = [\"10s\"]")).refusal(false) ==
+             "route waybill needs a restart (route.retry.topics)");
+  BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\ndlq = { topic = \"x.dlq\" }")).refusal(false) ==
+             "route sms needs a restart (route.dlq.topic)");
   BOOST_TEST(plan_to(with(kTwoRoutes, sms, sms + "\ncircuit = { enabled = false }")).refusal(false) ==
              "route sms needs a restart (route.circuit.enabled)");
   // A rate limit newly shared by the group: a restart; one per host: applied.
