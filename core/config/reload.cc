@@ -182,12 +182,16 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
   for (const auto& r : next.routes) {
     if (index_of(running, r.name)) continue;
     RouteChange c{r.name, RouteChange::Kind::Added, {"route.name"}};
+    // A route gone and one come on its topic in one reload is a rename, or
+    // one route replacing another: the new name's claims are empty, so
+    // records the old one did would run again.
     for (auto it = gone.begin(); it != gone.end(); ++it)
-      if ((*it)->topic == r.topic && (*it)->group_id == r.group_id) {
+      if ((*it)->topic == r.topic) {
         c.kind = RouteChange::Kind::Identity;
-        c.why = "was route " + (*it)->name +
-                " (same topic and group): its claims are under the old name, so records already done would run "
-                "again; renaming needs a restart";
+        c.why = "was route " + (*it)->name + " (same topic" + ((*it)->group_id == r.group_id ? " and group" : "") +
+                "): its claims are under the old name, so records already done would run again; renaming, or "
+                "replacing a route on its topic, needs a restart (or a reload that removes it, then one that adds "
+                "the other)";
         gone.erase(it);
         break;
       }

@@ -13,7 +13,7 @@
 //             host.log_level too.
 //   identity  where a route's biz_key comes from ([route.key]), its database
 //             ([route.database]), or its name (a route gone and one come
-//             with the same topic and group): records already claimed would
+//             on its topic in one reload): records already claimed would
 //             get another identity and run again. Refused unless forced; a
 //             forced key change is applied, a database or a name needs a
 //             restart even then.

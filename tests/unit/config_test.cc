@@ -722,4 +722,10 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_r
   // A rename (same topic and group): an identity change even when forced.
   plan = plan_to(with(kTwoRoutes, "name = \"sms\"", "name = \"texts\""));
   BOOST_TEST(plan.refusal(true).find("route texts: was route sms") == 0u, plan.refusal(true));
+  // A route replacing another on its topic in a group of its own: the same (its claims are empty).
+  plan =
+      plan_reload(load_string(sms_own, "a.toml"), sms_own,
+                  load_string(with(with(sms_own, "name = \"sms\"", "name = \"texts\""), "g.sms", "g.texts"), "a.toml"),
+                  with(with(sms_own, "name = \"sms\"", "name = \"texts\""), "g.sms", "g.texts"));
+  BOOST_TEST(plan.refusal(true).find("route texts: was route sms (same topic)") == 0u, plan.refusal(true));
 }
