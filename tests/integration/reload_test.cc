@@ -367,3 +367,65 @@ BOOST_AUTO_TEST_CASE(a_reload_asked_while_the_host_drains_is_refused_and_the_hos
   BOOST_TEST(host.stop() == 0);
   BOOST_TEST(Scenario::calls_per_key(s.calls_log()).size() == 3u);
 }
+
+// Two hosts of one group, each reloaded: route b removed, route c added in
+// a group of its own; route a, in the shared group, is never revoked by the
+// reloads. Then one host is killed under load: the other takes its
+// partitions of both groups over, and every record of a and c is done once.
+BOOST_AUTO_TEST_CASE(two_hosts_reloaded_then_one_killed_do_every_record_once) {
+  Scenario s("reload_two_hosts");
+  s.topic("orders", 4).topic("texts", 4).topic("parcels", 4);
+  const auto log_b = s.dir / "calls_b.log";
+  const auto log_c = s.dir / "calls_c.log";
+  RouteSpec a = with_delay(s.scripted("a", "orders"), "5ms");
+  RouteSpec b = with_delay(s.scripted("b", "texts", "group_id = \"g.b\""), "5ms");
+  b.options["log"] = "\"" + log_b.string() + "\"";
+  RouteSpec c = with_delay(s.scripted("c", "parcels", "group_id = \"g.c\""), "5ms");
+  c.options["log"] = "\"" + log_c.string() + "\"";
+  std::vector<HostProcess*> hosts = {&s.host("h1", {a, b}, {.admin = true}), &s.host("h2", {a, b}, {.admin = true})};
+  for (auto* h : hosts) wait_until([&] { return http_status(s.admin_port(*h), "/livez") == 200; }, 60s, "admin");
+
+  constexpr int kBatch = 2000;
+  s.kafka.produce("orders", keyed_messages("o", 0, kBatch));
+  s.kafka.produce("texts", keyed_messages("t", 0, kBatch));
+  wait_until([&] { return Scenario::calls_per_key(s.calls_log()).size() >= 300; }, 60s, "route a under way");
+  std::vector<size_t> revokes;
+  for (auto* h : hosts) {
+    revokes.push_back(count_of(h->log(), "revoking orders") + count_of(h->log(), "lost orders"));
+    const std::string text = slurp(h->config_path());
+    const size_t b_at = text.find("[[route]]\nname = \"b\"");
+    BOOST_TEST_REQUIRE(b_at != std::string::npos);
+    const size_t b_end = text.find("[[route]]", b_at + 1);
+    write(h->config_path(),
+          text.substr(0, b_at) + (b_end == std::string::npos ? "" : text.substr(b_end)) + route_config(c));
+    const auto [status, answer] = reload(s.admin_port(*h));
+    BOOST_TEST_REQUIRE(status == 200, answer);
+  }
+  s.kafka.produce("parcels", keyed_messages("p", 0, kBatch));
+  s.kafka.produce("orders", keyed_messages("o", kBatch, 2 * kBatch));
+  wait_until([&] { return Scenario::calls_per_key(log_c).size() >= 500; }, 60s, "route c under way");
+  for (size_t i = 0; i < hosts.size(); ++i)
+    BOOST_TEST(count_of(hosts[i]->log(), "revoking orders") + count_of(hosts[i]->log(), "lost orders") == revokes[i],
+               "host " << i + 1 << " revoked orders after the reload");
+  hosts[1]->kill();
+  s.wait_committed(*hosts[0], {"orders"});
+  s.wait_committed(*hosts[0], 120s, {"parcels"}, "g.c");
+
+  // Every record of a and c done once, each key called with one token; b's
+  // records it took before it was removed, once each.
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace IN ('a', 'c') AND " +
+                      sql_status_is(claim::Status::Done)) == 3 * kBatch);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE namespace IN ('a', 'c') AND NOT " +
+                      sql_status_is(claim::Status::Done)) == 0);
+  for (const auto& [log, n] :
+       std::vector<std::pair<std::filesystem::path, int>>{{s.calls_log(), 2 * kBatch}, {log_c, kBatch}}) {
+    std::map<std::string, std::set<std::string>> tokens;
+    for (const auto& cols : read_call_log(log)) tokens[unhex(cols.at(1))].insert(cols.at(2));
+    BOOST_TEST(tokens.size() == size_t(n), log);
+    for (const auto& [key, t] : tokens)
+      BOOST_TEST(t.size() == 1u, log << ": key " << key << " called with " << t.size() << " tokens");
+  }
+  for (const auto& [k, n] : Scenario::calls_per_key(log_b)) BOOST_TEST(n == 1, "route b called " << k << " " << n);
+  BOOST_TEST(hosts[0]->stop() == 0);
+  s.audit_clean(*hosts[0]);
+}
