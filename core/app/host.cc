@@ -510,7 +510,14 @@ class HostRun {
   operate::Done reload(const operate::Actor& who, bool force, const std::string& note) {
     if (draining_) return {false, "refused, nothing changed: the host is stopping", {{"result", "refused"}}};
     std::lock_guard lock(reload_mu_);
-    operate::Done done = try_reload(force);
+    operate::Done done;
+    try {
+      done = try_reload(force);
+    } catch (const std::exception& e) {  // a bug: said, never the end of the host
+      done = {false,
+              std::string("the reload failed part way: ") + e.what() + " (restart to be sure what runs)",
+              {{"result", "refused"}}};
+    }
     const std::string result = done.detail.value("result", "refused");
     metrics_.count_reload(result, done.message);
     if (done.ok)
@@ -559,7 +566,6 @@ class HostRun {
       return {true, "no setting changed (config " + hash + ")", {{"result", "unchanged"}, {"hash", hash}}};
     }
     if (const std::string why = plan.refusal(force); !why.empty()) return refused(why);
-    auto views = views_of(*next);
     // Every new instance is created before anything changes: a plugin that
     // refuses its options leaves the running config as it is.
     struct Change {
@@ -609,12 +615,14 @@ class HostRun {
       if (--pending->left == 0) pending->cv.notify_all();
     };
     const std::string level = plan.log_level_changed ? next->host.log_level : "";
-    asio::post(io_, [changes = std::move(changes), one_done, level, views]() mutable {
+    asio::post(io_, [changes = std::move(changes), one_done, level]() mutable {
       if (!level.empty()) spdlog::set_level(spdlog::level::from_str(level));
       for (auto& c : changes) {
         Slice* s = c.slice;
-        s->engine->reconfigure(std::move(c.route), std::move(c.handler), [s, view = views.at(s), one_done] {
-          s->reconciler->set_routes(view, s->engine->handlers());
+        // The reconciler reads the routes as the engine runs them now (a
+        // local_tx route's change may land after a later reload's).
+        s->engine->reconfigure(std::move(c.route), std::move(c.handler), [s, one_done] {
+          s->reconciler->set_routes(s->engine->routes_config(), s->engine->handlers());
           one_done();
         });
       }
@@ -643,7 +651,7 @@ class HostRun {
       std::set<std::string> names;
       for (const auto& r : a.routes) names.insert(r->cfg.name);
       try {
-        add_group(a, views.at(a.slice));
+        add_group(a);
       } catch (const std::exception& e) {
         not_added.merge(names);
         failures +=
@@ -653,16 +661,14 @@ class HostRun {
     std::set<std::pair<Slice*, std::string>> removals;
     for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
       removals.insert({slice_of(name), running_.route_by_name(name)->group_id});
-    for (const auto& [slice, group] : removals) remove_group(*slice, group, views.at(slice));
+    for (const auto& [slice, group] : removals) remove_group(*slice, group);
     if (!not_added.empty()) {
       // What runs is the file but for those routes: the next reload compares with that.
       std::erase_if(next->routes, [&](const config::RouteConfig& r) { return not_added.contains(r.name); });
       text = config::without_routes(text, not_added);
-      views = views_of(*next);
-      on_engine([&] {
-        for (auto& s : slices_) s.reconciler->set_routes(views.at(&s), s.engine->handlers());
-      });
     }
+    // The admin port's view of the routes, as they now run.
+    const auto views = views_of(*next);
     for (auto& s : slices_) s.routes = views.at(&s);
     views_.set(slice_views());
     running_ = std::move(*next);
@@ -757,7 +763,7 @@ class HostRun {
   // Added routes of one group: the engine's feed for them, then its
   // consumer, started like the others. A consumer that cannot start takes
   // its routes out again (throws).
-  void add_group(Addition& a, const std::shared_ptr<const config::Config>& view) {
+  void add_group(Addition& a) {
     Slice& s = *a.slice;
     std::map<std::string, const format::RecordDecoder*> decoders;
     for (const auto& r : a.routes)
@@ -779,7 +785,7 @@ class HostRun {
           consumer->start();
           s.engine->slice().add_consumer(a.group, &consumer->health());
           s.consumers.push_back(std::move(consumer));
-          s.reconciler->set_routes(view, s.engine->handlers());
+          s.reconciler->set_routes(s.engine->routes_config(), s.engine->handlers());
           return;
         } catch (const std::exception& e) {
           failed = e.what();
@@ -798,30 +804,37 @@ class HostRun {
   // revoked, drained up to the grace, committed; it leaves the group), then
   // its routes leave the engine. The consumer goes once no record holds a
   // message of it (librdkafka waits for those).
-  void remove_group(Slice& s, const std::string& group, const std::shared_ptr<const config::Config>& view) {
+  void remove_group(Slice& s, const std::string& group) {
+    bool removed = false;  // at once: the slice had not started
     std::unique_ptr<kafka::Consumer> consumer = on_engine([&] {
       std::unique_ptr<kafka::Consumer> out;
       auto it =
           std::find_if(s.consumers.begin(), s.consumers.end(), [&](const auto& c) { return c->group() == group; });
+      if (it == s.consumers.end()) throw std::logic_error("remove_group: no consumer of group " + group);
       out = std::move(*it);
       s.consumers.erase(it);
       s.engine->slice().remove_consumer(&out->health());
       // A slice still waiting for its database never started its consumers:
       // its feed goes at once, before the slice can start.
-      if (!s.started) s.engine->remove_feed(group);
+      if (!s.started) {
+        s.engine->remove_feed(group);
+        removed = true;
+      }
       return out;
     });
     consumer->close(std::chrono::steady_clock::now() + cfg_.host.shutdown_grace + std::chrono::seconds(5));
-    const bool held = on_engine([&] {
-      if (s.started) s.engine->remove_feed(group);
-      s.reconciler->set_routes(view, s.engine->handlers());
-      if (!s.engine->holds_records_of(group)) return false;
+    const bool kept = on_engine([&] {
+      if (!removed) s.engine->remove_feed(group);
+      s.reconciler->set_routes(s.engine->routes_config(), s.engine->handlers());
+      // One librdkafka abandoned (docs/librdkafka.md) must never be
+      // destroyed, nor one whose messages a record still holds.
+      if (!consumer->abandoned() && !s.engine->holds_records_of(group)) return false;
       s.closed_consumers.push_back(std::move(consumer));
       return true;
     });
     consumer.reset();  // here, not on the engine thread: it joins librdkafka's threads
     spdlog::info("reload: group {} closed{}; its routes are removed", group,
-                 held ? " (a call past the grace still holds its messages)" : "");
+                 kept ? " (its client is kept until the host stops)" : "");
   }
 
   static constexpr std::chrono::seconds kApplyWait{60};

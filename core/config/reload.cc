@@ -150,7 +150,9 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
     const auto& r = running.routes[i];
     if (const auto j = index_of(next, r.name)) {
       RouteChange c = compare_route(r.name, before[i], after[*j]);
-      if (c.kind == RouteChange::Kind::Changed && newly_group_limited(r, next.routes[*j])) {
+      // A forced key change applies the route's other changes too: the same checks.
+      const bool applies = c.kind == RouteChange::Kind::Changed || c.kind == RouteChange::Kind::Identity;
+      if (applies && newly_group_limited(r, next.routes[*j])) {
         c.kind = RouteChange::Kind::Restart;
         c.why =
             "needs a restart (route.rate_limit: a limit newly shared by the group needs the topic's partition "
@@ -159,7 +161,7 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
       // A call out under the longer deadline must not be taken for one that
       // never happened (the reconciler waits call_timeout before it asks),
       // and the dispatcher's deadlines stay in the order calls started.
-      if (c.kind == RouteChange::Kind::Changed && next.routes[*j].call_timeout < r.call_timeout) {
+      if (applies && next.routes[*j].call_timeout < r.call_timeout) {
         c.kind = RouteChange::Kind::Restart;
         c.why =
             "needs a restart (route.call_timeout lowered: a call out under the longer one could be taken for one "
@@ -191,7 +193,7 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
         c.why = "was route " + (*it)->name + " (same topic" + ((*it)->group_id == r.group_id ? " and group" : "") +
                 "): its claims are under the old name, so records already done would run again; renaming, or "
                 "replacing a route on its topic, needs a restart (or a reload that removes it, then one that adds "
-                "the other)";
+                "the other, which starts where its group's commits or start_at say)";
         gone.erase(it);
         break;
       }

@@ -189,6 +189,10 @@ void Engine::remove_feed(const std::string& group) {
     removed_routes_.push_back(std::move(*it));
     routes_.erase(it);
   }
+  // Its consumer is closed and may be destroyed: nothing of the feed may
+  // reach it any more (a store in flight commits nowhere).
+  (*feed)->gate.attach(nullptr);
+  (*feed)->partitions.attach(nullptr);
   {
     std::lock_guard lk(feeds_mu_);
     removed_feeds_.push_back(std::move(*feed));
@@ -221,6 +225,13 @@ Engine::~Engine() = default;
 std::vector<Route*> Engine::route_pointers(const std::vector<std::unique_ptr<Route>>& routes) {
   std::vector<Route*> out;
   for (const auto& r : routes) out.push_back(r.get());
+  return out;
+}
+
+std::shared_ptr<const config::Config> Engine::routes_config() const {
+  auto out = std::make_shared<config::Config>(cfg_);
+  out->routes.clear();
+  for (const auto& r : routes_) out->routes.push_back(r->cfg);
   return out;
 }
 
@@ -703,7 +714,9 @@ void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Insta
     cfg.circuit = next.circuit;
     cfg.rate_limit = next.rate_limit;
     cfg.when = std::move(next.when);
-    cfg.call_timeout = next.call_timeout;  // never lower (config/reload.cc)
+    // Never lower (config/reload.cc): a call out under the longer deadline
+    // must keep it, and the dispatcher's deadlines their call order.
+    cfg.call_timeout = std::max(cfg.call_timeout, next.call_timeout);
     cfg.retry.max_attempts = next.retry.max_attempts;
     cfg.retry.backoff_initial = next.retry.backoff_initial;
     cfg.retry.backoff_max = next.retry.backoff_max;

@@ -100,6 +100,9 @@ class Engine : public RemoteGate {
   /// thread and the database workers have stopped.
   void drop_records() { records_.clear(); }
 
+  /// A config whose routes are the engine's as they run now, reloads
+  /// applied (engine thread; the reconciler's view of them).
+  std::shared_ptr<const config::Config> routes_config() const;
   /// Each route's handler, by route name (for the reconciler).
   std::map<std::string, std::shared_ptr<plugin::Instance>> handlers() const;
 

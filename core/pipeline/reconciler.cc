@@ -142,7 +142,11 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     // An unknown is asked about only once its newest call is old enough to
     // have landed: a call still on its way must not look like "never sent".
     std::vector<Candidate> found;
-    for (auto& u : r_.store_.unsettled(c, namespaces_, r_.cfg_.claim.stuck_after, limit, false)) {
+    // No route to ask (the one asked about was removed, or has no hook): an
+    // empty list would read every route's rows.
+    std::vector<claim::ClaimStore::Unsettled> rows;
+    if (!namespaces_.empty()) rows = r_.store_.unsettled(c, namespaces_, r_.cfg_.claim.stuck_after, limit, false);
+    for (auto& u : rows) {
       Candidate cand;
       cand.row = std::move(u.row);
       cand.status = u.status;

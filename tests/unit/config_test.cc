@@ -719,6 +719,11 @@ BOOST_AUTO_TEST_CASE(a_reload_changes_routes_in_place_and_refuses_what_needs_a_r
   BOOST_TEST(plan.refusal(true) == "");
   BOOST_TEST(plan.routes_to_apply(true) == std::vector<std::string>{"sms"});
   BOOST_TEST(plan.routes_to_apply(false).empty());
+  // Forced, a key change applies the route's other changes: a shorter call_timeout with it is a restart still.
+  BOOST_TEST(plan_to(with(kTwoRoutes, "topic = \"texts\"",
+                          "topic = \"texts\"\ncall_timeout = \"5s\"\nkey = { from = \"json\", json = \"id\" }"))
+                 .refusal(true)
+                 .find("route sms needs a restart (route.call_timeout lowered") == 0u);
   // A rename (same topic and group): an identity change even when forced.
   plan = plan_to(with(kTwoRoutes, "name = \"sms\"", "name = \"texts\""));
   BOOST_TEST(plan.refusal(true).find("route texts: was route sms") == 0u, plan.refusal(true));
