@@ -827,8 +827,9 @@ class HostRun {
       if (!removed) s.engine->remove_feed(group);
       s.reconciler->set_routes(s.engine->routes_config(), s.engine->handlers());
       // One librdkafka abandoned (docs/librdkafka.md) must never be
-      // destroyed, nor one whose messages a record still holds.
-      if (!consumer->abandoned() && !s.engine->holds_records_of(group)) return false;
+      // destroyed, nor one whose messages a record still holds; one never
+      // started may still be read by a metrics scrape that listed it.
+      if (!removed && !consumer->abandoned() && !s.engine->holds_records_of(group)) return false;
       s.closed_consumers.push_back(std::move(consumer));
       return true;
     });

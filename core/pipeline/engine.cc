@@ -146,6 +146,14 @@ Engine::FeedPlan Engine::add_routes(std::vector<std::unique_ptr<Route>> routes) 
     if (f->group == group) throw std::logic_error("add_routes: group " + group + " has a feed already");
   std::vector<Route*> added;
   for (auto& r : routes) {
+    // Added back while a call of its removed self is still out: that call's
+    // deadline stands, so the reconciler never takes it for one never sent.
+    for (const auto& old : removed_routes_)
+      if (old->cfg.name == r->cfg.name && old->live > 0 && old->cfg.call_timeout > r->cfg.call_timeout) {
+        spdlog::warn("route {}: call_timeout stays {}ms while a call of the route as it was removed is out",
+                     r->cfg.name, old->cfg.call_timeout.count());
+        r->cfg.call_timeout = old->cfg.call_timeout;
+      }
     added.push_back(r.get());
     routes_.push_back(std::move(r));
   }
@@ -183,6 +191,8 @@ void Engine::remove_feed(const std::string& group) {
   for (Route* r : (*feed)->routes) {
     route_control_.remove(r->cfg.name);
     health_.stop(*r);
+    ++r->reloads;  // a change still waiting for its jobs is dropped
+    r->held_for_reload = false;
     // Its instance goes with its last call (a record holds the one it called).
     if (r->live == 0) r->handler.reset();
     auto it = std::find_if(routes_.begin(), routes_.end(), [&](const auto& own) { return own.get() == r; });
@@ -697,12 +707,19 @@ void Engine::apply_offset_moves() {
 void Engine::reconfigure(config::RouteConfig next, std::shared_ptr<plugin::Instance> handler,
                          std::function<void()> applied) {
   Route* route = route_named(next.name);
-  if (route == nullptr) throw std::logic_error("reconfigure: no route " + next.name + " in this engine");
+  if (route == nullptr) {  // gone meanwhile (a reload that failed part way): nothing to change
+    spdlog::error("reload: route {} does not run here; its change is not applied", next.name);
+    return applied();
+  }
   // A local_tx route's settings are read by its apply jobs on database
   // workers: its calls stop starting, its jobs end, then they change.
   route->held_for_reload = true;
-  auto change = [this, route, next = std::move(next), handler = std::move(handler),
+  const uint64_t number = ++route->reloads;
+  auto change = [this, route, number, next = std::move(next), handler = std::move(handler),
                  applied = std::move(applied)]() mutable {
+    // A later reload's change, waiting too, carries the whole route as its
+    // file has it: this older one gives way (or the route was removed).
+    if (route->reloads != number) return applied();
     const auto now = std::chrono::steady_clock::now();
     // Only the fields a reload may change (config/reload.h): the route's
     // name and topics are read by the admin port's threads meanwhile.

@@ -65,6 +65,9 @@ struct Route {
   /// A reload waits for the route's apply jobs before it changes the
   /// settings they read: meanwhile no call of the route starts.
   bool held_for_reload = false;
+  /// The number of the latest reload change (Engine::reconfigure): an older
+  /// one still waiting for the route's jobs gives way to it.
+  uint64_t reloads = 0;
   /// What the circuit's state does to the route (route_health.h alone
   /// changes it). While the circuit is not closed the route's records leave
   /// the host's backpressure count (held for the remote, they must not pause

@@ -66,8 +66,12 @@ function expect(cond, what) {
     await op.getByTestId('letter-value').waitFor();
     expect((await op.getByTestId('letter-claim-status').textContent()) === 'failed', 'the letter\'s claim failed');
     await shot(op, 'letter');
+    // A done action re-renders its page: the next note is typed into the
+    // new form, not into one about to be replaced (it would be lost).
+    const beforeDryRun = await op.getByTestId('replay').elementHandle();
     await act(op, 'replay-dry', 'what would go');
     await op.getByTestId('flash-info').filter({hasText: 'would be'}).waitFor();
+    await op.waitForFunction((el) => !el.isConnected, beforeDryRun);
     await act(op, 'replay', 'the carrier is back');
     await op.getByTestId('flash-info').filter({hasText: ', 1 re-opened'}).waitFor();
     for (let i = 0; i < 60; ++i) {

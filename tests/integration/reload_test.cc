@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_CASE(a_reload_asked_while_the_host_drains_is_refused_and_the_hos
   s.kafka.produce("orders", keyed_messages("o", 0, 3));
   wait_until([&] { return admin_metric(port, "idemsink_in_flight{route=\"a\"}") > 0; }, 60s, "calls out");
   host.proc().signal(SIGTERM);
-  wait_until([&] { return host.log().find("draining") != std::string::npos; }, 30s, "the drain");
+  wait_until([&] { return host.log().find(": draining (grace") != std::string::npos; }, 30s, "the drain");
   const auto [status, answer] = reload(port);
   BOOST_TEST(status == 409, answer);
   BOOST_TEST(answer.find("the host is stopping") != std::string::npos, answer);
