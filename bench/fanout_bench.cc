@@ -86,15 +86,7 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, const Run& 
     series.push_back("idemsink_records_done_total{route=\"" + kRoutes[r] + "\"}");
     series.push_back("idemsink_records_skipped_total{route=\"" + kRoutes[r] + "\"}");
   }
-  wait_until(
-      [&] {
-        try {
-          return http_request(admin, "GET", "/metrics").first == 200;
-        } catch (const std::exception&) {
-          return false;
-        }
-      },
-      60s, "the host's admin port");
+  bench::wait_for_admin_port(admin);
   const auto last = bench::wait_for_outcomes(admin, series, double(records) * double(run.routes), 1800s,
                                              "the host to finish every record of " + run.name);
   Result out;

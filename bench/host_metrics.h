@@ -28,6 +28,20 @@ inline double metric(const std::string& scrape, const std::string& series) {
   return std::stod(scrape.substr(at + series.size() + 2));
 }
 
+/// Waits until the host's admin port answers /metrics (it opens once the
+/// host has read its config).
+inline void wait_for_admin_port(int admin) {
+  devkit::wait_until(
+      [&] {
+        try {
+          return devkit::http_request(admin, "GET", "/metrics").first == 200;
+        } catch (const std::exception&) {
+          return false;  // not listening yet
+        }
+      },
+      std::chrono::seconds(60), "the host's admin port");
+}
+
 /// Polls the host's /metrics (admin port `admin`) until the sum of `series`
 /// reaches `target`; returns when it did. Throws naming `what` after `timeout`.
 inline std::chrono::steady_clock::time_point wait_for_outcomes(int admin, const std::vector<std::string>& series,

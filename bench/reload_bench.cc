@@ -74,15 +74,7 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, std::chrono
   const auto file = dir / (topic + ".toml");
   write_file(file, files[1]);
   Process host({IDEMSINK_BINARY, "run", "--config", file.string()}, dir / (topic + ".out"), dir / (topic + ".log"));
-  wait_until(
-      [&] {
-        try {
-          return http_request(admin, "GET", "/metrics").first == 200;
-        } catch (const std::exception&) {
-          return false;
-        }
-      },
-      60s, "the host's admin port");
+  bench::wait_for_admin_port(admin);
   const std::vector<std::string> series = {"idemsink_records_done_total{route=\"a\"}"};
   const double first = double(records) / 100;
   const auto t0 = bench::wait_for_outcomes(admin, series, first, 600s, "route a's first outcomes");
