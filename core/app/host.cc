@@ -36,7 +36,7 @@
 #include "core/kafka/login.h"
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
-#include "core/pipeline/periodic.h"
+#include "core/common/periodic.h"
 #include "core/pipeline/reconciler.h"
 #include "core/plugin/retirer.h"
 
@@ -894,7 +894,7 @@ class HostRun {
   asio::signal_set signals_{io_, SIGINT, SIGTERM};
   asio::signal_set hangups_{io_, SIGHUP};
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
-  pipeline::Periodic heartbeat_{io_};
+  Periodic heartbeat_{io_};
   std::vector<Slice> slices_;
   std::vector<Engine*> engines_;
   // Declared after the slices: its threads stop before the engines their

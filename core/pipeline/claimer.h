@@ -20,7 +20,7 @@
 #include "core/config/config.h"
 #include "core/db/pool.h"
 #include "core/pipeline/batch_queue.h"
-#include "core/pipeline/periodic.h"
+#include "core/common/periodic.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {

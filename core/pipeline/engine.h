@@ -60,7 +60,7 @@
 #include "core/metrics/metrics.h"
 #include "core/pipeline/outcome_writer.h"
 #include "core/pipeline/partitions.h"
-#include "core/pipeline/periodic.h"
+#include "core/common/periodic.h"
 #include "core/pipeline/record.h"
 #include "core/pipeline/remote_gate.h"
 #include "core/pipeline/route_control.h"

@@ -22,7 +22,7 @@
 #include "core/db/pool.h"
 #include "core/dlq/outbox.h"
 #include "core/metrics/metrics.h"
-#include "core/pipeline/periodic.h"
+#include "core/common/periodic.h"
 
 namespace idemsink::pipeline {
 

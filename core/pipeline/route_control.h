@@ -19,7 +19,7 @@
 #include "core/db/connection.h"
 #include "core/db/pool.h"
 #include "core/pipeline/fetch_gate.h"
-#include "core/pipeline/periodic.h"
+#include "core/common/periodic.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {

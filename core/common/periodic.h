@@ -1,4 +1,4 @@
-// A timer that runs a function on the engine thread every period, until
+// A timer that runs a function on its io_context every period, until
 // stopped. Stopping cancels the wait; a run already started finishes.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <chrono>
 #include <functional>
 
-namespace idemsink::pipeline {
+namespace idemsink {
 
 class Periodic {
  public:
@@ -38,4 +38,4 @@ class Periodic {
   bool stopped_ = false;
 };
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink
