@@ -61,9 +61,6 @@ class Dispatcher {
   /// `observe_latency` false, of one that never went out (fenced, not confirmed).
   void end_call(Record& r, bool observe_latency = true);
 
-  /// The record as handed to a plugin; `headers` backs its header array.
-  static idemsink_record abi_record(const Record& r, std::vector<idemsink_header>& headers);
-
  private:
   struct Deadline {
     std::chrono::steady_clock::time_point at;

@@ -139,7 +139,7 @@ void Engine::look_up_before_call(Record& r) {
       [this, id = r.id](idemsink_outcome o, std::string detail) { looked_up(id, o, std::move(detail)); });
   std::vector<idemsink_header> headers;
   r.handler = r.route->handler;
-  r.handler->reconcile(Dispatcher::abi_record(r, headers), call_id);
+  r.handler->reconcile(abi_record(r, headers), call_id);
 }
 
 void Engine::looked_up(uint64_t id, idemsink_outcome outcome, std::string detail) {

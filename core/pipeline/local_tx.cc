@@ -7,7 +7,6 @@
 
 #include "core/common/fault.h"
 #include "core/db/isolate.h"
-#include "core/pipeline/dispatcher.h"
 #include "core/pipeline/record_outputs.h"
 #include "core/plugin/calls.h"
 #include "core/plugin/tx.h"
@@ -161,7 +160,7 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
         },
         "route " + route.cfg.name + " apply");
     std::vector<idemsink_header> headers;
-    idemsink_record rec = Dispatcher::abi_record(*recs[i], headers);
+    idemsink_record rec = abi_record(*recs[i], headers);
     recs[i]->handler->apply(rec, &tx, call_id);
     if (!*reported) {
       plugin::CallRegistry::instance().cancel(call_id);

@@ -218,4 +218,7 @@ struct Record {
   claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
 };
 
+/// The record as handed to a plugin; `headers` backs its header array.
+idemsink_record abi_record(const Record& r, std::vector<idemsink_header>& headers);
+
 }  // namespace idemsink::pipeline
