@@ -18,7 +18,7 @@
 #include "core/operate/operator_log.h"
 #include "core/common/util.h"
 #include "core/db/pool.h"
-#include "core/kafka/dev_cluster.h"
+#include "core/devkafka/dev_cluster.h"
 #include "core/kafka/login.h"
 #include "core/offline/audit.h"
 #include "core/app/host.h"
@@ -93,7 +93,7 @@ int schema(const config::Config& cfg, const std::string& action) {
 }
 
 int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_port) {
-  kafka::DevClusterOptions opt;
+  devkafka::DevClusterOptions opt;
   opt.brokers = brokers;
   opt.control_port = control_port;
   for (const auto& t : topics) {
@@ -102,7 +102,7 @@ int dev_kafka(int brokers, const std::vector<std::string>& topics, int control_p
       throw std::invalid_argument("--topic wants NAME:PARTITIONS, got " + t);
     opt.topics.emplace_back(t.substr(0, colon), std::stoi(t.substr(colon + 1)));
   }
-  return kafka::run_dev_cluster(opt);
+  return devkafka::run_dev_cluster(opt);
 }
 
 }  // namespace idemsink::app

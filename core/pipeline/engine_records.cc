@@ -11,7 +11,7 @@
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/pipeline/failure_policy.h"
-#include "core/pipeline/plugin_call.h"
+#include "core/plugin/call_deadline.h"
 
 namespace idemsink::pipeline {
 
@@ -133,7 +133,7 @@ void Engine::look_up_before_call(Record& r) {
       r.route->cfg.name, printable(r.biz_key));
   r.move_to(Stage::LookingUp);
   r.timer.reset();  // no wait of an earlier stage outlives it
-  const uint64_t call_id = call_with_deadline(
+  const uint64_t call_id = plugin::call_with_deadline(
       io_, r.route->cfg.call_timeout, "look-up route " + r.route->cfg.name,
       {IDEMSINK_OUTCOME_UNCERTAIN, "no answer within call_timeout"},
       [this, id = r.id](idemsink_outcome o, std::string detail) { looked_up(id, o, std::move(detail)); });

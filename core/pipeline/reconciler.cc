@@ -8,7 +8,7 @@
 #include "core/common/util.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/reason.h"
-#include "core/pipeline/plugin_call.h"
+#include "core/plugin/call_deadline.h"
 #include "core/pipeline/rate_limiter.h"
 
 namespace idemsink::pipeline {
@@ -260,18 +260,18 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       Candidate& c = self->cands_[i];
       if (a.pass == RemoteGate::Pass::Go) {
         const config::RouteConfig& route = self->route_of(c);
-        const uint64_t call_id =
-            call_with_deadline(self->r_.io_, route.call_timeout, "reconcile " + route.name,
-                               {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
-                               [self, i, probe = a.probe](idemsink_outcome o, std::string detail) {
-                                 Candidate& c = self->cands_[i];
-                                 self->tell_probe(c.row.ns, probe, o, detail);
-                                 if (throttled(o, detail))
-                                   self->r_.gate_.hold(c.row.ns, std::chrono::milliseconds(retry_after_ms(detail)));
-                                 c.answer = o;
-                                 c.detail = std::move(detail);
-                                 self->answered();
-                               });
+        const uint64_t call_id = plugin::call_with_deadline(
+            self->r_.io_, route.call_timeout, "reconcile " + route.name,
+            {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+            [self, i, probe = a.probe](idemsink_outcome o, std::string detail) {
+              Candidate& c = self->cands_[i];
+              self->tell_probe(c.row.ns, probe, o, detail);
+              if (throttled(o, detail))
+                self->r_.gate_.hold(c.row.ns, std::chrono::milliseconds(retry_after_ms(detail)));
+              c.answer = o;
+              c.detail = std::move(detail);
+              self->answered();
+            });
         c.handler = self->handlers_.at(c.row.ns);
         c.handler->reconcile(record_of(c, route, c.calls), call_id);
       } else {
@@ -408,7 +408,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       const config::RouteConfig& route = self->route_of(cand);
       spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route.name,
                    printable(cand.row.biz_key), cand.token);
-      const uint64_t call_id = call_with_deadline(
+      const uint64_t call_id = plugin::call_with_deadline(
           self->r_.io_, route.call_timeout, "re-drive " + route.name,
           {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
           [self, i, probe](idemsink_outcome o, std::string detail) {
@@ -537,11 +537,11 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
     cand->handler = handler->second;
     const config::RouteConfig& route = *rc;
     const uint64_t call_id =
-        call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,
-                           {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
-                           [cand, answered = std::move(answered)](idemsink_outcome o, std::string detail) {
-                             answered(o, std::move(detail));
-                           });
+        plugin::call_with_deadline(io_, route.call_timeout, "reconcile " + route.name,
+                                   {IDEMSINK_OUTCOME_RETRYABLE, "reconcile got no answer within call_timeout"},
+                                   [cand, answered = std::move(answered)](idemsink_outcome o, std::string detail) {
+                                     answered(o, std::move(detail));
+                                   });
     cand->handler->reconcile(record_of(*cand, route, cand->calls), call_id);
   });
   return true;

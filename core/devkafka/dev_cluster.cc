@@ -1,4 +1,4 @@
-#include "core/kafka/dev_cluster.h"
+#include "core/devkafka/dev_cluster.h"
 
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
@@ -14,7 +14,7 @@
 #include "core/kafka/client.h"
 #include "core/kafka/consumer.h"
 
-namespace idemsink::kafka {
+namespace idemsink::devkafka {
 namespace {
 
 using boost::asio::ip::tcp;
@@ -288,9 +288,9 @@ std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& 
 
 int run_dev_cluster(const DevClusterOptions& opt) {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  route_librdkafka_logs(conf);
+  kafka::route_librdkafka_logs(conf);
   char err[512];
-  HandlePtr rk(rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err));
+  kafka::HandlePtr rk(rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err));
   if (!rk) {
     spdlog::error("dev-kafka: cannot create handle: {}", err);
     return 1;
@@ -355,4 +355,4 @@ int run_dev_cluster(const DevClusterOptions& opt) {
   return 0;
 }
 
-}  // namespace idemsink::kafka
+}  // namespace idemsink::devkafka

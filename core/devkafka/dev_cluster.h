@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace idemsink::kafka {
+namespace idemsink::devkafka {
 
 struct DevClusterOptions {
   int brokers = 1;
@@ -34,4 +34,4 @@ struct DevClusterOptions {
 /// "bootstrap=HOST:PORT,... control=127.0.0.1:PORT", to stdout once ready.
 int run_dev_cluster(const DevClusterOptions& opt);
 
-}  // namespace idemsink::kafka
+}  // namespace idemsink::devkafka

@@ -1,10 +1,10 @@
-#include "core/pipeline/plugin_call.h"
+#include "core/plugin/call_deadline.h"
 
 #include <memory>
 
 #include "core/plugin/calls.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::plugin {
 
 namespace asio = boost::asio;
 
@@ -17,13 +17,13 @@ uint64_t call_with_deadline(asio::io_context& io, std::chrono::milliseconds dead
       on_answer(outcome, detail);
     });
   };
-  const uint64_t id = plugin::CallRegistry::instance().add(
+  const uint64_t id = CallRegistry::instance().add(
       [deliver](uint64_t, idemsink_outcome outcome, std::string detail) { deliver(outcome, std::move(detail)); },
       std::move(what));
   timer->async_wait([id, deliver, late = std::move(late)](boost::system::error_code ec) {
-    if (!ec && plugin::CallRegistry::instance().cancel(id)) deliver(late.outcome, late.detail);
+    if (!ec && CallRegistry::instance().cancel(id)) deliver(late.outcome, late.detail);
   });
   return id;
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::plugin

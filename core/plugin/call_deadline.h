@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-namespace idemsink::pipeline {
+namespace idemsink::plugin {
 
 struct LateAnswer {
   idemsink_outcome outcome;
@@ -25,4 +25,4 @@ struct LateAnswer {
 uint64_t call_with_deadline(boost::asio::io_context& io, std::chrono::milliseconds deadline, std::string what,
                             LateAnswer late, std::function<void(idemsink_outcome, std::string)> on_answer);
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::plugin
