@@ -22,7 +22,7 @@
 #include "core/operate/actions.h"
 #include "core/operate/operator_log.h"
 #include "core/pipeline/engine.h"
-#include "core/pipeline/reconciler.h"
+#include "core/reconcile/reconciler.h"
 
 namespace idemsink::admin {
 namespace {
@@ -545,13 +545,13 @@ json Api::Call::unknown_action() {
   // Ask again: a reconcile round of the claim's route now, as the host runs
   // one every claim.reconcile_interval; its result goes to the operator log.
   if (s->reconciler == nullptr) throw HttpError{409, "route " + route + " has no reconcile hook"};
-  auto done = std::make_shared<std::promise<pipeline::ReconcileSummary>>();
+  auto done = std::make_shared<std::promise<reconcile::ReconcileSummary>>();
   auto round = done->get_future();
-  s->reconciler->run_once_on_engine([done](pipeline::ReconcileSummary r) { done->set_value(r); }, route);
+  s->reconciler->run_once_on_engine([done](reconcile::ReconcileSummary r) { done->set_value(r); }, route);
   if (round.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
     throw HttpError{503, "the reconcile round did not end within 30 s; it goes on"};
   db::Connection c(s->cfg->database);
-  return done_json(operate::record_round(c, actor(), route, pipeline::describe(round.get()), text(b, "note", false)));
+  return done_json(operate::record_round(c, actor(), route, reconcile::describe(round.get()), text(b, "note", false)));
 }
 
 json Api::Call::holds() {

@@ -29,8 +29,10 @@
 
 namespace idemsink::pipeline {
 class Engine;
-class Reconciler;
 }  // namespace idemsink::pipeline
+namespace idemsink::reconcile {
+class Reconciler;
+}  // namespace idemsink::reconcile
 namespace idemsink::metrics {
 class Metrics;
 }  // namespace idemsink::metrics
@@ -41,7 +43,7 @@ namespace idemsink::admin {
 struct SliceView {
   std::shared_ptr<const config::Config> cfg;  // [database] is the slice's; only its routes
   pipeline::Engine* engine = nullptr;
-  pipeline::Reconciler* reconciler = nullptr;
+  reconcile::Reconciler* reconciler = nullptr;
   /// The routes whose records are decoded (docs/formats.md): a dead letter
   /// is shown decoded as its route reads it.
   std::map<std::string, const format::RecordDecoder*> decoders;

@@ -22,7 +22,7 @@
 #include "core/kafka/login.h"
 #include "core/offline/audit.h"
 #include "core/app/host.h"
-#include "core/pipeline/reconciler.h"
+#include "core/reconcile/reconciler.h"
 #include "core/offline/replay.h"
 #include "core/pipeline/route_control.h"
 
@@ -157,10 +157,10 @@ int reconcile_ask(const config::Config& cfg) {
   auto work = boost::asio::make_work_guard(io);
   db::Pool pool(cfg.database, 2);
   pipeline::LimitsGate gate(cfg);
-  pipeline::Reconciler reconciler(io, pool, cfg, handlers, gate, nullptr,
-                                  cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
-  pipeline::ReconcileSummary summary;
-  reconciler.run_once([&](pipeline::ReconcileSummary s) {
+  reconcile::Reconciler reconciler(io, pool, cfg, handlers, gate, nullptr,
+                                   cfg.host.id + "#reconcile-" + random_uuid().substr(0, 8));
+  reconcile::ReconcileSummary summary;
+  reconciler.run_once([&](reconcile::ReconcileSummary s) {
     summary = s;
     io.stop();
   });
@@ -171,7 +171,7 @@ int reconcile_ask(const config::Config& cfg) {
             << " undecided, " << summary.left_stuck << " stuck left for an operator, " << summary.deferred
             << " deferred (no budget)\n";
   db::Connection c(cfg.database);
-  operate::record_round(c, operate::cli_actor(), "", pipeline::describe(summary), "");
+  operate::record_round(c, operate::cli_actor(), "", reconcile::describe(summary), "");
   return summary.undecided + summary.left_stuck + summary.deferred == 0 ? 0 : 1;
 }
 

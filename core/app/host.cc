@@ -37,7 +37,7 @@
 #include "core/kafka/producer.h"
 #include "core/pipeline/engine.h"
 #include "core/common/periodic.h"
-#include "core/pipeline/reconciler.h"
+#include "core/reconcile/reconciler.h"
 #include "core/plugin/retirer.h"
 
 namespace idemsink::app {
@@ -47,8 +47,8 @@ using json = nlohmann::json;
 using metrics::Metrics;
 using pipeline::Engine;
 using pipeline::KeyExtractor;
-using pipeline::Reconciler;
 using pipeline::Route;
+using reconcile::Reconciler;
 
 std::vector<std::shared_ptr<plugin::Library>> load_route_plugins(const config::Config& cfg) {
   std::map<std::string, std::shared_ptr<plugin::Library>> by_path;

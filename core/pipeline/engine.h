@@ -54,7 +54,7 @@
 #include "core/pipeline/claimer.h"
 #include "core/pipeline/dispatcher.h"
 #include "core/pipeline/fetch_gate.h"
-#include "core/pipeline/housekeeping.h"
+#include "core/upkeep/housekeeping.h"
 #include "core/pipeline/key_queue.h"
 #include "core/pipeline/local_tx.h"
 #include "core/metrics/metrics.h"
@@ -249,7 +249,7 @@ class Engine : public RemoteGate {
   OutcomeWriter writer_;
   dlq::Relay relay_;
   Claimer claimer_;
-  Housekeeping housekeeping_;
+  upkeep::Housekeeping housekeeping_;
   RouteControl route_control_;
   std::map<std::string, int> topic_sizes_;  // partitions per topic, for the rate limits' shares
 

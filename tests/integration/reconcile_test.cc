@@ -21,7 +21,7 @@
 #include "core/dlq/outbox.h"
 #include "core/operate/actions.h"
 #include "core/operate/operator_log.h"
-#include "core/pipeline/reconciler.h"
+#include "core/reconcile/reconciler.h"
 #include "core/plugin/plugin.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
@@ -121,13 +121,13 @@ struct World {
   }
 
   /// One reconcile round through `gate`.
-  pipeline::ReconcileSummary round(RemoteGate& gate) {
+  reconcile::ReconcileSummary round(RemoteGate& gate) {
     boost::asio::io_context io;
     auto work = boost::asio::make_work_guard(io);
     db::Pool pool(db, 2);
-    pipeline::Reconciler reconciler(io, pool, cfg, handlers, gate, nullptr, "host-r#1");
-    pipeline::ReconcileSummary summary;
-    reconciler.run_once([&](pipeline::ReconcileSummary s) {
+    reconcile::Reconciler reconciler(io, pool, cfg, handlers, gate, nullptr, "host-r#1");
+    reconcile::ReconcileSummary summary;
+    reconciler.run_once([&](reconcile::ReconcileSummary s) {
       summary = s;
       io.stop();
     });

@@ -55,7 +55,7 @@
 #include "core/pipeline/remote_gate.h"
 #include "core/plugin/plugin.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::reconcile {
 
 /// "N examined, N done, N failed, N undecided, N stuck left"
 struct ReconcileSummary;
@@ -74,7 +74,7 @@ struct ReconcileSummary {
 class Reconciler {
  public:
   Reconciler(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-             std::map<std::string, std::shared_ptr<plugin::Instance>> handlers, RemoteGate& gate,
+             std::map<std::string, std::shared_ptr<plugin::Instance>> handlers, pipeline::RemoteGate& gate,
              metrics::SliceMetrics* metrics, std::string owner);
 
   static constexpr size_t kRoundLimit = 500;
@@ -114,7 +114,7 @@ class Reconciler {
   /// ask_hook looks a route up from an API thread under hook_mu_).
   std::map<std::string, std::shared_ptr<plugin::Instance>> handlers_;
   std::mutex hook_mu_;
-  RemoteGate& gate_;
+  pipeline::RemoteGate& gate_;
   metrics::SliceMetrics* metrics_;
   claim::ClaimStore store_;
   dlq::Outbox outbox_;  // the outcome events of settled claims ([route.output])
@@ -124,4 +124,4 @@ class Reconciler {
   std::string only_route_;  // this round's route, when an operator asked for one
 };
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::reconcile

@@ -1,4 +1,4 @@
-#include "core/pipeline/reconciler.h"
+#include "core/reconcile/reconciler.h"
 
 #include "core/dlq/outcome_event.h"
 
@@ -11,7 +11,10 @@
 #include "core/plugin/call_deadline.h"
 #include "core/pipeline/rate_limiter.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::reconcile {
+
+using pipeline::RemoteGate;
+using pipeline::retry_after_ms;
 
 namespace asio = boost::asio;
 using db::Connection;
@@ -574,4 +577,4 @@ void Reconciler::run_once(std::function<void(ReconcileSummary)> done, size_t lim
   pool_.submit("reconcile scan", [round, limit](Connection& c) { round->scan(c, limit); });
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::reconcile

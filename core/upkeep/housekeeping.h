@@ -24,7 +24,7 @@
 #include "core/metrics/metrics.h"
 #include "core/common/periodic.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::upkeep {
 
 class Housekeeping {
  public:
@@ -65,4 +65,4 @@ class Housekeeping {
   Periodic gauges_timer_;
 };
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::upkeep

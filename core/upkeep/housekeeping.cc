@@ -1,4 +1,4 @@
-#include "core/pipeline/housekeeping.h"
+#include "core/upkeep/housekeeping.h"
 
 #include "core/claim/order_hold.h"
 
@@ -7,7 +7,7 @@
 #include "core/claim/schema.h"
 #include "core/common/log.h"
 
-namespace idemsink::pipeline {
+namespace idemsink::upkeep {
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
@@ -175,4 +175,4 @@ void Housekeeping::refresh_gauges() {
       [this](const db::DbError&) { asio::post(io_, [this] { gauges_running_ = false; }); });
 }
 
-}  // namespace idemsink::pipeline
+}  // namespace idemsink::upkeep
