@@ -16,7 +16,7 @@
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/metrics/metrics.h"
-#include "core/pipeline/engine.h"
+#include "core/pipeline/controls.h"
 
 namespace idemsink::admin {
 
@@ -232,12 +232,12 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::string routes_json() const {
     nlohmann::json out = nlohmann::json::array();
     for (auto* engine : shared_.engines)
-      for (const auto& v : engine->route_control().view())
+      for (const auto& v : engine->route_pauses())
         out.push_back({{"route", v.route},
                        {"topic", v.topic},
-                       {"paused", v.state.paused},
-                       {"changed_by", v.state.changed_by},
-                       {"changed_at", v.state.changed_at},
+                       {"paused", v.paused},
+                       {"changed_by", v.changed_by},
+                       {"changed_at", v.changed_at},
                        {"circuit_open", v.circuit_open}});
     return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
@@ -284,8 +284,8 @@ AdminServer::AdminServer(const config::Config& cfg, metrics::Metrics& metrics, c
     tls_->use_certificate_chain_file(cfg.host.admin_tls_cert);
     tls_->use_private_key_file(cfg.host.admin_tls_key, ssl::context::pem);
   }
-  std::vector<pipeline::Engine*> engines;
-  for (const auto& s : *slices.get()) engines.push_back(s.engine);
+  std::vector<pipeline::Controls*> engines;
+  for (const auto& s : *slices.get()) engines.push_back(s.controls);
   auth_ = std::make_unique<Auth>(cfg.host.admin_tokens, loopback, cfg.host.admin_open_probes, cfg.host.admin_hostnames,
                                  "admin port of " + cfg.host.id);
   shared_.reset(new Shared{metrics, engines, cfg.host.id, *auth_, Api(cfg, slices, metrics, *auth_, std::move(reload)),

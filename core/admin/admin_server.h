@@ -56,7 +56,7 @@ class AdminServer {
   /// the API, which runs on `api_threads`.
   struct Shared {
     metrics::Metrics& metrics;
-    std::vector<pipeline::Engine*> engines;  // one per database; at least one
+    std::vector<pipeline::Controls*> engines;  // one per database; at least one
     std::string host_id;
     const Auth& auth;
     Api api;

@@ -28,7 +28,7 @@
 #include "core/operate/actions.h"
 
 namespace idemsink::pipeline {
-class Engine;
+class Controls;
 }  // namespace idemsink::pipeline
 namespace idemsink::reconcile {
 class Reconciler;
@@ -42,7 +42,7 @@ namespace idemsink::admin {
 /// The part of the host serving one database's routes.
 struct SliceView {
   std::shared_ptr<const config::Config> cfg;  // [database] is the slice's; only its routes
-  pipeline::Engine* engine = nullptr;
+  pipeline::Controls* controls = nullptr;     // the slice's engine, as the admin port may use it
   reconcile::Reconciler* reconciler = nullptr;
   /// The routes whose records are decoded (docs/formats.md): a dead letter
   /// is shown decoded as its route reads it.
@@ -98,7 +98,7 @@ class Api {
   ApiResponse handle(const ApiRequest& req) const;
 
  private:
-  struct Call;  // one request being answered (api.cc)
+  struct Call;  // one request being answered (api_call.h)
   /// Records done per second per route, from the counters between two calls
   /// at least kRateWindow apart.
   double rate(const std::string& route, uint64_t done) const;

@@ -92,15 +92,12 @@ void apply_schema(const config::Config& cfg, const std::vector<std::shared_ptr<p
   db::Pool::run_once(cfg.database, [&](db::Connection& c) {
     // Hosts starting together, and their running peers' maintenance, change
     // the claim partitions one at a time (the lock housekeeping takes too).
-    c.query("SELECT GET_LOCK('idemsink_claim_partitions', 60)");
-    claim::PartitionReport report;
-    try {
-      report = claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
-    } catch (...) {
-      c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
-      throw;
-    }
-    c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+    // Not taken within a minute (a peer stuck in its maintenance), the
+    // schema is applied anyway rather than the start waiting longer.
+    claim::PartitionLock lock(c, 60);
+    const claim::PartitionReport report =
+        claim::apply_schema(c, std::chrono::system_clock::now(), {cfg.claim.retention_days, 3});
+    lock.release();
     claim::token_namespace(c, true);  // made once per deployment; kept by every replica
     c.execute(dlq::Outbox::schema());
     dlq::Outbox::migrate(c);
@@ -190,9 +187,9 @@ void prepare_database(Slice& s) {
     apply_schema(s.cfg, s.libs);
   } else {
     db::Pool::run_once(s.cfg.database, [](db::Connection& c) {
-      for (const char* table : {"idemsink_claim", "idemsink_claim_key", "idemsink_offsets", "idemsink_dlq_outbox",
-                                "idemsink_route_control"})
-        c.query(std::string("SELECT 1 FROM ") + table + " LIMIT 0");
+      claim::check_tables(c);
+      dlq::Outbox::check_table(c);
+      pipeline::RouteControl::check_table(c);
     });
   }
   if (s.cfg.claim.derived_tokens) {

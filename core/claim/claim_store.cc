@@ -220,4 +220,23 @@ uint64_t ClaimStore::renew(Connection& c) const {
                    " AND " + sql_status_is(Status::Pending));
 }
 
+std::map<std::string, int64_t> count_by_route(Connection& c, Status status) {
+  std::map<std::string, int64_t> out;
+  for (auto& r :
+       c.query("SELECT namespace, COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(status) + " GROUP BY namespace"))
+    out[*r[0]] = std::stoll(*r[1]);
+  return out;
+}
+
+std::set<std::string> keys_past_pending(Connection& c, const std::string& ns, const std::set<std::string>& keys) {
+  std::set<std::string> out;
+  if (keys.empty()) return out;
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "" : ",") + Connection::hex(k);
+  for (auto& r : c.query("SELECT biz_key, status FROM idemsink_claim FORCE INDEX (PRIMARY) WHERE namespace = " +
+                         Connection::hex(ns) + " AND biz_key IN (" + list + ")"))
+    if (static_cast<Status>(std::stoi(*r[1])) != Status::Pending) out.insert(*r[0]);
+  return out;
+}
+
 }  // namespace idemsink::claim

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -321,5 +322,14 @@ class ClaimStore {
   std::string token_namespace_;
   std::atomic<ClaimRead> claim_read_{ClaimRead::KeyDirectory};
 };
+
+/// Reads for the operator's views, here so that the claim table's SQL
+/// stays in claim/.
+/// Claims in `status`, counted per namespace (route).
+std::map<std::string, int64_t> count_by_route(db::Connection& c, Status status);
+/// Of `keys`, those with a claim of namespace `ns` past pending (done,
+/// failed or unknown) in any month partition, looked up by primary key (the
+/// audit).
+std::set<std::string> keys_past_pending(db::Connection& c, const std::string& ns, const std::set<std::string>& keys);
 
 }  // namespace idemsink::claim

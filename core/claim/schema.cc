@@ -181,6 +181,11 @@ std::optional<Key> backfill_batch(db::Connection& c, const std::optional<Key>& a
 
 const char* key_directory_table() { return kKeyDirectory; }
 
+void check_tables(db::Connection& c) {
+  for (const char* table : {"idemsink_claim", "idemsink_claim_key", "idemsink_offsets"})
+    c.query(std::string("SELECT 1 FROM ") + table + " LIMIT 0");
+}
+
 const char* meta_table() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_meta (
   name          VARCHAR(64)     NOT NULL,
@@ -213,6 +218,29 @@ std::string claim_table(std::chrono::system_clock::time_point now, const SchemaO
   }
   claim += "\n)";
   return claim;
+}
+
+namespace {
+constexpr const char* kPartitionLock = "'idemsink_claim_partitions'";
+}  // namespace
+
+PartitionLock::PartitionLock(db::Connection& c, int wait_s) : c_(c) {
+  held_ = c.query(std::string("SELECT GET_LOCK(") + kPartitionLock + ", " + std::to_string(wait_s) + ")").at(0).at(0) ==
+          "1";
+}
+
+PartitionLock::~PartitionLock() {
+  try {
+    release();
+  } catch (...) {
+    // A connection gone takes its named locks with it.
+  }
+}
+
+void PartitionLock::release() {
+  if (!held_) return;
+  held_ = false;
+  c_.query(std::string("SELECT RELEASE_LOCK(") + kPartitionLock + ")");
 }
 
 PartitionReport apply_schema(db::Connection& c, std::chrono::system_clock::time_point now, const SchemaOptions& opt) {
@@ -327,18 +355,14 @@ MigrationReport migrate_claim_schema(db::Connection& c, const std::function<void
     // dropped between a batch's read of its rows and its directory rows
     // going in (which would leave directory rows naming a dropped month).
     auto locked_batch = [&](const std::optional<Key>& from) {
-      if (c.query("SELECT GET_LOCK('idemsink_claim_partitions', 60)").at(0).at(0) != "1")
+      PartitionLock lock(c, 60);
+      if (!lock.held())
         throw db::DbError(0,
                           "schema migrate: partition maintenance held its lock for 60 s; the fill stopped where it "
                           "was, run the command again");
-      try {
-        auto next = backfill_batch(c, from, batch, report.directory_rows_added);
-        c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
-        return next;
-      } catch (...) {
-        c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
-        throw;
-      }
+      auto next = backfill_batch(c, from, batch, report.directory_rows_added);
+      lock.release();
+      return next;
     };
     std::optional<Key> after;
     for (uint64_t batches = 1; (after = locked_batch(after)); ++batches)

@@ -34,11 +34,36 @@ struct PartitionReport {
 
 /// CREATE TABLE of the key directory (one row per key, any month).
 const char* key_directory_table();
+/// Reads nothing from the claim, key directory and offsets tables, so that
+/// one missing (claim.apply_schema off, the schema never applied) fails now
+/// with the server's error naming it.
+void check_tables(db::Connection& c);
 /// CREATE TABLE of idemsink_meta: settings made once per deployment.
 const char* meta_table();
 /// The deployment's namespace of derived idem_tokens (a UUID), created on
 /// first use when `create`; "" when it does not exist.
 std::string token_namespace(db::Connection& c, bool create);
+
+/// The lock every change of the claim table's partitions is made under
+/// (a MariaDB named lock): hosts starting together, their running peers'
+/// maintenance and `idemsink schema migrate` change them one at a time.
+/// Held from construction (if taken within `wait_s` seconds) until
+/// release() or destruction, which never throws: an exception leaving the
+/// scope releases it.
+class PartitionLock {
+ public:
+  PartitionLock(db::Connection& c, int wait_s);
+  ~PartitionLock();
+  PartitionLock(const PartitionLock&) = delete;
+  PartitionLock& operator=(const PartitionLock&) = delete;
+
+  bool held() const { return held_; }
+  void release();
+
+ private:
+  db::Connection& c_;
+  bool held_ = false;
+};
 
 /// Creates the claim table if missing (or brings an older one up to date),
 /// then maintains its partitions.

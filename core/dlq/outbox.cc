@@ -112,6 +112,8 @@ const char* Outbox::schema() {
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4)";
 }
 
+void Outbox::check_table(Connection& c) { c.query("SELECT 1 FROM idemsink_dlq_outbox LIMIT 0"); }
+
 void Outbox::migrate(Connection& c) {
   c.execute(
       "ALTER TABLE idemsink_dlq_outbox "

@@ -124,6 +124,8 @@ class Outbox {
   static const char* schema();
   /// Brings a table created by an earlier version up to schema().
   static void migrate(db::Connection& c);
+  /// Reads nothing from the table: throws the server's error when it is missing.
+  static void check_table(db::Connection& c);
 
   /// Inserts rows (INSERT IGNORE on route, purpose, source position and event id),
   /// owned by us so no other host's relay publishes them while ours is about

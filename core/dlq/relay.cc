@@ -32,14 +32,9 @@ bool unknown_topic(rd_kafka_resp_err_t err) {
 
 }  // namespace
 
-Relay::Relay(asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count, UnpublishableFn unpublishable,
+Relay::Relay(asio::io_context& io, db::Pool& pool, const Outbox& outbox, Listener& listener,
              std::chrono::milliseconds unknown_topic_patience)
-    : io_(io),
-      pool_(pool),
-      outbox_(outbox),
-      count_(std::move(count)),
-      unpublishable_count_(std::move(unpublishable)),
-      unknown_topic_patience_(unknown_topic_patience) {}
+    : io_(io), pool_(pool), outbox_(outbox), listener_(listener), unknown_topic_patience_(unknown_topic_patience) {}
 
 void Relay::set_producer_factory(ProducerFactory f) {
   producer_factory_ = std::move(f);
@@ -242,11 +237,11 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   in_flight_.erase(it);
   if (!err) {
     to_stamp_.push_back(outbox_id);
-    count_(f.route, 1, 0);
+    listener_.published(f.route, 1, 0);
     failures_in_a_row_ = 0;
   } else if (unknown_topic(err)) {
     // The row stays; it is taken again once the topic is looked at again.
-    count_(f.route, 0, 1);
+    listener_.published(f.route, 0, 1);
     note_missing(f.topic, rd_kafka_err2str(err));
   } else if (refused_for_good(err)) {
     spdlog::error(
@@ -258,7 +253,7 @@ void Relay::on_delivered(uint64_t outbox_id, rd_kafka_resp_err_t err) {
   } else {
     // Rare without a delivery deadline (a purge, a fatal producer): the row
     // stays and is taken again after a backoff.
-    count_(f.route, 0, 1);
+    listener_.published(f.route, 0, 1);
     const auto wait = std::chrono::milliseconds(std::min<int64_t>(30'000, 500LL << std::min(failures_in_a_row_, 6)));
     if (failures_in_a_row_++ % 100 == 0)
       spdlog::warn("outbox row {} could not be published ({}); it stays in the outbox, taken again in {}ms", outbox_id,
@@ -288,7 +283,7 @@ void Relay::stamp() {
                  asio::post(io_, [this, refused = set_aside.size()] {
                    stamping_ = false;
                    settling_.clear();
-                   if (refused) unpublishable_count_(refused);
+                   if (refused) listener_.set_aside(refused);
                    stamp();
                  });
                });

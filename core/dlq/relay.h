@@ -49,12 +49,19 @@ namespace idemsink::dlq {
 class Relay {
  public:
   using ProducerFactory = std::function<std::unique_ptr<kafka::Producer>()>;
-  /// Rows published and publish attempts failed, per route.
-  using CountFn = std::function<void(const std::string& route, size_t published, size_t failed)>;
-  /// Rows Kafka refused for good (set aside).
-  using UnpublishableFn = std::function<void(size_t refused)>;
+  /// What the relay counts, on its io_context's thread.
+  class Listener {
+   public:
+    /// Rows of `route` published, and publish attempts that failed.
+    virtual void published(const std::string& route, size_t published, size_t failed) = 0;
+    /// Rows Kafka refused for good, set aside as unpublishable.
+    virtual void set_aside(size_t refused) = 0;
 
-  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, CountFn count, UnpublishableFn unpublishable,
+   protected:
+    virtual ~Listener() = default;
+  };
+
+  Relay(boost::asio::io_context& io, db::Pool& pool, const Outbox& outbox, Listener& listener,
         std::chrono::milliseconds unknown_topic_patience);
 
   /// How to make the producer; called now and again after a fatal producer
@@ -117,8 +124,7 @@ class Relay {
   boost::asio::io_context& io_;
   db::Pool& pool_;
   const Outbox& outbox_;
-  CountFn count_;
-  UnpublishableFn unpublishable_count_;
+  Listener& listener_;
   const std::chrono::milliseconds unknown_topic_patience_;
   ProducerFactory producer_factory_;
   std::shared_ptr<kafka::Producer> producer_;  // shared with the take job, which asks it about topics

@@ -6,9 +6,11 @@
 #include <set>
 
 #include "core/db/connection.h"
+#include "core/claim/claim_store.h"
 #include "core/claim/offset_moves.h"
 #include "core/claim/offsets.h"
 #include "core/dlq/headers.h"
+#include "core/dlq/letters.h"
 #include "core/dlq/outbox.h"
 #include "core/format/decoder.h"
 #include "core/kafka/client.h"
@@ -35,24 +37,13 @@ constexpr size_t kPage = 1000;  // records accounted per pair of statements
 // Accounts for one page of records of one partition. The claim lookup is by
 // primary key (namespace, biz_key) across every month partition.
 void account(Connection& c, const std::string& route, PartitionAudit& pa, const std::vector<Seen>& seen) {
-  std::set<int64_t> in_outbox;
-  std::string offsets;
-  for (const auto& s : seen) offsets += (offsets.empty() ? "" : ",") + std::to_string(s.offset);
-  for (auto& r :
-       c.query("SELECT src_offset FROM idemsink_dlq_outbox WHERE route = " + Connection::hex(route) +
-               " AND src_topic = " + c.quote(pa.topic) + " AND src_partition = " + std::to_string(pa.partition) +
-               " AND src_offset IN (" + offsets + ") AND NOT " + dlq::sql_is_event()))
-    in_outbox.insert(std::stoll(*r[0]));
-  std::set<std::string> keys, terminal;
+  std::vector<int64_t> offsets;
+  for (const auto& s : seen) offsets.push_back(s.offset);
+  const std::set<int64_t> in_outbox = dlq::offsets_in_outbox(c, route, pa.topic, pa.partition, offsets);
+  std::set<std::string> keys;
   for (const auto& s : seen)
     if (s.biz_key) keys.insert(*s.biz_key);
-  if (!keys.empty()) {
-    std::string list;
-    for (const auto& k : keys) list += (list.empty() ? "" : ",") + Connection::hex(k);
-    for (auto& r : c.query("SELECT biz_key, status FROM idemsink_claim FORCE INDEX (PRIMARY) WHERE namespace = " +
-                           Connection::hex(route) + " AND biz_key IN (" + list + ")"))
-      if (*r[1] != "1") terminal.insert(*r[0]);  // done, failed or unknown
-  }
+  const std::set<std::string> terminal = claim::keys_past_pending(c, route, keys);
   for (const auto& s : seen) {
     ++pa.consumed;
     if (s.skipped) {
@@ -116,15 +107,8 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
       index[p] = first + static_cast<size_t>(p);
     }
     // Ranges the host found deleted before it read them (outbox purpose 4).
-    for (auto& r : db.query("SELECT src_offset, msg_headers, host, created_at FROM idemsink_dlq_outbox WHERE route = " +
-                            Connection::hex(route.name) + " AND " + dlq::sql_purpose_is(dlq::Purpose::Lost) +
-                            " AND src_topic = " + db.quote(topic) + " AND src_partition = " + std::to_string(p) +
-                            " ORDER BY src_offset")) {
-      int64_t to = std::stoll(*r[0]) + 1;
-      for (const auto& h : dlq::decode_headers(r[1].value_or("")))
-        if (h.name == dlq::headers::kLostTo && h.value) to = std::stoll(*h.value);
-      pa.lost.push_back({std::stoll(*r[0]), to, "noted by host " + r[2].value_or("?") + " at " + r[3].value_or("?")});
-    }
+    for (const auto& range : dlq::lost_ranges(db, route.name, topic, p))
+      pa.lost.push_back({range.from, range.to, "noted by host " + range.host + " at " + range.noted_at});
     if (topic == route.topic)
       for (const auto& m : claim::OffsetMoves::skips(db, route.group_id, topic, p))
         pa.operator_skips.push_back({*m.from, m.to,

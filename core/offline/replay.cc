@@ -1,6 +1,5 @@
 #include "core/offline/replay.h"
 
-#include <array>
 #include <charconv>
 #include <chrono>
 #include <regex>
@@ -11,6 +10,7 @@
 #include "core/claim/order_hold.h"
 #include "core/common/util.h"
 #include "core/dlq/headers.h"
+#include "core/dlq/letters.h"
 #include "core/dlq/outbox.h"
 
 namespace idemsink::offline {
@@ -18,42 +18,6 @@ namespace idemsink::offline {
 namespace {
 
 constexpr size_t kPage = 500;
-
-// What a page of replay candidates reads: the failed claim and its latest
-// dead letter, column by column.
-enum Column : size_t {
-  kBizKey,
-  kBucket,
-  kToken,
-  kClaimTopic,
-  kClaimPartition,
-  kClaimOffset,
-  kLetterId,
-  kReason,
-  kSrcTopic,
-  kSrcPartition,
-  kSrcOffset,
-  kMsgKey,
-  kMsgValue,
-  kMsgHeaders,
-  kMsgTimestamp,
-  kColumns
-};
-constexpr std::array<std::string_view, kColumns> kSelect = {"c.biz_key",
-                                                            "DATE_FORMAT(c.bucket, '%Y-%m-%d')",
-                                                            "c.idem_token",
-                                                            "c.src_topic",
-                                                            "c.src_partition",
-                                                            "c.src_offset",
-                                                            "o.id",
-                                                            "o.reason",
-                                                            "o.src_topic",
-                                                            "o.src_partition",
-                                                            "o.src_offset",
-                                                            "o.msg_key",
-                                                            "o.msg_value",
-                                                            "o.msg_headers",
-                                                            "o.msg_timestamp"};
 
 struct Candidate {
   claim::RowKey row;
@@ -66,29 +30,22 @@ struct Candidate {
 
 // One failed claim of the route and what its dead letter allows: why_not
 // says why it cannot be replayed.
-Candidate read_candidate(const db::Row& r, const config::Config& cfg, const std::string& route, int64_t now_ms) {
+Candidate read_candidate(dlq::FailedClaim f, const config::Config& cfg, int64_t now_ms) {
   Candidate cand;
-  cand.row = {route, *r[kBizKey], *r[kBucket]};
-  cand.token = *r[kToken];
-  cand.src = *r[kClaimTopic] + "[" + *r[kClaimPartition] + "]@" + *r[kClaimOffset];
-  if (!r[kLetterId]) {
+  cand.row = std::move(f.row);
+  cand.token = std::move(f.token);
+  cand.src = std::move(f.src);
+  if (!f.letter) {
     cand.why_not = "its dead letter is no longer in the outbox (claim.outbox_retention)";
     return cand;
   }
-  cand.letter_id = std::stoull(*r[kLetterId]);
-  dlq::Letter d;
-  d.headers = dlq::decode_headers(r[kMsgHeaders].value_or(""));
+  cand.letter_id = f.letter_id;
+  dlq::Letter& d = *f.letter;
   for (const auto& h : d.headers) {
     if (h.name == dlq::headers::kPayloadCut) cand.why_not = "its dead letter kept only part of the payload";
     if (h.name == dlq::headers::kDbError)
       cand.why_not = "its dead letter was stored without the payload (the database refused it)";
   }
-  d.src_topic = *r[kSrcTopic];
-  d.src_partition = std::stoi(*r[kSrcPartition]);
-  d.src_offset = std::stoll(*r[kSrcOffset]);
-  d.key = r[kMsgKey];
-  d.value = r[kMsgValue];
-  d.timestamp_ms = std::stoll(*r[kMsgTimestamp]);
   // The copy carries the original timestamp so that it lands on this claim
   // row; one the host would refuse, or that maps elsewhere, would leave the
   // row re-opened with nothing coming to finish it.
@@ -98,7 +55,7 @@ Candidate read_candidate(const db::Row& r, const config::Config& cfg, const std:
   else if (d.timestamp_ms < now_ms - horizon_days * 86'400'000)
     cand.why_not = "older than the replay horizon (" + std::to_string(horizon_days) +
                    " days): a host would refuse it as beyond_replay_horizon";
-  cand.letter = std::move(d);
+  cand.letter = std::move(f.letter);
   return cand;
 }
 
@@ -176,42 +133,19 @@ ReplayReport replay(db::Connection& c, const config::Config& cfg, const ReplayFi
   // Lease 0: any running host's relay may publish the rows at once.
   const dlq::Outbox outbox(cfg.host.id + "#replay-" + random_uuid().substr(0, 8), std::chrono::milliseconds(0));
 
-  std::string where =
-      "c.namespace = " + db::Connection::hex(route->name) + " AND " + claim::sql_status_is(claim::Status::Failed, "c.");
-  if (filter.key) where += " AND c.biz_key = " + db::Connection::hex(*filter.key);
-  if (filter.since) where += " AND c.updated_at >= " + *filter.since;
-  // The latest dead letter of each claim (a replayed record dead again has a newer one).
-  const std::string letter =
-      "(SELECT MAX(o2.id) FROM idemsink_dlq_outbox o2 WHERE o2.idem_token = c.idem_token AND o2.route = c.namespace "
-      "AND " +
-      dlq::sql_purpose_is(dlq::Purpose::DeadLetter, "o2.") + ")";
-  if (filter.reason) where += " AND o.reason = " + c.quote(*filter.reason);
-  // A letter an operator discarded needs nothing more.
-  where += " AND o.discarded_at IS NULL";
-  if (!filter.letter_ids.empty()) {
-    std::string ids;
-    for (uint64_t id : filter.letter_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
-    where += " AND o.id IN (" + ids + ")";
-  }
-  std::string select = "SELECT ";
-  for (size_t i = 0; i < kSelect.size(); ++i) select += (i ? ", " : "") + std::string(kSelect[i]);
+  const dlq::FailedQuery query{route->name, filter.reason, filter.since, filter.key, filter.letter_ids};
 
   ReplayReport report;
   const int64_t now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
-  std::string after_key, after_bucket;  // keyset paging over the primary key
+  std::optional<claim::RowKey> after;  // keyset paging over the primary key
   for (;;) {
-    std::string page_where = where;
-    if (!after_key.empty())
-      page_where += " AND (c.biz_key, c.bucket) > (" + db::Connection::hex(after_key) + ", DATE'" + after_bucket + "')";
-    const auto rows = c.query(select + " FROM idemsink_claim c LEFT JOIN idemsink_dlq_outbox o ON o.id = " + letter +
-                              " WHERE " + page_where + " ORDER BY c.biz_key, c.bucket LIMIT " + std::to_string(kPage));
-    for (const auto& r : rows) {
+    auto rows = dlq::failed_claims(c, query, after, kPage);
+    for (auto& f : rows) {
       ++report.matched;
-      Candidate cand = read_candidate(r, cfg, route->name, now_ms);
-      after_key = cand.row.biz_key;
-      after_bucket = cand.row.bucket;
+      Candidate cand = read_candidate(std::move(f), cfg, now_ms);
+      after = cand.row;
       if (!cand.why_not.empty()) {
         ++report.not_replayable;
         out << "  not replayed: key " << printable(cand.row.biz_key) << " (source " << cand.src << "): " << cand.why_not

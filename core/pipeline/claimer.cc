@@ -1,5 +1,7 @@
 #include "core/pipeline/claimer.h"
 
+#include "core/pipeline/engine_doors.h"
+
 #include <span>
 
 #include "core/common/fault.h"
@@ -14,21 +16,14 @@ namespace {
 constexpr int kMaxClaimJobs = 2;
 }
 
-Claimer::Claimer(asio::io_context& io, db::Pool& pool, claim::ClaimStore& store, const config::Config& cfg, Find find,
-                 std::function<void(const Claimed&)> on_claimed)
-    : io_(io),
-      pool_(pool),
-      store_(store),
-      cfg_(cfg),
-      find_(std::move(find)),
-      on_claimed_(std::move(on_claimed)),
-      queue_(kMaxClaimJobs),
-      recheck_(io) {}
+Claimer::Claimer(asio::io_context& io, db::Pool& pool, claim::ClaimStore& store, const config::Config& cfg,
+                 EngineDoors& doors)
+    : io_(io), pool_(pool), store_(store), cfg_(cfg), doors_(doors), queue_(kMaxClaimJobs), recheck_(io) {}
 
 void Claimer::start() {
   recheck_.start(cfg_.claim.wait_recheck, [this] {
     for (uint64_t id : std::exchange(waiting_, {}))
-      if (Record* r = find_(id); r && r->stage == Stage::Busy) claim(*r);
+      if (Record* r = doors_.find(id); r && r->stage == Stage::Busy) claim(*r);
   });
 }
 
@@ -55,7 +50,7 @@ void Claimer::flush() {
     std::vector<uint64_t> live;
     std::vector<claim::ClaimRequest> reqs;
     for (uint64_t id : ids) {
-      Record* r = find_(id);
+      Record* r = doors_.find(id);
       if (r == nullptr || r->stage != Stage::Claim) continue;  // ended meanwhile (revoked)
       r->move_to(Stage::Claiming);
       live.push_back(id);
@@ -97,7 +92,7 @@ void Claimer::run_job(std::vector<uint64_t> ids, std::vector<claim::ClaimRequest
         for (const auto& r : rejected) out.refused[ids[r.index]] = r.error.what();
         asio::post(io_, [this, out = std::move(out)] {
           queue_.job_done();
-          on_claimed_(out);
+          doors_.on_claimed(out);
           flush();
         });
       },
@@ -108,7 +103,7 @@ void Claimer::run_job(std::vector<uint64_t> ids, std::vector<claim::ClaimRequest
         asio::post(io_, [this, ids] {
           queue_.job_done();
           for (uint64_t id : ids)
-            if (Record* r = find_(id); r && r->stage == Stage::Claiming) claim_later(*r);
+            if (Record* r = doors_.find(id); r && r->stage == Stage::Claiming) claim_later(*r);
           flush();
         });
       });

@@ -25,6 +25,8 @@
 
 namespace idemsink::pipeline {
 
+class EngineDoors;
+
 class Claimer {
  public:
   struct Claimed {
@@ -33,10 +35,9 @@ class Claimer {
     std::map<uint64_t, std::string> refused;     // ids whose row the database refused, with its error
     std::chrono::steady_clock::time_point sent;  // when the job was submitted: every lease it set runs from later
   };
-  using Find = std::function<Record*(uint64_t)>;
-
-  Claimer(boost::asio::io_context& io, db::Pool& pool, claim::ClaimStore& store, const config::Config& cfg, Find find,
-          std::function<void(const Claimed&)> on_claimed);
+  /// Reports through `doors.on_claimed`.
+  Claimer(boost::asio::io_context& io, db::Pool& pool, claim::ClaimStore& store, const config::Config& cfg,
+          EngineDoors& doors);
 
   void start();
   void stop();
@@ -56,8 +57,7 @@ class Claimer {
   db::Pool& pool_;
   claim::ClaimStore& store_;
   const config::Config& cfg_;
-  Find find_;
-  std::function<void(const Claimed&)> on_claimed_;
+  EngineDoors& doors_;
   BatchQueue<uint64_t> queue_;
   std::vector<uint64_t> waiting_;  // stage Busy: claimed again on the recheck timer
   Periodic recheck_;

@@ -1,5 +1,7 @@
 #include "core/pipeline/dispatcher.h"
 
+#include "core/pipeline/engine_doors.h"
+
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/plugin/calls.h"
@@ -14,17 +16,13 @@ constexpr size_t kConfirmBatch = 500;
 }  // namespace
 
 Dispatcher::Dispatcher(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
-                       std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-                       ProbeFetchFn want_fresh_probe, LocalTxRunner& local_tx)
+                       std::chrono::milliseconds lease, EngineDoors& doors, LocalTxRunner& local_tx)
     : io_(io),
       pool_(pool),
       store_(store),
       max_in_flight_(max_in_flight),
       lease_(lease),
-      find_(std::move(find)),
-      on_result_(std::move(on_result)),
-      on_fenced_(std::move(on_fenced)),
-      want_fresh_probe_(std::move(want_fresh_probe)),
+      doors_(doors),
       local_tx_(local_tx),
       confirmations_(kMaxConfirmJobs),
       confirm_retry_(io) {}
@@ -41,7 +39,7 @@ void Dispatcher::choose_probe(Route& route, Lane& lane) {
   auto best = lane.ready.end();
   std::pair<uint32_t, uint32_t> best_rank{};
   for (auto it = lane.ready.begin(); it != lane.ready.end(); ++it) {
-    const Record* r = find_(*it);
+    const Record* r = doors_.find(*it);
     if (r == nullptr || r->stage != Stage::Ready) continue;
     const std::pair<uint32_t, uint32_t> rank{r->uncounted_calls, r->calls};
     if (best == lane.ready.end() || rank < best_rank) {
@@ -57,7 +55,7 @@ void Dispatcher::choose_probe(Route& route, Lane& lane) {
   }
   // Every held record was a probe already: it may be these records, not the
   // remote. Probe with one of them now, and fetch another for the next round.
-  if (best == lane.ready.end() || best_rank.first > 0) want_fresh_probe_(route);
+  if (best == lane.ready.end() || best_rank.first > 0) doors_.on_probe_wanted(route);
 }
 
 void Dispatcher::pump() {
@@ -79,7 +77,7 @@ void Dispatcher::pump() {
       const int cap = route->cfg.concurrency;
       while (!lane.ready.empty() && in_flight_ < max_in_flight_ && (cap == 0 || lane.in_flight < cap)) {
         const uint64_t id = lane.ready.front();
-        Record* r = find_(id);
+        Record* r = doors_.find(id);
         if (r == nullptr || r->stage != Stage::Ready) {
           lane.ready.pop_front();
           continue;
@@ -143,7 +141,7 @@ void Dispatcher::flush_confirmations() {
     std::vector<claim::Outcome> mark, confirm;
     std::vector<uint64_t> mark_ids, confirm_ids;
     for (uint64_t id : ids) {
-      Record* r = find_(id);
+      Record* r = doors_.find(id);
       if (r == nullptr || r->stage != Stage::Confirming) continue;
       const bool at_most_once = r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE;
       (at_most_once ? mark : confirm).push_back(r->outcome());
@@ -173,7 +171,7 @@ void Dispatcher::flush_confirmations() {
           asio::post(io_, [this, ids] {
             confirmations_.job_done();
             for (uint64_t id : ids)
-              if (Record* r = find_(id); r && r->stage == Stage::Confirming) {
+              if (Record* r = doors_.find(id); r && r->stage == Stage::Confirming) {
                 end_call(*r, false);
                 make_ready(*r);
               }
@@ -190,14 +188,14 @@ void Dispatcher::confirmed(const std::vector<uint64_t>& ids, const std::vector<b
                            std::chrono::steady_clock::time_point sent) {
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < ids.size(); ++i) {
-    Record* r = find_(ids[i]);
+    Record* r = doors_.find(ids[i]);
     if (r == nullptr || r->stage != Stage::Confirming) continue;
     if (!ours[i]) {
       const LogScope log_scope(log_fields_of(*r));
       spdlog::warn("route {}: claim on key {} was taken over before its call; not calling it", r->route->cfg.name,
                    printable(r->biz_key));
       end_call(*r, false);
-      on_fenced_(*r);
+      doors_.on_fenced(*r);
       continue;
     }
     r->lease_from = sent;
@@ -288,25 +286,26 @@ void Dispatcher::check_deadlines(Lane& lane) {
   while (!lane.deadlines.empty() && lane.deadlines.front().at <= now) {
     const Deadline d = lane.deadlines.front();
     lane.deadlines.pop_front();
-    Record* rec = find_(d.id);
+    Record* rec = doors_.find(d.id);
     if (rec == nullptr || rec->stage != Stage::Calling || rec->call_id != d.call_id) continue;  // it ended
     if (!plugin::CallRegistry::instance().cancel(d.call_id)) continue;  // its report is on its way
     const LogScope log_scope(log_fields_of(*rec));
     spdlog::warn("route {}: handler did not report within call_timeout for key {}; treating the call as uncertain",
                  rec->route->cfg.name, printable(rec->biz_key));
     end_call(*rec);
-    on_result_(*rec, IDEMSINK_OUTCOME_UNCERTAIN,
-               "no result within call_timeout " + std::to_string(rec->route->cfg.call_timeout.count()) + "ms");
+    doors_.on_call_result(
+        *rec, IDEMSINK_OUTCOME_UNCERTAIN,
+        "no result within call_timeout " + std::to_string(rec->route->cfg.call_timeout.count()) + "ms");
   }
   lane.deadline_armed = false;
   arm_deadlines(lane, now + kRoundEvery);
 }
 
 void Dispatcher::on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail) {
-  Record* r = find_(id);
+  Record* r = doors_.find(id);
   if (r == nullptr || r->stage != Stage::Calling || r->call_id != call_id || call_id == 0) return;
   end_call(*r);
-  on_result_(*r, outcome, std::move(detail));
+  doors_.on_call_result(*r, outcome, std::move(detail));
 }
 
 }  // namespace idemsink::pipeline

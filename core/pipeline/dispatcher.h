@@ -34,22 +34,14 @@
 
 namespace idemsink::pipeline {
 
+class EngineDoors;
+
 class Dispatcher {
  public:
-  using FindFn = std::function<Record*(uint64_t id)>;
-  /// A call's result (or its deadline passing, as uncertain), on the engine
-  /// thread; the call's slot is already free.
-  using ResultFn = std::function<void(Record&, idemsink_outcome, std::string detail)>;
-  /// A record whose claim turned out to be taken over before its call; it
-  /// was not called.
-  using FencedFn = std::function<void(Record&)>;
-  /// Every record a half-open route holds has been a probe already: it
-  /// wants a fresh record to probe with (route_health fetches one).
-  using ProbeFetchFn = std::function<void(Route&)>;
-
+  /// Reports through `doors`: a call's result, a record fenced before its
+  /// call, a half-open route wanting a fresh probe.
   Dispatcher(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, int max_in_flight,
-             std::chrono::milliseconds lease, FindFn find, ResultFn on_result, FencedFn on_fenced,
-             ProbeFetchFn want_fresh_probe, LocalTxRunner& local_tx);
+             std::chrono::milliseconds lease, EngineDoors& doors, LocalTxRunner& local_tx);
 
   /// Queues a claimed record for a call slot.
   void make_ready(Record& r);
@@ -109,10 +101,7 @@ class Dispatcher {
   const claim::ClaimStore& store_;
   const int max_in_flight_;
   const std::chrono::milliseconds lease_;
-  FindFn find_;
-  ResultFn on_result_;
-  FencedFn on_fenced_;
-  ProbeFetchFn want_fresh_probe_;
+  EngineDoors& doors_;
   LocalTxRunner& local_tx_;
   std::map<Route*, Lane> lanes_;  // ordered: routes take turns in a stable order
   int in_flight_ = 0;

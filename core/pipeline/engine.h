@@ -14,8 +14,9 @@
 //
 // The engine owns the records and wires the stages; each stage lives in its
 // own module (admission, key_queue, claimer, dispatcher, local_tx,
-// failure_policy, route_health, outcome_writer, partitions, fetch_gate,
-// housekeeping; dlq/relay for publishing).
+// failure_policy, route_health, outcome_writer, partitions, fetch_gate;
+// dlq/relay for publishing; upkeep/housekeeping beside them) and reports back
+// through the engine's doors (engine_doors.h).
 //
 // Feeds: one per consumer group the engine's routes use (route.group_id).
 // Routes of one topic are in different groups: each feed has its own
@@ -58,6 +59,8 @@
 #include "core/pipeline/key_queue.h"
 #include "core/pipeline/local_tx.h"
 #include "core/metrics/metrics.h"
+#include "core/pipeline/controls.h"
+#include "core/pipeline/engine_doors.h"
 #include "core/pipeline/outcome_writer.h"
 #include "core/pipeline/partitions.h"
 #include "core/common/periodic.h"
@@ -68,7 +71,7 @@
 
 namespace idemsink::pipeline {
 
-class Engine : public RemoteGate {
+class Engine : public RemoteGate, public Controls, private EngineDoors {
  public:
   Engine(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg,
          std::vector<std::unique_ptr<Route>> routes, metrics::Metrics& metrics, std::string owner);
@@ -130,9 +133,13 @@ class Engine : public RemoteGate {
   /// call that outlived the close's grace): its consumer must live on.
   bool holds_records_of(const std::string& group) const;
 
-  /// Operator pause/resume (admin API, any thread): stops fetching, keeps the groups.
-  void set_operator_pause(bool paused);
-  bool operator_paused() const;
+  // Controls (the admin port's threads)
+  void set_operator_pause(bool paused) override;
+  bool operator_paused() const override;
+  std::vector<RoutePause> route_pauses() const override { return route_control_.view(); }
+  void route_pause_stored(const std::string& route, bool paused, const std::string& by) override {
+    route_control_.stored(route, paused, by);
+  }
 
   /// Operator pauses of this engine's routes (admin port, start-up).
   RouteControl& route_control() { return route_control_; }
@@ -161,8 +168,13 @@ class Engine : public RemoteGate {
                                                        bool lost);
 
   static std::vector<Route*> route_pointers(const std::vector<std::unique_ptr<Route>>& routes);
+  // EngineDoors (engine thread): what the stages report; each door in its
+  // place below.
+  Record* find(uint64_t id) final;
+  void on_fenced(Record& r) final;
+  void on_probe_wanted(Route& route) final;
+  void on_calls_may_start() final;
   // records
-  Record* find(uint64_t id);
   void ingest(Feed& feed, kafka::Consumer::Batch batch);
   /// A record its route does not take ([route.when]): its outcome, skipped.
   void skip(Route& route, Partition& part, int64_t offset);
@@ -175,7 +187,7 @@ class Engine : public RemoteGate {
   /// A record of the entity is gone: the next one lines up by key.
   void next_of_entity(const std::string& entity_id, uint64_t id);
   // claims
-  void on_claimed(const Claimer::Claimed& claimed);
+  void on_claimed(const Claimer::Claimed& claimed) final;
   /// A record's claim answered Held (its entity waits for a hold), or no
   /// longer does: it and the records behind it in its entity's line wait
   /// for the hold, out of the backpressure count (route_health.h), or not.
@@ -193,8 +205,8 @@ class Engine : public RemoteGate {
   void look_up_before_call(Record& r);
   void looked_up(uint64_t id, idemsink_outcome outcome, std::string detail);
   // after a call, and after a write
-  void on_call_result(Record& r, idemsink_outcome outcome, std::string detail);
-  void on_local_tx_results(std::vector<LocalTxRunner::Result> results);
+  void on_call_result(Record& r, idemsink_outcome outcome, std::string detail) final;
+  void on_local_tx_results(std::vector<LocalTxRunner::Result> results) final;
   /// Ends a record failed or unknown, dead-lettered.
   void end(Record& r, claim::Status status, dlq::Reason reason, std::string error);
   /// A record whose partition is being revoked, between calls: its claim is
@@ -209,7 +221,7 @@ class Engine : public RemoteGate {
   static constexpr int64_t kMinHoldMs = 100;
   /// Each group-limited route's share: the part of its partitions this host owns.
   void update_rate_shares();
-  void on_written(const std::vector<OutcomeWriter::Written>& written);
+  void on_written(const std::vector<OutcomeWriter::Written>& written) final;
   /// The database refused a record's row: end it another way.
   void written_rejected(Record& r, OutcomeWriter::Kind kind, const std::string& error);
   /// Gives up on recording a record: its claim is handed back, its offset not committed.
@@ -247,6 +259,14 @@ class Engine : public RemoteGate {
   LocalTxRunner local_tx_;
   Dispatcher dispatcher_;
   OutcomeWriter writer_;
+  /// The relay's counts, into the routes' and the slice's metrics.
+  struct RelayCounts : dlq::Relay::Listener {
+    explicit RelayCounts(Engine& e) : engine(e) {}
+    void published(const std::string& route, size_t published, size_t failed) override;
+    void set_aside(size_t refused) override;
+    Engine& engine;
+  };
+  RelayCounts relay_counts_;
   dlq::Relay relay_;
   Claimer claimer_;
   upkeep::Housekeeping housekeeping_;

@@ -1,8 +1,8 @@
 // The engine's half that follows one record from its claim to its end: the
 // claim's verdict, the call's result, the outcome written (or refused), and
-// the one way out, end_record(). The stages these move a record through, and
-// which moves are allowed, are in stage.h; engine.cc is the loop that feeds
-// the records in.
+// the one way out, end_record() (engine_ingest.cc). The stages these move a
+// record through, and which moves are allowed, are in stage.h; engine_ingest.cc
+// takes the records in.
 #include "core/pipeline/engine.h"
 
 #include "core/dlq/outcome_event.h"
@@ -217,6 +217,15 @@ void Engine::release_claims(std::vector<claim::Outcome> outcomes) {
 
 // ---------------------------------------------------------------- after a call, after a write
 
+void Engine::on_fenced(Record& r) {
+  r.route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
+  claimer_.claim(r);
+}
+
+void Engine::on_probe_wanted(Route& route) { health_.want_fresh_probe(route); }
+
+void Engine::on_calls_may_start() { dispatcher_.pump(); }
+
 void Engine::on_call_result(Record& r, idemsink_outcome outcome, std::string detail) {
   const LogScope log_scope(log_fields_of(r));
   if (outcome == IDEMSINK_OUTCOME_OK) fault::hit("after_handler_ok");
@@ -329,8 +338,7 @@ void Engine::on_local_tx_results(std::vector<LocalTxRunner::Result> results) {
       // Done by an earlier run of this job whose reply was lost, or taken
       // over: claim again to learn which.
       dispatcher_.end_call(*r, false);
-      r->route->metrics->fenced.fetch_add(1, std::memory_order_relaxed);
-      claimer_.claim(*r);
+      on_fenced(*r);
       continue;
     }
     if (res.gave_up) {

@@ -1,5 +1,7 @@
 #include "core/pipeline/local_tx.h"
 
+#include "core/pipeline/engine_doors.h"
+
 #include <mysqld_error.h>
 
 #include <algorithm>
@@ -20,16 +22,14 @@ constexpr size_t kBatch = 100;
 }
 
 LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store,
-                             const dlq::Outbox& outbox, std::string host, int max_jobs, FindFn find,
-                             ResultsFn on_results)
+                             const dlq::Outbox& outbox, std::string host, int max_jobs, EngineDoors& doors)
     : io_(io),
       pool_(pool),
       store_(store),
       outbox_(outbox),
       host_(std::move(host)),
       max_jobs_(std::max(1, max_jobs)),
-      find_(std::move(find)),
-      on_results_(std::move(on_results)) {}
+      doors_(doors) {}
 
 void LocalTxRunner::add(Record& r) {
   Route& route = *r.route;
@@ -60,7 +60,7 @@ void LocalTxRunner::flush(Route& route) {
     std::vector<const Record*> recs;
     std::vector<claim::Outcome> outcomes;
     for (uint64_t id : ids) {
-      const Record* r = find_(id);
+      const Record* r = doors_.find(id);
       recs.push_back(r);
       outcomes.push_back(r->outcome());
     }
@@ -68,7 +68,7 @@ void LocalTxRunner::flush(Route& route) {
     auto report = [this, &route](std::vector<Result> results) {
       asio::post(io_, [this, &route, results = std::move(results)]() mutable {
         --lanes_[&route].jobs;
-        on_results_(std::move(results));
+        doors_.on_local_tx_results(std::move(results));
         flush(route);
       });
     };

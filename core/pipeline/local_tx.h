@@ -35,6 +35,8 @@
 
 namespace idemsink::pipeline {
 
+class EngineDoors;
+
 class LocalTxRunner {
  public:
   struct Result {
@@ -52,14 +54,11 @@ class LocalTxRunner {
     /// database.job_give_up_after (`detail` says why): nothing applied.
     bool gave_up = false;
   };
-  using FindFn = std::function<Record*(uint64_t id)>;
-  /// The results of one apply job, on the engine thread.
-  using ResultsFn = std::function<void(std::vector<Result>)>;
-
   /// `outbox` and `host`: the outcome events ([route.output]) written in
-  /// the records' transaction.
+  /// the records' transaction. Each apply job's results go to
+  /// `doors.on_local_tx_results`.
   LocalTxRunner(boost::asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store, const dlq::Outbox& outbox,
-                std::string host, int max_jobs, FindFn find, ResultsFn on_results);
+                std::string host, int max_jobs, EngineDoors& doors);
 
   /// Queues a record (stage Calling) for its route's next apply job.
   void add(Record& r);
@@ -91,8 +90,7 @@ class LocalTxRunner {
   const dlq::Outbox& outbox_;
   const std::string host_;
   const int max_jobs_;
-  FindFn find_;
-  ResultsFn on_results_;
+  EngineDoors& doors_;
   std::map<Route*, Lane> lanes_;
 };
 

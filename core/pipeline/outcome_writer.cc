@@ -1,5 +1,7 @@
 #include "core/pipeline/outcome_writer.h"
 
+#include "core/pipeline/engine_doors.h"
+
 #include "core/common/fault.h"
 #include "core/db/isolate.h"
 #include "core/dlq/headers.h"
@@ -15,15 +17,13 @@ constexpr int kMaxJobs = 2;  // per kind of write
 }
 
 OutcomeWriter::OutcomeWriter(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
-                             const claim::ClaimStore& store, const dlq::Outbox& outbox, FindFn find,
-                             WrittenFn on_written)
+                             const claim::ClaimStore& store, const dlq::Outbox& outbox, EngineDoors& doors)
     : io_(io),
       pool_(pool),
       cfg_(cfg),
       store_(store),
       outbox_(outbox),
-      find_(std::move(find)),
-      on_written_(std::move(on_written)),
+      doors_(doors),
       done_(kMaxJobs),
       terminal_(kMaxJobs),
       dead_letters_(kMaxJobs),
@@ -99,7 +99,7 @@ void OutcomeWriter::report(std::vector<Written> written) {
       case Kind::DeadLettered: dead_letters_.job_done(); break;
       case Kind::Forwarded: forwards_.job_done(); break;
     }
-    on_written_(written);
+    doors_.on_written(written);
     flush();
   });
 }
@@ -120,7 +120,7 @@ void OutcomeWriter::flush_done() {
     std::vector<std::optional<dlq::Letter>> events;
     bool any_event = false;
     for (uint64_t id : ids) {
-      const Record& r = *find_(id);
+      const Record& r = *doors_.find(id);
       outcomes.push_back(r.outcome());
       events.push_back(event_of(r, Status::Done, r.receipt, "", cfg_.host.id));
       any_event = any_event || events.back().has_value();
@@ -163,7 +163,7 @@ void OutcomeWriter::flush_terminal() {
     std::vector<dlq::Letter> letters;
     std::vector<Beside> besides;
     for (const auto& t : terms) {
-      const Record& r = *find_(t.id);
+      const Record& r = *doors_.find(t.id);
       ids.push_back(t.id);
       statuses.push_back(t.status);
       outcomes.push_back(r.outcome());
@@ -217,7 +217,7 @@ void OutcomeWriter::flush_dead_letters() {
   for (auto ids = dead_letters_.take(batch_max); !ids.empty(); ids = dead_letters_.take(batch_max)) {
     std::vector<dlq::Letter> letters;
     for (uint64_t id : ids) {
-      const Record& r = *find_(id);
+      const Record& r = *doors_.find(id);
       letters.push_back(letter_of(r, r.refuse_reason));
     }
     pool_.submit(
@@ -243,7 +243,7 @@ void OutcomeWriter::flush_forwards() {
     std::vector<dlq::Letter> letters;
     std::vector<std::optional<claim::OrderHold>> holds;
     for (uint64_t id : ids) {
-      const Record& r = *find_(id);
+      const Record& r = *doors_.find(id);
       const config::RouteConfig& rc = r.route->cfg;
       releases.push_back(r.outcome());
       holds.push_back(hold_of(r, Status::Pending));

@@ -28,6 +28,8 @@
 
 namespace idemsink::pipeline {
 
+class EngineDoors;
+
 class OutcomeWriter {
  public:
   enum class Kind { Done, Ended, DeadLettered, Forwarded };
@@ -44,12 +46,9 @@ class OutcomeWriter {
     claim::Status status;  // Ended
     std::string error;     // Rejected, GaveUp
   };
-  using FindFn = std::function<Record*(uint64_t id)>;
-  /// The records of one job, written (engine thread).
-  using WrittenFn = std::function<void(const std::vector<Written>&)>;
-
+  /// The records of each job, written, go to `doors.on_written`.
   OutcomeWriter(boost::asio::io_context& io, db::Pool& pool, const config::Config& cfg, const claim::ClaimStore& store,
-                const dlq::Outbox& outbox, FindFn find, WrittenFn on_written);
+                const dlq::Outbox& outbox, EngineDoors& doors);
 
   /// The handler applied the effect: mark done (batched, after claim.flush_linger).
   void done(Record& r);
@@ -90,8 +89,7 @@ class OutcomeWriter {
   const config::Config& cfg_;
   const claim::ClaimStore& store_;
   const dlq::Outbox& outbox_;
-  FindFn find_;
-  WrittenFn on_written_;
+  EngineDoors& doors_;
   BatchQueue<uint64_t> done_;
   BatchQueue<Terminal> terminal_;
   BatchQueue<uint64_t> dead_letters_;

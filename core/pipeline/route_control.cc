@@ -19,6 +19,8 @@ std::string utc_now_text() {
 }
 }  // namespace
 
+void RouteControl::check_table(db::Connection& c) { c.query("SELECT 1 FROM idemsink_route_control LIMIT 0"); }
+
 const char* RouteControl::schema() {
   return R"(CREATE TABLE IF NOT EXISTS idemsink_route_control (
   route       VARBINARY(64) NOT NULL,
@@ -154,13 +156,17 @@ void RouteControl::apply_locked(const std::map<std::string, State>& states, bool
   }
 }
 
-std::vector<RouteControl::View> RouteControl::view() const {
+std::vector<RoutePause> RouteControl::view() const {
   std::lock_guard lk(mu_);
-  std::vector<View> out;
+  std::vector<RoutePause> out;
   for (const Route* r : routes_) {
-    View v{r->cfg.name, r->cfg.topic, {}, r->metrics->circuit_open.load() != 0};
-    if (auto it = states_.find(r->cfg.name); it != states_.end()) v.state = it->second;
-    if (auto it = applied_.find(r->cfg.name); it != applied_.end()) v.state.paused = it->second;
+    RoutePause v{.route = r->cfg.name, .topic = r->cfg.topic, .circuit_open = r->metrics->circuit_open.load() != 0};
+    if (auto it = states_.find(r->cfg.name); it != states_.end()) {
+      v.paused = it->second.paused;
+      v.changed_by = it->second.changed_by;
+      v.changed_at = it->second.changed_at;
+    }
+    if (auto it = applied_.find(r->cfg.name); it != applied_.end()) v.paused = it->second;
     out.push_back(std::move(v));
   }
   return out;

@@ -20,6 +20,7 @@
 #include "core/db/pool.h"
 #include "core/pipeline/fetch_gate.h"
 #include "core/common/periodic.h"
+#include "core/pipeline/controls.h"
 #include "core/pipeline/record.h"
 
 namespace idemsink::pipeline {
@@ -33,6 +34,8 @@ class RouteControl {
   };
 
   static const char* schema();
+  /// Reads nothing from the table: throws the server's error when it is missing.
+  static void check_table(db::Connection& c);
   /// Every route's row; a missing table reads as no pauses (the schema is older).
   static std::map<std::string, State> read(db::Connection& c);
   static void write(db::Connection& c, const std::string& route, bool paused, const std::string& by);
@@ -61,13 +64,7 @@ class RouteControl {
   /// at once rather than at the next refresh.
   void stored(const std::string& route, bool paused, const std::string& by);
 
-  struct View {
-    std::string route;
-    std::string topic;
-    State state;
-    bool circuit_open = false;
-  };
-  std::vector<View> view() const;
+  std::vector<RoutePause> view() const;
 
  private:
   void refresh();

@@ -1,5 +1,7 @@
 #include "core/pipeline/route_health.h"
 
+#include "core/pipeline/engine_doors.h"
+
 #include <spdlog/spdlog.h>
 
 #include "core/common/log.h"
@@ -8,7 +10,7 @@ namespace idemsink::pipeline {
 
 namespace asio = boost::asio;
 
-RouteHealth::RouteHealth(asio::io_context& io, std::function<void()> pump) : io_(io), pump_(std::move(pump)) {}
+RouteHealth::RouteHealth(asio::io_context& io, EngineDoors& doors) : io_(io), doors_(doors) {}
 
 bool RouteHealth::after_call(Record& r, idemsink_outcome outcome, const std::string& detail) {
   Route& route = *r.route;
@@ -156,7 +158,7 @@ void RouteHealth::arm_probe(Route& route) {
     if (ec) return;
     route.circuit.probe_due();
     follow(route);
-    pump_();
+    doors_.on_calls_may_start();
   });
 }
 

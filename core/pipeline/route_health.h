@@ -24,10 +24,12 @@
 
 namespace idemsink::pipeline {
 
+class EngineDoors;
+
 class RouteHealth {
  public:
-  /// `pump`: the dispatcher may start calls (a probe fell due).
-  RouteHealth(boost::asio::io_context& io, std::function<void()> pump);
+  /// A probe falling due is reported through `doors.on_calls_may_start`.
+  RouteHealth(boost::asio::io_context& io, EngineDoors& doors);
 
   /// A call of `r` ended with `outcome` (not a Retry-After pause): feeds the
   /// route's circuit (it may open or close) and says whether the record now
@@ -80,7 +82,7 @@ class RouteHealth {
   void arm_probe(Route& route);
 
   boost::asio::io_context& io_;
-  std::function<void()> pump_;
+  EngineDoors& doors_;
 };
 
 }  // namespace idemsink::pipeline

@@ -24,41 +24,48 @@ std::string_view to_string(Stage s) {
 
 using enum Stage;
 
+// Each row ends with the function that takes the step: the engine's doors
+// (engine_doors.h), what they call, and the stages they hand the record to.
 const Step kLife[] = {
     // Admission (Engine::ingest)
-    {New, Claim, "admitted, its key free"},
-    {New, Waiting, "admitted behind an earlier record of its key"},
-    {New, DeadLettering, "refused at admission (poison, no key, too large, too old)"},
-    {Waiting, Claim, "the earlier record of its key ended"},
+    {New, Claim, "admitted, its key free"},                          // `line_up_by_key()`
+    {New, Waiting, "admitted behind an earlier record of its key"},  // `line_up_by_key()`, `ingest()` (its entity)
+    {New, DeadLettering, "refused at admission (poison, no key, too large, too old)"},  // `refuse()`
+    {Waiting, Claim, "the earlier record of its key ended"},  // `end_record()`, `next_of_entity()`
     // The claim (Claimer, Engine::on_claimed)
-    {Claim, Claiming, "taken into a claim batch"},
-    {Claiming, Ready, "claim owned"},
-    {Claiming, LookingUp, "owned, at-most-once, and maybe sent before the database lost its outcome"},
+    {Claim, Claiming, "taken into a claim batch"},  // Claimer's `flush()`
+    {Claiming, Ready, "claim owned"},               // `on_claimed()`, `on_owned()`
+    {Claiming, LookingUp,
+     "owned, at-most-once, and maybe sent before the database lost its outcome"},  // `look_up_before_call()`
     {Claiming, Busy,
      "its key held by another live host, an earlier record of its entity unfinished, no claim partition yet, or the "
-     "batch failed"},
-    {Claiming, Finishing, "the claim decides its end (unknown after too many takeovers)"},
-    {Claiming, DeadLettering, "its claim refused (by the database, a payload conflict, no claim partition)"},
-    {Busy, Claim, "re-checked, or its claim partition created"},
-    {Busy, Busy, "its claim partition could not be created: re-checked later"},
+     "batch failed"},  // `on_claimed()`, `claim_without_partition()`, Claimer's `run_job()`
+    {Claiming, Finishing, "the claim decides its end (unknown after too many takeovers)"},  // `on_owned()`
+    {Claiming, DeadLettering,
+     "its claim refused (by the database, a payload conflict, no claim partition)"},  // `on_claimed()`,
+                                                                                      // `claim_without_partition()`
+    {Busy, Claim, "re-checked, or its claim partition created"},  // Claimer's `start()`, `claim_without_partition()`
+    {Busy, Busy, "its claim partition could not be created: re-checked later"},  // `claim_without_partition()`
     // Before the call (Dispatcher)
-    {Ready, Confirming, "a call slot taken; the claim confirmed (and an at-most-once call marked) first"},
-    {Ready, Calling, "a call slot taken"},
-    {Confirming, Calling, "confirmed"},
-    {Confirming, Ready, "the confirmation failed: not called"},
-    {Confirming, Claim, "taken over before its call: claimed again to learn the outcome"},
-    {LookingUp, Ready, "certainly never sent"},
-    {LookingUp, Finishing, "sent before (done), or the remote cannot tell (unknown)"},
+    {Ready, Confirming,
+     "a call slot taken; the claim confirmed (and an at-most-once call marked) first"},     // Dispatcher's `pump()`
+    {Ready, Calling, "a call slot taken"},                                                  // `dispatch()`
+    {Confirming, Calling, "confirmed"},                                                     // `confirmed()`
+    {Confirming, Ready, "the confirmation failed: not called"},                             // `flush_confirmations()`
+    {Confirming, Claim, "taken over before its call: claimed again to learn the outcome"},  // `on_fenced()`
+    {LookingUp, Ready, "certainly never sent"},                                             // `looked_up()`
+    {LookingUp, Finishing, "sent before (done), or the remote cannot tell (unknown)"},      // `looked_up()`
     // After the call (Engine::on_call_result, the local_tx runner)
-    {Calling, Finishing, "done, failed, unknown or forwarded to a retry topic"},
-    {Calling, Backoff, "failed: called again after its backoff or the pause asked for"},
-    {Calling, Ready, "held: the circuit is open, or the remote paused the route"},
-    {Calling, Claim, "local_tx fenced: claimed again to learn the outcome"},
-    {Backoff, Ready, "its backoff is over"},
+    {Calling, Finishing,
+     "done, failed, unknown or forwarded to a retry topic"},  // `on_call_result()`, `on_local_tx_results()`
+    {Calling, Backoff, "failed: called again after its backoff or the pause asked for"},  // `retry_later()`
+    {Calling, Ready, "held: the circuit is open, or the remote paused the route"},  // `on_call_result()`, `hold()`
+    {Calling, Claim, "local_tx fenced: claimed again to learn the outcome"},        // `on_local_tx_results()`
+    {Backoff, Ready, "its backoff is over"},                                        // `retry_later()`
     // Its outcome written (OutcomeWriter, Engine::on_written)
-    {Finishing, Finishing, "its row refused: written another way"},
-    {Finishing, Claim, "taken over before its outcome was recorded: claimed again"},
-    {DeadLettering, DeadLettering, "its row refused: written stripped"},
+    {Finishing, Finishing, "its row refused: written another way"},                   // `written_rejected()`
+    {Finishing, Claim, "taken over before its outcome was recorded: claimed again"},  // `on_written()`
+    {DeadLettering, DeadLettering, "its row refused: written stripped"},              // `written_rejected()`
 };
 const size_t kLifeSteps = std::size(kLife);
 

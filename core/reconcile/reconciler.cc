@@ -6,6 +6,7 @@
 
 #include "core/common/log.h"
 #include "core/common/util.h"
+#include "core/dlq/letters.h"
 #include "core/dlq/outbox.h"
 #include "core/dlq/reason.h"
 #include "core/plugin/call_deadline.h"
@@ -161,23 +162,17 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       cand.src_offset = u.src_offset;
       found.push_back(std::move(cand));
     }
-    if (!found.empty()) {
-      std::string tokens;
-      for (const auto& cand : found) tokens += (tokens.empty() ? "'" : ", '") + cand.token + "'";
-      std::map<std::string, size_t> by_token;
-      for (size_t i = 0; i < found.size(); ++i) by_token[found[i].token] = i;
-      // The newest outbox row of each token carries the record's payload.
-      for (auto& r :
-           c.query("SELECT idem_token, msg_key, msg_value, msg_timestamp, reason FROM idemsink_dlq_outbox WHERE "
-                   "idem_token IN (" +
-                   tokens + ") AND " + dlq::sql_purpose_is(dlq::Purpose::DeadLetter) + " ORDER BY id")) {
-        Candidate& cand = found[by_token[*r[0]]];
-        cand.key = r[1];
-        cand.value = r[2];
-        cand.timestamp_ms = std::stoll(*r[3]);
-        cand.reason = *r[4];
+    // The record's newest dead letter carries its payload.
+    std::vector<std::string> tokens;
+    for (const auto& cand : found) tokens.push_back(cand.token);
+    const auto letters = dlq::dead_letter_messages(c, tokens);
+    for (Candidate& cand : found)
+      if (auto it = letters.find(cand.token); it != letters.end()) {
+        cand.key = it->second.key;
+        cand.value = it->second.value;
+        cand.timestamp_ms = it->second.timestamp_ms;
+        cand.reason = it->second.reason;
       }
-    }
     cands_ = std::move(found);
     asio::post(r_.io_, [self = shared_from_this()] { self->ask(); });
   }

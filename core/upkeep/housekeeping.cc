@@ -90,8 +90,8 @@ void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) 
       "claim partitions",
       [this, wait_for_lock, done](db::Connection& c) {
         // One host at a time: the others skip a round, or wait for it.
-        const std::string wait = wait_for_lock ? "30" : "0";
-        const bool locked = c.query("SELECT GET_LOCK('idemsink_claim_partitions', " + wait + ")").at(0).at(0) == "1";
+        claim::PartitionLock lock(c, wait_for_lock ? 30 : 0);
+        const bool locked = lock.held();
         claim::PartitionReport report;
         bool done_now = true;
         if (locked) {
@@ -99,7 +99,7 @@ void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) 
             report = claim::maintain_partitions(c, std::chrono::system_clock::now(),
                                                 {cfg_.claim.retention_days, kMonthsAhead});
           } catch (const db::DbError& e) {
-            c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+            lock.release();
             if (e.code() != ER_LOCK_WAIT_TIMEOUT) throw;
             // Re-run at once, it would queue the claims behind it again.
             spdlog::warn(
@@ -108,11 +108,8 @@ void Housekeeping::maintain(bool wait_for_lock, std::function<void(bool)> done) 
                 e.what());
             done_now = false;
             report.months_ahead = claim::months_ahead(c, std::chrono::system_clock::now());
-          } catch (...) {
-            c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
-            throw;
           }
-          if (done_now) c.query("SELECT RELEASE_LOCK('idemsink_claim_partitions')");
+          lock.release();
         } else {
           report.months_ahead = claim::months_ahead(c, std::chrono::system_clock::now());
         }
