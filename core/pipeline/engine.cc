@@ -69,10 +69,9 @@ Engine::Engine(asio::io_context& io, db::Pool& pool, const config::Config& cfg,
 
 void Engine::RelayCounts::published(const std::string& route, size_t published, size_t failed) {
   // Rows of routes this host does not serve (renamed, another config) count nowhere.
-  const auto it =
-      std::find_if(engine.routes_.begin(), engine.routes_.end(), [&](const auto& r) { return r->cfg.name == route; });
-  if (it == engine.routes_.end()) return;
-  metrics::RouteMetrics& m = *(*it)->metrics;
+  const Route* r = engine.route_named(route);
+  if (r == nullptr) return;
+  metrics::RouteMetrics& m = *r->metrics;
   m.dlq_published.fetch_add(published, std::memory_order_relaxed);
   m.dlq_publish_failures.fetch_add(failed, std::memory_order_relaxed);
 }

@@ -3,21 +3,12 @@
 #include "core/pipeline/engine.h"
 
 #include <algorithm>
-#include <future>
-#include <set>
-#include <thread>
 
 #include "core/common/log.h"
-#include "core/common/util.h"
-#include "core/dlq/headers.h"
-#include "core/pipeline/admission.h"
 
 namespace idemsink::pipeline {
 
 namespace asio = boost::asio;
-using namespace std::chrono_literals;
-using claim::Status;
-using claim::Verdict;
 
 Engine::FeedPlan Engine::add_routes(std::vector<std::unique_ptr<Route>> routes) {
   const std::string group = routes.at(0)->cfg.group_id;

@@ -2,22 +2,12 @@
 // lined up by key; and a record's end, which lets the next of its key go on.
 #include "core/pipeline/engine.h"
 
-#include <algorithm>
-#include <future>
-#include <set>
-#include <thread>
-
 #include "core/common/log.h"
 #include "core/common/util.h"
 #include "core/dlq/headers.h"
 #include "core/pipeline/admission.h"
 
 namespace idemsink::pipeline {
-
-namespace asio = boost::asio;
-using namespace std::chrono_literals;
-using claim::Status;
-using claim::Verdict;
 
 void Engine::ingest(Feed& feed, kafka::Consumer::Batch batch) {
   const int64_t now = wall_clock_ms();

@@ -402,10 +402,9 @@ void Engine::on_written(const std::vector<OutcomeWriter::Written>& written) {
       case Result::Fenced:
         // Our claim was taken over (our lease ran out or our host id
         // restarted elsewhere). Claim again: the new owner's result decides.
-        m.fenced.fetch_add(1, std::memory_order_relaxed);
         spdlog::warn("route {}: claim on key {} was taken over before its outcome was recorded; re-checking",
                      r->route->cfg.name, printable(r->biz_key));
-        claimer_.claim(*r);
+        on_fenced(*r);
         continue;
       case Result::Rejected: written_rejected(*r, w.kind, w.error); continue;
       case Result::GaveUp: let_go(*r, w.kind, w.error); continue;
