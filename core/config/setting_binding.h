@@ -1,7 +1,7 @@
 // How a row of the settings table (settings.cc) binds to the field its
 // value lands in: the section struct of each field, the setting type that
 // follows from the field's C++ type, and the row builders `field<&S::m>()`
-// and `declare()`. Included by settings.cc only.
+// and `declare()`. Included by settings.cc and settings_route.cc only.
 #pragma once
 
 #include <filesystem>
@@ -148,4 +148,25 @@ constexpr Setting declare(Type type, Row r) {
   return Setting{r.path, type, r.default_value, r.required, r.min, r.max, r.doc, nullptr, {}};
 }
 
+// Every bound setting lives under the section its field's struct stands for.
+template <size_t N>
+constexpr bool bindings_match_sections(const Setting (&table)[N]) {
+  for (const auto& s : table) {
+    // Bound settings are the ones with a section (comparing the function
+    // pointer is not a constant expression in sanitizer builds).
+    const std::string_view sec = s.store_section;
+    if (sec.empty()) continue;
+    if (s.path.size() <= sec.size() || s.path.substr(0, sec.size()) != sec || s.path[sec.size()] != '.') return false;
+  }
+  return true;
+}
+
 }  // namespace idemsink::config::binding
+
+namespace idemsink::config::detail {
+
+// The two parts of the declaration table, concatenated by settings().
+std::span<const Setting> process_settings();  // settings.cc
+std::span<const Setting> route_settings();    // settings_route.cc
+
+}  // namespace idemsink::config::detail
