@@ -29,7 +29,6 @@ using namespace wire;
 
 namespace {
 
-
 // A fraction of a second as protobuf's JSON writes it: none, or 3, 6 or 9 digits.
 std::string nanos_text(int32_t nanos) {
   if (nanos == 0) return "";

@@ -103,8 +103,10 @@ class Reconciler {
                 std::function<void(idemsink_outcome, std::string)> answered);
 
  private:
-  struct Candidate;
-  class Round;  // one run_once(), in its steps
+  struct Candidate;  // candidate.h
+  class Round;       // one run_once(), in its steps (round.cc)
+  /// The round run_once() starts (round.cc, where a Round is complete).
+  void begin_round(std::function<void(ReconcileSummary)> done, size_t limit);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
