@@ -176,6 +176,22 @@ class Engine : public RemoteGate, public Controls, private EngineDoors {
   void on_calls_may_start() final;
   // records
   void ingest(Feed& feed, kafka::Consumer::Batch batch);
+  /// A polled message its partition took, on its way to a record.
+  struct Arrival {
+    Route* route;
+    size_t tier;  // 0: the route's own topic; N: its retry topic N
+    std::shared_ptr<Partition> part;
+    format::DecodedRecord decoded;
+  };
+  /// The message taken by its route's partition (decoded, when the route
+  /// decodes): none when it is not the record's turn yet, or not a record.
+  std::optional<Arrival> take_message(Feed& feed, const kafka::MessagePtr& msg, uint64_t seek_generation);
+  /// False when the route does not take it (skipped); `undecodable` may
+  /// learn why its condition could not tell.
+  bool route_takes(Arrival& a, rd_kafka_message_t& msg, std::optional<std::string>& undecodable);
+  Record& make_record(Arrival& a, kafka::MessagePtr msg);
+  void admit_record(Record& r, std::optional<std::string> undecodable,
+                    const std::optional<std::string>& value_canonical, int64_t now);
   /// A record its route does not take ([route.when]): its outcome, skipped.
   void skip(Route& route, Partition& part, int64_t offset);
   /// A record reached its outcome (`durable`) or is dropped with its
