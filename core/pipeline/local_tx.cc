@@ -18,8 +18,30 @@ namespace idemsink::pipeline {
 namespace asio = boost::asio;
 
 namespace {
+
 constexpr size_t kBatch = 100;
+
+// A queued row's write failed but the transaction stands (anything but a
+// lost connection or a deadlock).
+bool row_write_failed(const db::DbError& e) {
+  const auto cls = e.error_class();
+  return cls != db::ErrorClass::ConnectionLost && cls != db::ErrorClass::Transient;
 }
+
+// Refused as written: its data, or a key or reference it breaks, would be
+// refused again; the record ends (db_rejected). Anything else, the record
+// is tried again later.
+bool refused_as_written(const db::DbError& e) {
+  switch (e.code()) {
+    case ER_DUP_ENTRY:
+    case ER_DUP_ENTRY_WITH_KEY_NAME:
+    case ER_NO_REFERENCED_ROW_2:
+    case ER_NO_DEFAULT_FOR_FIELD: return true;
+    default: return e.error_class() == db::ErrorClass::Data;
+  }
+}
+
+}  // namespace
 
 LocalTxRunner::LocalTxRunner(asio::io_context& io, db::Pool& pool, const claim::ClaimStore& store,
                              const dlq::Outbox& outbox, std::string host, int max_jobs, EngineDoors& doors)
@@ -117,24 +139,6 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
                                              std::span<const claim::Outcome> outcomes, std::span<Result> results,
                                              Pass pass) {
   const bool per_record = pass == Pass::Careful;
-  // A queued row's write failed but the transaction stands (anything but a
-  // lost connection or a deadlock).
-  auto row_write_failed = [](const db::DbError& e) {
-    const auto cls = e.error_class();
-    return cls != db::ErrorClass::ConnectionLost && cls != db::ErrorClass::Transient;
-  };
-  // Refused as written: its data, or a key or reference it breaks, would be
-  // refused again; the record ends (db_rejected). Anything else, the record
-  // is tried again later.
-  auto refused_as_written = [](const db::DbError& e) {
-    switch (e.code()) {
-      case ER_DUP_ENTRY:
-      case ER_DUP_ENTRY_WITH_KEY_NAME:
-      case ER_NO_REFERENCED_ROW_2:
-      case ER_NO_DEFAULT_FOR_FIELD: return true;
-      default: return e.error_class() == db::ErrorClass::Data;
-    }
-  };
   c.begin();
   const std::vector<bool> owned =
       per_record ? store_.lock_owned(c, outcomes) : std::vector<bool>(outcomes.size(), true);
@@ -150,57 +154,69 @@ bool LocalTxRunner::apply_in_one_transaction(db::Connection& c, Route& route, st
     }
     if (per_record) c.execute("SAVEPOINT idemsink_record");
     idemsink_tx tx{&c};
-    auto slot = std::make_shared<Result>();
-    auto reported = std::make_shared<bool>(false);
-    const uint64_t call_id = plugin::CallRegistry::instance().add(
-        [slot, reported](uint64_t, idemsink_outcome o, std::string d) {
-          slot->outcome = o;
-          slot->detail = std::move(d);
-          *reported = true;
-        },
-        "route " + route.cfg.name + " apply");
-    std::vector<idemsink_header> headers;
-    idemsink_record rec = abi_record(*recs[i], headers);
-    recs[i]->handler->apply(rec, &tx, call_id);
-    if (!*reported) {
-      plugin::CallRegistry::instance().cancel(call_id);
-      slot->outcome = IDEMSINK_OUTCOME_RETRYABLE;
-      slot->detail = "apply returned without reporting a result";
-    }
+    Result applied = call_apply(tx, route, *recs[i]);
     if (tx.broken_code != 0) throw db::DbError(tx.broken_code, "local_tx apply: " + tx.broken_message);
-    if (!per_record && slot->outcome != IDEMSINK_OUTCOME_OK && (tx.statements > 0 || tx.refused_code != 0)) {
+    if (!per_record && applied.outcome != IDEMSINK_OUTCOME_OK && (tx.statements > 0 || tx.refused_code != 0)) {
       c.rollback_quietly();  // its statements need undoing, and only a savepoint undoes them alone
       return false;
     }
-    if (per_record && slot->outcome == IDEMSINK_OUTCOME_OK && !tx.rows.empty()) {
-      try {
-        tx.rows.write(c);
-      } catch (const db::DbError& e) {
-        if (!row_write_failed(e)) throw;
-        const bool refused = refused_as_written(e);
-        slot->outcome = refused ? IDEMSINK_OUTCOME_PERMANENT : IDEMSINK_OUTCOME_RETRYABLE;
-        slot->detail = std::string("writing its queued rows: ") + e.what();
-        if (refused) res.db_refused = e.what();
-      }
-    }
-    if (tx.refused_code != 0 && slot->outcome != IDEMSINK_OUTCOME_OK) {
+    if (per_record && applied.outcome == IDEMSINK_OUTCOME_OK && !tx.rows.empty()) write_own_rows(c, tx, applied, res);
+    if (tx.refused_code != 0 && applied.outcome != IDEMSINK_OUTCOME_OK) {
       // Re-running would be refused again: this record ends, the batch goes on.
       if (res.db_refused.empty()) res.db_refused = tx.refused_message;
-      slot->outcome = IDEMSINK_OUTCOME_PERMANENT;
+      applied.outcome = IDEMSINK_OUTCOME_PERMANENT;
     }
-    if (slot->outcome == IDEMSINK_OUTCOME_OK) {
+    if (applied.outcome == IDEMSINK_OUTCOME_OK) {
       claim::Outcome o = outcomes[i];
-      o.receipt = slot->detail;
+      o.receipt = applied.detail;
       ok.push_back(std::move(o));
-      if (auto event = event_of(*recs[i], claim::Status::Done, slot->detail, "", host_))
+      if (auto event = event_of(*recs[i], claim::Status::Done, applied.detail, "", host_))
         events.push_back(std::move(*event));
       if (!per_record) rows.take(std::move(tx.rows));
     } else if (per_record) {
       c.execute("ROLLBACK TO SAVEPOINT idemsink_record");
     }
-    res.outcome = slot->outcome;
-    res.detail = std::move(slot->detail);
+    res.outcome = applied.outcome;
+    res.detail = std::move(applied.detail);
   }
+  return finish_transaction(c, per_record, rows, ok, events);
+}
+
+LocalTxRunner::Result LocalTxRunner::call_apply(idemsink_tx& tx, Route& route, const Record& rec) {
+  auto slot = std::make_shared<Result>();
+  auto reported = std::make_shared<bool>(false);
+  const uint64_t call_id = plugin::CallRegistry::instance().add(
+      [slot, reported](uint64_t, idemsink_outcome o, std::string d) {
+        slot->outcome = o;
+        slot->detail = std::move(d);
+        *reported = true;
+      },
+      "route " + route.cfg.name + " apply");
+  std::vector<idemsink_header> headers;
+  idemsink_record abi = abi_record(rec, headers);
+  rec.handler->apply(abi, &tx, call_id);
+  if (!*reported) {
+    plugin::CallRegistry::instance().cancel(call_id);
+    slot->outcome = IDEMSINK_OUTCOME_RETRYABLE;
+    slot->detail = "apply returned without reporting a result";
+  }
+  return *slot;
+}
+
+void LocalTxRunner::write_own_rows(db::Connection& c, idemsink_tx& tx, Result& applied, Result& res) {
+  try {
+    tx.rows.write(c);
+  } catch (const db::DbError& e) {
+    if (!row_write_failed(e)) throw;
+    const bool refused = refused_as_written(e);
+    applied.outcome = refused ? IDEMSINK_OUTCOME_PERMANENT : IDEMSINK_OUTCOME_RETRYABLE;
+    applied.detail = std::string("writing its queued rows: ") + e.what();
+    if (refused) res.db_refused = e.what();
+  }
+}
+
+bool LocalTxRunner::finish_transaction(db::Connection& c, bool per_record, plugin::DeferredRows& rows,
+                                       const std::vector<claim::Outcome>& ok, const std::vector<dlq::Letter>& events) {
   if (!rows.empty()) {
     try {
       rows.write(c);

@@ -33,6 +33,10 @@
 #include "core/dlq/outbox.h"
 #include "core/pipeline/record.h"
 
+namespace idemsink::plugin {
+class DeferredRows;
+}
+
 namespace idemsink::pipeline {
 
 class EngineDoors;
@@ -83,6 +87,16 @@ class LocalTxRunner {
   bool apply_in_one_transaction(db::Connection& c, Route& route, std::span<const uint64_t> ids,
                                 std::span<const Record* const> recs, std::span<const claim::Outcome> outcomes,
                                 std::span<Result> results, Pass pass);
+  /// The plugin's apply of one record, writing through `tx`: what it
+  /// reported (retryable when it reported nothing).
+  Result call_apply(idemsink_tx& tx, Route& route, const Record& rec);
+  /// Careful pass: the record's queued rows written under its savepoint; a
+  /// row refused ends only this record (`applied`, `res` say so).
+  void write_own_rows(db::Connection& c, idemsink_tx& tx, Result& applied, Result& res);
+  /// After the last apply: the queued rows, the claims marked done, the
+  /// outcome events, then the commit; false when rolled back for the careful pass.
+  bool finish_transaction(db::Connection& c, bool per_record, plugin::DeferredRows& rows,
+                          const std::vector<claim::Outcome>& ok, const std::vector<dlq::Letter>& events);
 
   boost::asio::io_context& io_;
   db::Pool& pool_;
