@@ -120,14 +120,26 @@ std::vector<Flat> route_tables(const toml::table& doc, const Config& cfg) {
   return out;
 }
 
-}  // namespace
+std::optional<size_t> index_of(const Config& cfg, const std::string& name) {
+  for (size_t i = 0; i < cfg.routes.size(); ++i)
+    if (cfg.routes[i].name == name) return i;
+  return std::nullopt;
+}
 
-ReloadPlan plan_reload(const Config& running, const std::string& running_text, const Config& next,
-                       const std::string& next_text) {
-  const toml::table before_doc = parse_text(running_text, running.file.string());
-  const toml::table after_doc = parse_text(next_text, next.file.string());
-  ReloadPlan plan;
+// Routes by group: an added or removed route may not share its group with a
+// route that stays, whose partitions the group's rebalance would move (a
+// route of its own group is a consumer of its own, as Kafka Connect gives
+// each connector its group).
+std::vector<std::string> readers_of(const Config& cfg, const std::string& group, const std::string& except) {
+  std::vector<std::string> names;
+  for (const auto& r : cfg.routes)
+    if (r.group_id == group && r.name != except) names.push_back(r.name);
+  return names;
+}
 
+// The settings outside [[route]]: the log level changes in place, any other
+// needs a restart.
+void plan_top_level(const toml::table& before_doc, const toml::table& after_doc, ReloadPlan& plan) {
   Flat before_top, after_top;
   for (auto&& [k, v] : before_doc)
     if (k.str() != "route") flatten(v, std::string(k.str()), before_top);
@@ -138,93 +150,98 @@ ReloadPlan plan_reload(const Config& running, const std::string& running_text, c
       plan.log_level_changed = true;
     else
       plan.restart_keys.push_back(std::move(key));
+}
 
+// A route in both files, `now` as it runs and `next` as the file has it.
+RouteChange kept_route(const RouteConfig& now, const RouteConfig& next, const Flat& before, const Flat& after) {
+  RouteChange c = compare_route(now.name, before, after);
+  // A forced key change applies the route's other changes too: the same checks.
+  const bool applies = c.kind == RouteChange::Kind::Changed || c.kind == RouteChange::Kind::Identity;
+  if (applies && newly_group_limited(now, next)) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why =
+        "needs a restart (route.rate_limit: a limit newly shared by the group needs the topic's partition "
+        "counts, read at assignment)";
+  }
+  // A call out under the longer deadline must not be taken for one that
+  // never happened (the reconciler waits call_timeout before it asks),
+  // and the dispatcher's deadlines stay in the order calls started.
+  if (applies && next.call_timeout < now.call_timeout) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why =
+        "needs a restart (route.call_timeout lowered: a call out under the longer one could be taken for one "
+        "never sent)";
+  }
+  return c;
+}
+
+// A route only the new file has; `gone` loses the route it replaces, if any.
+RouteChange added_route(const RouteConfig& r, const Config& running, const Config& next,
+                        std::vector<const RouteConfig*>& gone) {
+  RouteChange c{r.name, RouteChange::Kind::Added, {"route.name"}};
+  // A route gone and one come on its topic in one reload is a rename, or
+  // one route replacing another: the new name's claims are empty, so
+  // records the old one did would run again.
+  for (auto it = gone.begin(); it != gone.end(); ++it)
+    if ((*it)->topic == r.topic) {
+      c.kind = RouteChange::Kind::Identity;
+      c.why = "was route " + (*it)->name + " (same topic" + ((*it)->group_id == r.group_id ? " and group" : "") +
+              "): its claims are under the old name, so records already done would run again; renaming, or "
+              "replacing a route on its topic, needs a restart (or a reload that removes it, then one that adds "
+              "the other, which starts where its group's commits or start_at say)";
+      gone.erase(it);
+      break;
+    }
+  if (c.kind != RouteChange::Kind::Added) return c;
+  const std::string label = next.database_of(r).label();
+  const bool served = std::any_of(running.routes.begin(), running.routes.end(),
+                                  [&](const RouteConfig& o) { return running.database_of(o).label() == label; });
+  if (const auto sharing = readers_of(running, r.group_id, r.name); !sharing.empty()) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why = "is new in group " + r.group_id + ", which route(s) " + joined(sharing) +
+            " read: joining it would rebalance them; give it a group of its own (group_id = \"" + r.group_id + "." +
+            r.name + "\") or restart";
+  } else if (r.order_by.enabled()) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why = "is new with [route.order_by], whose holds the host keeps in lists made at start: restart";
+  } else if (!served) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why = "is new on database " + label + ", where no running route is: a new database needs a restart";
+  }
+  return c;
+}
+
+// A route only the running file has.
+RouteChange removed_route(const RouteConfig& r, const Config& next) {
+  RouteChange c{r.name, RouteChange::Kind::Removed, {"route.name"}};
+  if (const auto sharing = readers_of(next, r.group_id, r.name); !sharing.empty()) {
+    c.kind = RouteChange::Kind::Restart;
+    c.why = "is gone from group " + r.group_id + ", which route(s) " + joined(sharing) +
+            " read on: leaving it would rebalance them; restart";
+  }
+  return c;
+}
+
+}  // namespace
+
+ReloadPlan plan_reload(const Config& running, const std::string& running_text, const Config& next,
+                       const std::string& next_text) {
+  const toml::table before_doc = parse_text(running_text, running.file.string());
+  const toml::table after_doc = parse_text(next_text, next.file.string());
+  ReloadPlan plan;
+  plan_top_level(before_doc, after_doc, plan);
   const std::vector<Flat> before = route_tables(before_doc, running), after = route_tables(after_doc, next);
-  auto index_of = [](const Config& cfg, const std::string& name) -> std::optional<size_t> {
-    for (size_t i = 0; i < cfg.routes.size(); ++i)
-      if (cfg.routes[i].name == name) return i;
-    return std::nullopt;
-  };
   std::vector<const RouteConfig*> gone;
   for (size_t i = 0; i < running.routes.size(); ++i) {
     const auto& r = running.routes[i];
-    if (const auto j = index_of(next, r.name)) {
-      RouteChange c = compare_route(r.name, before[i], after[*j]);
-      // A forced key change applies the route's other changes too: the same checks.
-      const bool applies = c.kind == RouteChange::Kind::Changed || c.kind == RouteChange::Kind::Identity;
-      if (applies && newly_group_limited(r, next.routes[*j])) {
-        c.kind = RouteChange::Kind::Restart;
-        c.why =
-            "needs a restart (route.rate_limit: a limit newly shared by the group needs the topic's partition "
-            "counts, read at assignment)";
-      }
-      // A call out under the longer deadline must not be taken for one that
-      // never happened (the reconciler waits call_timeout before it asks),
-      // and the dispatcher's deadlines stay in the order calls started.
-      if (applies && next.routes[*j].call_timeout < r.call_timeout) {
-        c.kind = RouteChange::Kind::Restart;
-        c.why =
-            "needs a restart (route.call_timeout lowered: a call out under the longer one could be taken for one "
-            "never sent)";
-      }
-      plan.routes.push_back(std::move(c));
-    } else
+    if (const auto j = index_of(next, r.name))
+      plan.routes.push_back(kept_route(r, next.routes[*j], before[i], after[*j]));
+    else
       gone.push_back(&r);
   }
-  // Routes by group: an added or removed route may not share its group
-  // with a route that stays, whose partitions the group's rebalance would
-  // move (a route of its own group is a consumer of its own, as Kafka
-  // Connect gives each connector its group).
-  auto readers_of = [](const Config& cfg, const std::string& group, const std::string& except) {
-    std::vector<std::string> names;
-    for (const auto& r : cfg.routes)
-      if (r.group_id == group && r.name != except) names.push_back(r.name);
-    return names;
-  };
-  for (const auto& r : next.routes) {
-    if (index_of(running, r.name)) continue;
-    RouteChange c{r.name, RouteChange::Kind::Added, {"route.name"}};
-    // A route gone and one come on its topic in one reload is a rename, or
-    // one route replacing another: the new name's claims are empty, so
-    // records the old one did would run again.
-    for (auto it = gone.begin(); it != gone.end(); ++it)
-      if ((*it)->topic == r.topic) {
-        c.kind = RouteChange::Kind::Identity;
-        c.why = "was route " + (*it)->name + " (same topic" + ((*it)->group_id == r.group_id ? " and group" : "") +
-                "): its claims are under the old name, so records already done would run again; renaming, or "
-                "replacing a route on its topic, needs a restart (or a reload that removes it, then one that adds "
-                "the other, which starts where its group's commits or start_at say)";
-        gone.erase(it);
-        break;
-      }
-    if (c.kind == RouteChange::Kind::Added) {
-      const std::string label = next.database_of(r).label();
-      const bool served = std::any_of(running.routes.begin(), running.routes.end(),
-                                      [&](const RouteConfig& o) { return running.database_of(o).label() == label; });
-      if (const auto sharing = readers_of(running, r.group_id, r.name); !sharing.empty()) {
-        c.kind = RouteChange::Kind::Restart;
-        c.why = "is new in group " + r.group_id + ", which route(s) " + joined(sharing) +
-                " read: joining it would rebalance them; give it a group of its own (group_id = \"" + r.group_id + "." +
-                r.name + "\") or restart";
-      } else if (r.order_by.enabled()) {
-        c.kind = RouteChange::Kind::Restart;
-        c.why = "is new with [route.order_by], whose holds the host keeps in lists made at start: restart";
-      } else if (!served) {
-        c.kind = RouteChange::Kind::Restart;
-        c.why = "is new on database " + label + ", where no running route is: a new database needs a restart";
-      }
-    }
-    plan.routes.push_back(std::move(c));
-  }
-  for (const RouteConfig* r : gone) {
-    RouteChange c{r->name, RouteChange::Kind::Removed, {"route.name"}};
-    if (const auto sharing = readers_of(next, r->group_id, r->name); !sharing.empty()) {
-      c.kind = RouteChange::Kind::Restart;
-      c.why = "is gone from group " + r->group_id + ", which route(s) " + joined(sharing) +
-              " read on: leaving it would rebalance them; restart";
-    }
-    plan.routes.push_back(std::move(c));
-  }
+  for (const auto& r : next.routes)
+    if (!index_of(running, r.name)) plan.routes.push_back(added_route(r, running, next, gone));
+  for (const RouteConfig* r : gone) plan.routes.push_back(removed_route(*r, next));
   return plan;
 }
 
