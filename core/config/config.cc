@@ -30,6 +30,25 @@ std::string default_host_id() {
   return buf;
 }
 
+// The first line of a file only its owner may read: an OAuth client secret.
+std::string secret_from_file(const std::string& path, const SourcePos& pos) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    fail(pos, "kafka.oauth.client_secret_file", "cannot read " + path);
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    fail(pos, "kafka.oauth.client_secret_file",
+         path + " may be read by others than its owner (mode " + mode + "): chmod 600 it");
+  }
+  std::ifstream in(path);
+  std::string secret;
+  std::getline(in, secret);
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
+  if (secret.empty()) fail(pos, "kafka.oauth.client_secret_file", path + " holds no secret");
+  return secret;
+}
+
 // [kafka.oauth]: the client secret from the environment or from a file
 // only its owner can read (never from the config file), and what the login
 // needs besides.
@@ -61,22 +80,7 @@ void finish_oauth(KafkaConfig& k, const Reader& kafka) {
            "environment variable " + name + " is not set");
     o.client_secret = v;
   } else {
-    const std::string path = **file->as_string();
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file", "cannot read " + path);
-    if ((st.st_mode & 077) != 0) {
-      char mode[8];
-      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file",
-           path + " may be read by others than its owner (mode " + mode + "): chmod 600 it");
-    }
-    std::ifstream in(path);
-    std::getline(in, o.client_secret);
-    while (!o.client_secret.empty() && std::isspace(static_cast<unsigned char>(o.client_secret.back())))
-      o.client_secret.pop_back();
-    if (o.client_secret.empty())
-      fail(r.pos_of_key("client_secret_file"), "kafka.oauth.client_secret_file", path + " holds no secret");
+    o.client_secret = secret_from_file(**file->as_string(), r.pos_of_key("client_secret_file"));
   }
   if (!o.tls_ca.empty() && !std::filesystem::is_regular_file(o.tls_ca))
     fail(r.pos_of_key("tls_ca"), "kafka.oauth.tls_ca", "no such file: " + o.tls_ca);

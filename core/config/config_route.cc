@@ -43,12 +43,85 @@ KeySource key_source(const Reader& section, const std::string& path, const std::
   fail(section.pos_of_key("from"), path + ".from", "must be \"key\", \"header\" or \"json\", not \"" + from + "\"");
 }
 
+Condition read_condition(const toml::table& t, const std::string& path, const std::string& file);
+
+// A non-empty string at `key` of a condition.
+std::string condition_text(const toml::table& t, std::string_view key, const std::string& path,
+                           const std::string& file) {
+  const toml::node& n = *t.get(key);
+  if (!n.is_string() || n.as_string()->get().empty())
+    fail(pos_of(file, n), path + "." + std::string(key), "expected a non-empty string");
+  return n.as_string()->get();
+}
+
+// all = [...], any = [...] or not = {...}: `key` says which.
+Condition read_combination(Condition c, const toml::table& t, std::string_view key, const std::string& path,
+                           const std::string& file) {
+  const std::string where = path + "." + std::string(key);
+  const toml::node& n = *t.get(key);
+  if (key == "not") {
+    if (!n.is_table()) fail(pos_of(file, n), where, "expected a condition (a table)");
+    c.kind = Condition::Kind::Not;
+    c.parts.push_back(read_condition(*n.as_table(), where, file));
+    return c;
+  }
+  c.kind = key == "all" ? Condition::Kind::All : Condition::Kind::Any;
+  if (!n.is_array() || n.as_array()->empty())
+    fail(pos_of(file, n), where, "expected a list of one or more conditions ([{ ... }, { ... }])");
+  for (const auto& elem : *n.as_array()) {
+    if (!elem.is_table()) fail(pos_of(file, elem), where, "expected a condition (a table)");
+    c.parts.push_back(read_condition(*elem.as_table(), where, file));
+  }
+  return c;
+}
+
+// What a test looks at: json = "field.path", header = "name" or key = true.
+void read_subject(Condition& c, const toml::table& t, const std::string& path, const std::string& file) {
+  if (t.get("json") != nullptr) {
+    c.subject = Condition::Subject::Json;
+    c.name = condition_text(t, "json", path, file);
+    if (c.name.front() == '.' || c.name.back() == '.' || c.name.find("..") != std::string::npos)
+      fail(pos_of(file, *t.get("json")), path + ".json", "\"" + c.name + "\" is not a dotted field path (a.b.c)");
+  } else if (t.get("header") != nullptr) {
+    c.subject = Condition::Subject::Header;
+    c.name = condition_text(t, "header", path, file);
+  } else {
+    const toml::node& n = *t.get("key");
+    if (!n.is_boolean() || !n.as_boolean()->get())
+      fail(pos_of(file, n), path + ".key", "write key = true to test the record's Kafka key");
+    c.subject = Condition::Subject::Key;
+  }
+}
+
+// What a test says of it: equals, starts_with, one_of or exists.
+void read_test(Condition& c, const toml::table& t, const std::string& path, const std::string& file) {
+  if (t.get("equals") != nullptr) {
+    c.test = Condition::Test::Equals;
+    c.values.push_back(condition_text(t, "equals", path, file));
+  } else if (t.get("starts_with") != nullptr) {
+    c.test = Condition::Test::StartsWith;
+    c.values.push_back(condition_text(t, "starts_with", path, file));
+  } else if (t.get("one_of") != nullptr) {
+    c.test = Condition::Test::OneOf;
+    const toml::node& n = *t.get("one_of");
+    if (!n.is_array() || n.as_array()->empty())
+      fail(pos_of(file, n), path + ".one_of", "expected a list of one or more strings");
+    for (const auto& elem : *n.as_array()) {
+      if (!elem.is_string()) fail(pos_of(file, elem), path + ".one_of", "expected strings");
+      c.values.push_back(elem.as_string()->get());
+    }
+  } else {
+    const toml::node& n = *t.get("exists");
+    if (!n.is_boolean()) fail(pos_of(file, n), path + ".exists", "expected true or false");
+    c.test = n.as_boolean()->get() ? Condition::Test::Exists : Condition::Test::Absent;
+  }
+}
+
 // [route.when] and its parts: one test (a subject and what it must be), or
 // all / any / not of other conditions; every mistake named with its key.
 Condition read_condition(const toml::table& t, const std::string& path, const std::string& file) {
   Condition c;
   c.pos = pos_of(file, t);
-  const auto key_pos = [&](std::string_view key) { return pos_of(file, *t.get(key)); };
   static const std::set<std::string> kKeys = {"all", "any",    "not",    "json",        "header",
                                               "key", "equals", "one_of", "starts_with", "exists"};
   for (const auto& [k, v] : t)
@@ -62,68 +135,13 @@ Condition read_condition(const toml::table& t, const std::string& path, const st
   const int tests = combined("equals") + combined("one_of") + combined("starts_with") + combined("exists");
   if (combinators > 1 || (combinators == 1 && subjects + tests > 0))
     fail(c.pos, path, "a condition is all, any, not, or one test, never several at once");
-  if (combinators == 1) {
-    const std::string_view key = combined("all") ? "all" : combined("any") ? "any" : "not";
-    const std::string where = path + "." + std::string(key);
-    const toml::node& n = *t.get(key);
-    if (key == "not") {
-      if (!n.is_table()) fail(key_pos(key), where, "expected a condition (a table)");
-      c.kind = Condition::Kind::Not;
-      c.parts.push_back(read_condition(*n.as_table(), where, file));
-      return c;
-    }
-    c.kind = key == "all" ? Condition::Kind::All : Condition::Kind::Any;
-    if (!n.is_array() || n.as_array()->empty())
-      fail(key_pos(key), where, "expected a list of one or more conditions ([{ ... }, { ... }])");
-    for (const auto& elem : *n.as_array()) {
-      if (!elem.is_table()) fail(pos_of(file, elem), where, "expected a condition (a table)");
-      c.parts.push_back(read_condition(*elem.as_table(), where, file));
-    }
-    return c;
-  }
+  if (combinators == 1)
+    return read_combination(std::move(c), t, combined("all") ? "all" : combined("any") ? "any" : "not", path, file);
   if (subjects != 1)
     fail(c.pos, path, "a test names one thing of the record: json = \"field.path\", header = \"name\" or key = true");
   if (tests != 1) fail(c.pos, path, "a test says one thing of it: equals, one_of, starts_with or exists");
-  const auto text = [&](std::string_view key) {
-    const toml::node& n = *t.get(key);
-    if (!n.is_string() || n.as_string()->get().empty())
-      fail(pos_of(file, n), path + "." + std::string(key), "expected a non-empty string");
-    return n.as_string()->get();
-  };
-  if (combined("json")) {
-    c.subject = Condition::Subject::Json;
-    c.name = text("json");
-    if (c.name.front() == '.' || c.name.back() == '.' || c.name.find("..") != std::string::npos)
-      fail(key_pos("json"), path + ".json", "\"" + c.name + "\" is not a dotted field path (a.b.c)");
-  } else if (combined("header")) {
-    c.subject = Condition::Subject::Header;
-    c.name = text("header");
-  } else {
-    const toml::node& n = *t.get("key");
-    if (!n.is_boolean() || !n.as_boolean()->get())
-      fail(key_pos("key"), path + ".key", "write key = true to test the record's Kafka key");
-    c.subject = Condition::Subject::Key;
-  }
-  if (combined("equals")) {
-    c.test = Condition::Test::Equals;
-    c.values.push_back(text("equals"));
-  } else if (combined("starts_with")) {
-    c.test = Condition::Test::StartsWith;
-    c.values.push_back(text("starts_with"));
-  } else if (combined("one_of")) {
-    c.test = Condition::Test::OneOf;
-    const toml::node& n = *t.get("one_of");
-    if (!n.is_array() || n.as_array()->empty())
-      fail(key_pos("one_of"), path + ".one_of", "expected a list of one or more strings");
-    for (const auto& elem : *n.as_array()) {
-      if (!elem.is_string()) fail(pos_of(file, elem), path + ".one_of", "expected strings");
-      c.values.push_back(elem.as_string()->get());
-    }
-  } else {
-    const toml::node& n = *t.get("exists");
-    if (!n.is_boolean()) fail(key_pos("exists"), path + ".exists", "expected true or false");
-    c.test = n.as_boolean()->get() ? Condition::Test::Exists : Condition::Test::Absent;
-  }
+  read_subject(c, t, path, file);
+  read_test(c, t, path, file);
   return c;
 }
 
@@ -147,6 +165,54 @@ void check_formats(const RouteConfig& rc, const Reader& r) {
   if (rc.when && rc.when->needs_json()) fail(rc.when->pos, "route.when", "a json test cannot be decided: " + why);
 }
 
+// [route.order_by]: where an entity's key comes from, and what a dead
+// record does to the records behind it.
+void read_order_by(OrderByConfig& ob, const Reader& order_by) {
+  if (ob.from.empty()) fail(order_by.table_pos(), "route.order_by.from", "required in [route.order_by]");
+  ob.source = key_source(order_by, "route.order_by", ob.from, ob.header, ob.json_path);
+  if (ob.on_dead != "go_on" && ob.on_dead != "hold")
+    fail(order_by.pos_of_key("on_dead"), "route.order_by.on_dead",
+         "must be \"go_on\" or \"hold\", not \"" + ob.on_dead + "\"");
+}
+
+// [route.retry], [route.circuit] and [route.rate_limit]: the bounds one
+// setting puts on another.
+void check_limits(const RouteConfig& rc, const Reader& r) {
+  const Reader retry = r.sub("retry");
+  if (rc.retry.backoff_max < rc.retry.backoff_initial)
+    fail(retry.table_pos(), "route.retry.backoff_max", "must not be smaller than backoff_initial");
+
+  const Reader circuit = r.sub("circuit");
+  if (rc.circuit.probe_max < rc.circuit.probe_initial)
+    fail(circuit.table_pos(), "route.circuit.probe_max", "must not be smaller than probe_initial");
+  if (rc.circuit.min_calls > rc.circuit.window)
+    fail(circuit.table_pos(), "route.circuit.min_calls", "must not be larger than window");
+
+  const Reader rate_limit = r.sub("rate_limit");
+  if (rc.rate_limit.scope != "group" && rc.rate_limit.scope != "host")
+    fail(rate_limit.pos_of_key("scope"), "route.rate_limit.scope",
+         "must be \"group\" or \"host\", got \"" + rc.rate_limit.scope + "\"");
+}
+
+// [route.options]: the handler's options as written (strings with ${ENV}
+// expanded), checked against the plugin's declarations later.
+std::map<std::string, OptionValue> read_options(const toml::table& opts, const std::string& file) {
+  std::map<std::string, OptionValue> out;
+  for (const auto& [k, v] : opts) {
+    const std::string name(k.str());
+    OptionValue ov;
+    ov.pos = pos_of(file, v);
+    ov.toml_type = v.is_string()    ? OptionValue::TomlType::String
+                   : v.is_integer() ? OptionValue::TomlType::Integer
+                   : v.is_boolean() ? OptionValue::TomlType::Boolean
+                                    : OptionValue::TomlType::Float;
+    ov.text = v.is_string() ? expand_env(**v.as_string(), ov.pos, "route.options." + name, looks_secret(name))
+                            : scalar_text(v);
+    out.emplace(name, std::move(ov));
+  }
+  return out;
+}
+
 RouteConfig read_route(const toml::table& t, const std::string& file, const std::filesystem::path& base_dir) {
   const Reader r(&t, "route", file, pos_of(file, t));
   RouteConfig rc;
@@ -163,30 +229,8 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
 
   const Reader key = r.sub("key");
   rc.key_source = key_source(key, "route.key", key.str("from"), rc.key_header, rc.key_json_path);
-  if (r.node("order_by") != nullptr) {
-    const Reader order_by = r.sub("order_by");
-    OrderByConfig& ob = rc.order_by;
-    if (ob.from.empty()) fail(order_by.table_pos(), "route.order_by.from", "required in [route.order_by]");
-    ob.source = key_source(order_by, "route.order_by", ob.from, ob.header, ob.json_path);
-    if (ob.on_dead != "go_on" && ob.on_dead != "hold")
-      fail(order_by.pos_of_key("on_dead"), "route.order_by.on_dead",
-           "must be \"go_on\" or \"hold\", not \"" + ob.on_dead + "\"");
-  }
-
-  const Reader retry = r.sub("retry");
-  if (rc.retry.backoff_max < rc.retry.backoff_initial)
-    fail(retry.table_pos(), "route.retry.backoff_max", "must not be smaller than backoff_initial");
-
-  const Reader circuit = r.sub("circuit");
-  if (rc.circuit.probe_max < rc.circuit.probe_initial)
-    fail(circuit.table_pos(), "route.circuit.probe_max", "must not be smaller than probe_initial");
-  if (rc.circuit.min_calls > rc.circuit.window)
-    fail(circuit.table_pos(), "route.circuit.min_calls", "must not be larger than window");
-
-  const Reader rate_limit = r.sub("rate_limit");
-  if (rc.rate_limit.scope != "group" && rc.rate_limit.scope != "host")
-    fail(rate_limit.pos_of_key("scope"), "route.rate_limit.scope",
-         "must be \"group\" or \"host\", got \"" + rc.rate_limit.scope + "\"");
+  if (r.node("order_by") != nullptr) read_order_by(rc.order_by, r.sub("order_by"));
+  check_limits(rc, r);
 
   const Reader dlq = r.sub("dlq");
   if (rc.dlq.topic.empty()) rc.dlq.topic = rc.topic + ".dlq";
@@ -198,20 +242,7 @@ RouteConfig read_route(const toml::table& t, const std::string& file, const std:
   rc.key_format = read_format(key_format, "route.key_format.format");
   check_formats(rc, r);
 
-  if (const toml::node* opts = r.node("options")) {
-    for (const auto& [k, v] : *opts->as_table()) {
-      const std::string name(k.str());
-      OptionValue ov;
-      ov.pos = pos_of(file, v);
-      ov.toml_type = v.is_string()    ? OptionValue::TomlType::String
-                     : v.is_integer() ? OptionValue::TomlType::Integer
-                     : v.is_boolean() ? OptionValue::TomlType::Boolean
-                                      : OptionValue::TomlType::Float;
-      ov.text = v.is_string() ? expand_env(**v.as_string(), ov.pos, "route.options." + name, looks_secret(name))
-                              : scalar_text(v);
-      rc.options.emplace(name, std::move(ov));
-    }
-  }
+  if (const toml::node* opts = r.node("options")) rc.options = read_options(*opts->as_table(), file);
   return rc;
 }
 
