@@ -165,6 +165,13 @@ class Consumer {
 
   static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                            void* opaque);
+  /// The rebalance's two halves (the poll thread, inside rebalance_cb):
+  /// partitions assigned, started at the group's committed offsets; or
+  /// revoked (committed first) or lost.
+  void assign(rd_kafka_t* rk, rd_kafka_topic_partition_list_t* parts, const std::vector<TopicPartition>& tps,
+              bool cooperative);
+  void revoke(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+              const std::vector<TopicPartition>& tps, bool cooperative);
   static void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
   static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
   static int stats_cb(rd_kafka_t* rk, char* json, size_t len, void* opaque);

@@ -49,65 +49,74 @@ void Consumer::rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_to
   const bool cooperative = cooperative_rebalance(protocol, self->configured_cooperative_);
   const auto tps = from_list(parts);
   self->flush();  // records polled before the rebalance reach the listener before it
-  if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-    spdlog::info("kafka: assigned {}{}", describe(tps), cooperative ? " (incremental)" : "");
-    if (fault::once("fetch_command_overtakes_start")) self->holding_fetch_start_.store(true);
-    // The group's committed offsets: where each partition's records must
-    // start, and its lag until the first record arrives.
-    std::vector<TopicPartitionOffset> committed = self->read_committed(tps);
-    // A partition the group never committed starts where auto.offset.reset
-    // puts it, found by librdkafka: its first record sets the start. (Asking
-    // the broker here would block the rebalance on a partition whose leader
-    // just died.)
-    for (auto& c : committed) {
-      Stream s;
-      if (c.offset >= 0) s.next = c.offset;
-      self->streams_[c.tp] = s;
-      self->paused_.erase(c.tp);
-    }
-    // Fetching starts exactly where the pipeline expects it; a partition
-    // whose start is unknown is left to librdkafka (which reads the commit
-    // itself), and its first record sets the start.
-    for (int i = 0; i < parts->cnt; ++i)
-      for (const auto& c : committed)
-        if (c.tp.topic == parts->elems[i].topic && c.tp.partition == parts->elems[i].partition)
-          parts->elems[i].offset = c.offset >= 0 ? c.offset : RD_KAFKA_OFFSET_INVALID;
-    for (auto& c : committed)
-      if (c.offset < 0) c.offset = RD_KAFKA_OFFSET_INVALID;
-    self->listener_.on_assigned(committed);
-    if (cooperative) {
-      if (rd_kafka_error_t* e = rd_kafka_incremental_assign(rk, parts)) {
-        spdlog::error("kafka incremental assign failed: {}", rd_kafka_error_string(e));
-        rd_kafka_error_destroy(e);
-      }
-    } else if (auto e = rd_kafka_assign(rk, parts)) {
-      spdlog::error("kafka assign failed: {}", rd_kafka_err2str(e));
-    }
-    if (self->stop_.load()) {
-      // Assigned while shutting down (see must_wait_first_assignment_):
-      // take nothing new; the close right after revokes them again. (Not
-      // through set_fetching: this pause may cancel a fetcher start, which
-      // is what is wanted here, and stopping an unstarted fetcher is fine.)
-      rd_kafka_pause_partitions(rk, parts);
-      for (const auto& tp : tps) self->paused_.insert(tp);
-    }
-    self->first_rebalance_seen_.store(true);
-    return;
+  if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+    self->assign(rk, parts, tps, cooperative);
+  else
+    self->revoke(rk, err, parts, tps, cooperative);
+}
+
+void Consumer::assign(rd_kafka_t* rk, rd_kafka_topic_partition_list_t* parts, const std::vector<TopicPartition>& tps,
+                      bool cooperative) {
+  spdlog::info("kafka: assigned {}{}", describe(tps), cooperative ? " (incremental)" : "");
+  if (fault::once("fetch_command_overtakes_start")) holding_fetch_start_.store(true);
+  // The group's committed offsets: where each partition's records must
+  // start, and its lag until the first record arrives.
+  std::vector<TopicPartitionOffset> committed = read_committed(tps);
+  // A partition the group never committed starts where auto.offset.reset
+  // puts it, found by librdkafka: its first record sets the start. (Asking
+  // the broker here would block the rebalance on a partition whose leader
+  // just died.)
+  for (auto& c : committed) {
+    Stream s;
+    if (c.offset >= 0) s.next = c.offset;
+    streams_[c.tp] = s;
+    paused_.erase(c.tp);
   }
+  // Fetching starts exactly where the pipeline expects it; a partition
+  // whose start is unknown is left to librdkafka (which reads the commit
+  // itself), and its first record sets the start.
+  for (int i = 0; i < parts->cnt; ++i)
+    for (const auto& c : committed)
+      if (c.tp.topic == parts->elems[i].topic && c.tp.partition == parts->elems[i].partition)
+        parts->elems[i].offset = c.offset >= 0 ? c.offset : RD_KAFKA_OFFSET_INVALID;
+  for (auto& c : committed)
+    if (c.offset < 0) c.offset = RD_KAFKA_OFFSET_INVALID;
+  listener_.on_assigned(committed);
+  if (cooperative) {
+    if (rd_kafka_error_t* e = rd_kafka_incremental_assign(rk, parts)) {
+      spdlog::error("kafka incremental assign failed: {}", rd_kafka_error_string(e));
+      rd_kafka_error_destroy(e);
+    }
+  } else if (auto e = rd_kafka_assign(rk, parts)) {
+    spdlog::error("kafka assign failed: {}", rd_kafka_err2str(e));
+  }
+  if (stop_.load()) {
+    // Assigned while shutting down (see must_wait_first_assignment_):
+    // take nothing new; the close right after revokes them again. (Not
+    // through set_fetching: this pause may cancel a fetcher start, which
+    // is what is wanted here, and stopping an unstarted fetcher is fine.)
+    rd_kafka_pause_partitions(rk, parts);
+    for (const auto& tp : tps) paused_.insert(tp);
+  }
+  first_rebalance_seen_.store(true);
+}
+
+void Consumer::revoke(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+                      const std::vector<TopicPartition>& tps, bool cooperative) {
   const bool lost = err != RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || rd_kafka_assignment_lost(rk);
   spdlog::info("kafka: {} {}", lost ? "lost" : "revoking", describe(tps));
   // Test fault: a fetch command (the engine pausing a partition) reaches a
   // consumer that is closing.
-  if (self->stop_.load() && fault::once("command_while_closing")) {
+  if (stop_.load() && fault::once("command_while_closing")) {
     spdlog::warn("kafka: fault command_while_closing: pausing {} as the consumer closes", describe(tps));
-    self->pause(tps);
+    pause(tps);
   }
-  auto offsets = self->listener_.on_revoking(tps, lost);
+  auto offsets = listener_.on_revoking(tps, lost);
   for (const auto& tp : tps) {
-    self->streams_.erase(tp);
-    self->paused_.erase(tp);
+    streams_.erase(tp);
+    paused_.erase(tp);
   }
-  if (!lost && !offsets.empty()) self->commit_sync(offsets);
+  if (!lost && !offsets.empty()) commit_sync(offsets);
   if (cooperative) {
     if (rd_kafka_error_t* e = rd_kafka_incremental_unassign(rk, parts)) {
       spdlog::error("kafka incremental unassign failed: {}", rd_kafka_error_string(e));

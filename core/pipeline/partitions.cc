@@ -110,6 +110,36 @@ void Partitions::record_ended(Partition& part) {
   if (part.revoked && part.in_pipeline == 0) check_drains();
 }
 
+void Partitions::store_on_revoke(std::promise<std::vector<kafka::TopicPartitionOffset>> done,
+                                 std::vector<kafka::TopicPartitionOffset> offsets,
+                                 std::vector<kafka::TopicPartition> tps) {
+  // The database first, as for every commit. If it does not answer in
+  // time (it is down), nothing is committed: the next owner reads again
+  // from the older commit and finds duplicates, never a gap.
+  struct Answer {
+    std::promise<std::vector<kafka::TopicPartitionOffset>> promise;
+    bool given = false;
+    asio::steady_timer timer;
+    explicit Answer(asio::io_context& io) : timer(io) {}
+  };
+  auto answer = std::make_shared<Answer>(io_);
+  answer->promise = std::move(done);
+  answer->timer.expires_after(kStoreOnRevokeFor);
+  answer->timer.async_wait([answer, tps](boost::system::error_code ec) {
+    if (ec || answer->given) return;
+    answer->given = true;
+    spdlog::warn("kafka: the offsets of {} could not be stored in the database in time; not committed on revoke",
+                 kafka::describe(tps));
+    answer->promise.set_value({});
+  });
+  store(offsets, [answer, offsets](bool stored) {
+    if (answer->given) return;
+    answer->given = true;
+    answer->timer.cancel();
+    answer->promise.set_value(stored ? offsets : std::vector<kafka::TopicPartitionOffset>{});
+  });
+}
+
 void Partitions::check_drains() {
   const auto now = std::chrono::steady_clock::now();
   for (auto it = drains_.begin(); it != drains_.end();) {
@@ -140,35 +170,10 @@ void Partitions::check_drains() {
       gate_.revoked({p->tp});
     }
     if (d.timer) d.timer->cancel();
-    if (offsets.empty()) {
+    if (offsets.empty())
       d.done.set_value({});
-    } else {
-      // The database first, as for every commit. If it does not answer in
-      // time (it is down), nothing is committed: the next owner reads again
-      // from the older commit and finds duplicates, never a gap.
-      struct Answer {
-        std::promise<std::vector<kafka::TopicPartitionOffset>> promise;
-        bool given = false;
-        asio::steady_timer timer;
-        explicit Answer(asio::io_context& io) : timer(io) {}
-      };
-      auto answer = std::make_shared<Answer>(io_);
-      answer->promise = std::move(d.done);
-      answer->timer.expires_after(kStoreOnRevokeFor);
-      answer->timer.async_wait([answer, tps = d.tps](boost::system::error_code ec) {
-        if (ec || answer->given) return;
-        answer->given = true;
-        spdlog::warn("kafka: the offsets of {} could not be stored in the database in time; not committed on revoke",
-                     kafka::describe(tps));
-        answer->promise.set_value({});
-      });
-      store(offsets, [answer, offsets](bool stored) {
-        if (answer->given) return;
-        answer->given = true;
-        answer->timer.cancel();
-        answer->promise.set_value(stored ? offsets : std::vector<kafka::TopicPartitionOffset>{});
-      });
-    }
+    else
+      store_on_revoke(std::move(d.done), std::move(offsets), d.tps);
     it = drains_.erase(it);
   }
 }

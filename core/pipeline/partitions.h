@@ -142,6 +142,10 @@ class Partitions {
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
   void check_drains();
+  /// A drained revocation's offsets stored in the database, then handed to
+  /// `done` to commit; none if the database does not answer in time.
+  void store_on_revoke(std::promise<std::vector<kafka::TopicPartitionOffset>> done,
+                       std::vector<kafka::TopicPartitionOffset> offsets, std::vector<kafka::TopicPartition> tps);
   /// An operator's move of `p` is settled (applied, or to be tried again).
   void settle_move(Partition& p);
   /// The database's offsets of newly assigned partitions are known: each
