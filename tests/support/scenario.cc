@@ -111,6 +111,11 @@ int64_t Scenario::scalar(const std::string& sql) const {
   return test::scalar(*c, sql);
 }
 
+std::vector<std::vector<std::string>> Scenario::calls() const {
+  if (!std::filesystem::exists(calls_log())) return {};
+  return read_call_log(calls_log());
+}
+
 std::map<std::string, int> Scenario::calls_per_key(const std::filesystem::path& log) {
   std::map<std::string, int> out;
   if (!std::filesystem::exists(log)) return out;

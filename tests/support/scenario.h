@@ -103,6 +103,9 @@ class Scenario {
   std::unique_ptr<db::Connection> connect() const;
   /// The first column of the first row of `sql` on the scenario's database.
   int64_t scalar(const std::string& sql) const;
+  /// Every call in calls_log(), in order, its columns as read_call_log()
+  /// gives them; none before the first call made the log.
+  std::vector<std::vector<std::string>> calls() const;
   /// Calls per biz_key in calls_log() (keys as they were, not hex), or in
   /// another log a scripted plugin wrote.
   std::map<std::string, int> calls_per_key() const { return calls_per_key(calls_log()); }
