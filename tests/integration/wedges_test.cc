@@ -12,9 +12,7 @@
 #include "core/dlq/outbox.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
-#include "tests/support/host_fixture.h"
 #include "tests/support/scenario.h"
-#include "tests/support/test_kafka.h"
 
 using namespace idemsink;
 using namespace idemsink::test;
@@ -23,15 +21,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string admin_line(int port) { return "admin_listen = \"127.0.0.1:" + std::to_string(port) + "\"\n"; }
+// The scripted waybill route of the circuit cases on "orders" (an admin port
+// for the circuit's metrics), with the case's [route.retry] and
+// [route.circuit] lines.
+HostProcess& circuit_case_host(Scenario& s, const std::string& policy) {
+  return s.host("host-a", {s.scripted("waybill", "orders", policy)}, {.admin = true});
+}
 
-// The scripted waybill route of the circuit cases (an admin port for the
-// circuit's metrics), with the case's [route.retry] and [route.circuit] lines.
-std::string circuit_case_config(const TestKafka& kafka, const config::DatabaseConfig& db, int admin,
-                                const std::filesystem::path& calls, const std::string& policy) {
-  return base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-         route_config(
-             {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}, policy});
+// The scripted plugin's calls that answered "ok" (applied).
+int ok_calls(const Scenario& s) {
+  int ok = 0;
+  for (const auto& cols : s.calls()) ok += cols.at(4) == "ok";
+  return ok;
 }
 
 }  // namespace
@@ -42,10 +43,8 @@ std::string circuit_case_config(const TestKafka& kafka, const config::DatabaseCo
 // others are credited once each, the partitions commit to the end, and the
 // host stops on SIGTERM within its grace.
 BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_the_rest_are_credited) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_ledger");
-  TestKafka kafka;
-  kafka.create_topic("payments", 2);
-  kafka.create_topic("payments.dlq", 1);
+  Scenario s("wedge_ledger");
+  s.topic("payments", 2).topic("payments.dlq", 1);
   std::vector<TestMessage> msgs;
   std::set<std::string> refused;
   for (int i = 0; i < 300; ++i) {
@@ -55,29 +54,19 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
     const std::string account = too_long ? std::string(70, 'a') : "acct-" + std::to_string(i % 9);
     msgs.push_back({id, nlohmann::json{{"order_id", id}, {"account", account}, {"amount", 12.5}}.dump(), {}, i % 2});
   }
-  kafka.produce("payments", msgs);
-  ScratchDir dir("wedges");
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "lp1", "g") + route_config({"ledger", "payments", shipped_plugin("ledger")}));
-  wait_committed(kafka, "g", {{"payments", 2}}, host, 60s);
-  auto conn = MariaDbServer::shared().connect("wedge_ledger");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_entries") == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 297);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 3);
+  s.kafka.produce("payments", msgs);
+  auto& host = s.host("lp1", {{"ledger", "payments", shipped_plugin("ledger")}});
+  s.wait_committed(host, {"payments"}, 60s);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_entries") == 297);
+  BOOST_TEST(s.scalar("SELECT COUNT(DISTINCT biz_key) FROM ledger_entries") == 297);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 297);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Failed)) == 3);
   // Every balance is the sum of its entries: the batches' upserts added each
   // credit once, also for accounts credited several times in one batch.
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM ledger_balances") == 9);
-  BOOST_TEST(scalar(*conn,
-                    "SELECT COUNT(*) FROM ledger_balances b WHERE balance_cents <> (SELECT SUM(amount_cents) "
-                    "FROM ledger_entries e WHERE e.account = b.account)") == 0);
-  std::vector<ConsumedMessage> letters;
-  wait_until(
-      [&] {
-        letters = kafka.read_all("payments.dlq", 1);
-        return letters.size() >= 3;
-      },
-      30s, "three dead letters");
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_balances") == 9);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM ledger_balances b WHERE balance_cents <> (SELECT SUM(amount_cents) "
+                      "FROM ledger_entries e WHERE e.account = b.account)") == 0);
+  const auto letters = s.wait_records("payments.dlq", 3, 30s);
   BOOST_TEST(letters.size() == 3u);
   for (const auto& m : letters) {
     BOOST_TEST(refused.count(*m.key) == 1u, *m.key);
@@ -88,8 +77,8 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
   const auto stop_began = std::chrono::steady_clock::now();
   BOOST_TEST(host.stop(30s) == 0);
   BOOST_TEST((std::chrono::steady_clock::now() - stop_began < 20s));
-  auto audit = run_cli(dir, "audit", {"audit", "--config", host.config_path().string()});
-  BOOST_TEST(audit.first == 0, audit.second);
+  const auto [audit_code, audit_out] = s.audit(host);
+  BOOST_TEST(audit_code == 0, audit_out);
 }
 
 // Eight orders the API refuses with 503 every time (not applied), then 200
@@ -97,38 +86,23 @@ BOOST_AUTO_TEST_CASE(a_ledger_write_the_database_refuses_is_dead_lettered_and_th
 // the eight must neither open the circuit nor hold it open: they are
 // dead-lettered after their attempts, the 200 are applied.
 BOOST_AUTO_TEST_CASE(records_that_fail_on_their_own_do_not_stop_the_route) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_circuit");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  std::vector<TestMessage> failing, ordinary;
-  for (int i = 0; i < 8; ++i) failing.push_back({"retry1000-" + std::to_string(i), "{}"});
-  for (int i = 0; i < 200; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
-  kafka.produce("orders", failing);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const int admin = free_port();
-  HostProcess host(dir, "host",
-                   circuit_case_config(kafka, db, admin, calls,
-                                       "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
-                                       "backoff_max = \"200ms\"\n"));
+  Scenario s("wedge_circuit");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  s.kafka.produce("orders", keyed_messages("retry1000-", 0, 8));
+  auto& host = circuit_case_host(s,
+                                 "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
+                                 "backoff_max = \"200ms\"\n");
   // Their retries alone make the 20 calls the circuit needs to judge.
-  wait_until([&] { return std::filesystem::exists(calls) && read_call_log(calls).size() >= 20; }, 30s, "20 calls");
-  kafka.produce("orders", ordinary);
-  wait_committed(kafka, "g", {{"orders", 1}}, host, 90s);
-  const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
-  for (int i = 0; i < 8; ++i) BOOST_TEST(per_key.at(hex_of("retry1000-" + std::to_string(i))) == 5, "retry1000-" << i);
-  std::vector<ConsumedMessage> letters;
-  wait_until(
-      [&] {
-        letters = kafka.read_all("orders.dlq", 1);
-        return letters.size() >= 8;
-      },
-      30s, "eight dead letters");
+  wait_until([&] { return s.calls().size() >= 20; }, 30s, "20 calls");
+  s.kafka.produce("orders", keyed_messages("ok-", 0, 200));
+  s.wait_committed(host, 90s);
+  const auto per_key = s.calls_per_key();
+  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at("ok-" + std::to_string(i)) == 1, "ok-" << i);
+  for (int i = 0; i < 8; ++i) BOOST_TEST(per_key.at("retry1000-" + std::to_string(i)) == 5, "retry1000-" << i);
+  const auto letters = s.wait_records("orders.dlq", 8, 30s);
   BOOST_TEST(letters.size() == 8u);
   for (const auto& m : letters) BOOST_TEST(m.headers.at("idemsink.reason") == "retries_exhausted");
-  BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") == 0);
+  BOOST_TEST(admin_metric(s.admin_port(host), "idemsink_route_circuit_opens_total{route=\"waybill\"}") == 0);
   BOOST_TEST(host.stop() == 0);
 }
 
@@ -138,31 +112,22 @@ BOOST_AUTO_TEST_CASE(records_that_fail_on_their_own_do_not_stop_the_route) {
 // failed, the route fetches fresh ones, a fresh probe succeeds, the circuit
 // closes, and the 25 are dead-lettered after their attempts.
 BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_ones_fail_on_their_own) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_circuit_probe");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < 25; ++i) msgs.push_back({"retry1000-" + std::to_string(i), "{}"});
-  kafka.produce("orders", msgs);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const int admin = free_port();
-  HostProcess host(dir, "host",
-                   circuit_case_config(kafka, db, admin, calls,
-                                       "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
-                                       "backoff_max = \"200ms\"\n[route.circuit]\nprobe_initial = \"200ms\"\n"
-                                       "probe_max = \"1s\"\n"));
+  Scenario s("wedge_circuit_probe");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  s.kafka.produce("orders", keyed_messages("retry1000-", 0, 25));
+  auto& host = circuit_case_host(s,
+                                 "[route.retry]\nmax_attempts = 5\nbackoff_initial = \"50ms\"\n"
+                                 "backoff_max = \"200ms\"\n[route.circuit]\nprobe_initial = \"200ms\"\n"
+                                 "probe_max = \"1s\"\n");
+  const int admin = s.admin_port(host);
   wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 1; }, 30s,
              "the circuit to open");
-  std::vector<TestMessage> ordinary;
-  for (int i = 0; i < 200; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
-  kafka.produce("orders", ordinary);
-  wait_committed(kafka, "g", {{"orders", 1}}, host, 120s);
-  const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
-  wait_until([&] { return kafka.read_all("orders.dlq", 1).size() >= 25; }, 30s, "25 dead letters");
-  BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 25u);
+  s.kafka.produce("orders", keyed_messages("ok-", 0, 200));
+  s.wait_committed(host, 120s);
+  const auto per_key = s.calls_per_key();
+  for (int i = 0; i < 200; ++i) BOOST_TEST(per_key.at("ok-" + std::to_string(i)) == 1, "ok-" << i);
+  s.wait_records("orders.dlq", 25, 30s);
+  BOOST_TEST(s.kafka.read_all("orders.dlq", 1).size() == 25u);
   BOOST_TEST(admin_metric(admin, "idemsink_route_circuit_open{route=\"waybill\"}") == 0);
   BOOST_TEST(host.stop() == 0);
 }
@@ -174,41 +139,26 @@ BOOST_AUTO_TEST_CASE(an_open_circuit_probes_with_fresh_records_when_the_held_one
 // count: they are dead-lettered after their attempts, the route fetches
 // again, and records produced afterwards are called once each.
 BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circuit_wait) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_circuit_quiet");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  std::vector<TestMessage> failing;
-  for (int i = 0; i < 5; ++i) failing.push_back({"retry1000-" + std::to_string(i), "{}"});
-  kafka.produce("orders", failing);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const int admin = free_port();
-  HostProcess host(dir, "host",
-                   circuit_case_config(kafka, db, admin, calls,
-                                       "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"50ms\"\n"
-                                       "backoff_max = \"100ms\"\n[route.circuit]\nwindow = 4\nmin_calls = 4\n"
-                                       "probe_initial = \"100ms\"\nprobe_max = \"200ms\"\nmax_wait = \"2s\"\n"));
-  wait_until([&] { return admin_metric(admin, "idemsink_route_circuit_opens_total{route=\"waybill\"}") >= 1; }, 30s,
-             "the circuit to open");
-  std::vector<ConsumedMessage> letters;
+  Scenario s("wedge_circuit_quiet");
+  s.topic("orders", 1).topic("orders.dlq", 1);
+  s.kafka.produce("orders", keyed_messages("retry1000-", 0, 5));
+  auto& host = circuit_case_host(s,
+                                 "[route.retry]\nmax_attempts = 3\nbackoff_initial = \"50ms\"\n"
+                                 "backoff_max = \"100ms\"\n[route.circuit]\nwindow = 4\nmin_calls = 4\n"
+                                 "probe_initial = \"100ms\"\nprobe_max = \"200ms\"\nmax_wait = \"2s\"\n");
   wait_until(
-      [&] {
-        letters = kafka.read_all("orders.dlq", 1);
-        return letters.size() >= 5;
-      },
-      60s, "five dead letters");
+      [&] { return admin_metric(s.admin_port(host), "idemsink_route_circuit_opens_total{route=\"waybill\"}") >= 1; },
+      30s, "the circuit to open");
+  const auto letters = s.wait_records("orders.dlq", 5, 60s);
   BOOST_TEST(letters.size() == 5u);
   for (const auto& m : letters) BOOST_TEST(m.headers.at("idemsink.reason") == "retries_exhausted");
   BOOST_TEST(host.log().find("route.circuit.max_wait") != std::string::npos);
-  std::vector<TestMessage> ordinary;
-  for (int i = 0; i < 50; ++i) ordinary.push_back({"ok-" + std::to_string(i), "{}"});
-  kafka.produce("orders", ordinary);
-  wait_committed(kafka, "g", {{"orders", 1}}, host, 60s);
-  const auto per_key = calls_per_hex_key(calls);
-  for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at(hex_of("ok-" + std::to_string(i))) == 1, "ok-" << i);
-  BOOST_TEST(kafka.read_all("orders.dlq", 1).size() == 5u);
-  audit_clean(dir, host);
+  s.kafka.produce("orders", keyed_messages("ok-", 0, 50));
+  s.wait_committed(host, 60s);
+  const auto per_key = s.calls_per_key();
+  for (int i = 0; i < 50; ++i) BOOST_TEST(per_key.at("ok-" + std::to_string(i)) == 1, "ok-" << i);
+  BOOST_TEST(s.kafka.read_all("orders.dlq", 1).size() == 5u);
+  s.audit_clean(host);
   BOOST_TEST(host.stop() == 0);
 }
 
@@ -219,47 +169,42 @@ BOOST_AUTO_TEST_CASE(records_failing_alone_on_a_quiet_topic_end_after_the_circui
 // never the end of the partition: all 150 records are claimed once.
 BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed,
                      *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_offset_fetch");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const auto config = [&](const char* reset) {
-    return base_config(kafka, db, "host-a", "g", "", std::string("\"auto.offset.reset\" = \"") + reset + "\"\n") +
-           route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}});
+  Scenario s("wedge_offset_fetch");
+  s.topic("orders", 1);
+  const auto reset = [](const char* where) {
+    return Scenario::HostOptions{.consumer_lines = std::string("\"auto.offset.reset\" = \"") + where + "\"\n"};
   };
-  const std::string cfg = config("latest");
   {
     // The first run only makes the commit, from the beginning: "latest" is
     // wherever the fetcher starts, which may be after records produced
     // once the assignment is logged.
-    kafka.produce("orders", order_messages(0, 100));
-    HostProcess first(dir, "first", config("earliest"));
-    wait_committed(kafka, "g", {{"orders", 1}}, first);
+    s.kafka.produce("orders", order_messages(0, 100));
+    auto& first = s.host("host-a", {s.scripted("waybill", "orders")}, reset("earliest"));
+    s.wait_committed(first);
     BOOST_TEST(first.stop() == 0);
   }
-  BOOST_TEST(kafka.committed("g", "orders", 1)[0] == 100);
-  kafka.produce("orders", order_messages(100, 150));
+  BOOST_TEST(s.kafka.committed("g", "orders", 1)[0] == 100);
+  s.kafka.produce("orders", order_messages(100, 150));
   // About 15 s of refusals at librdkafka's retry backoff (100 ms).
   std::string errors;
   for (int i = 0; i < 150; ++i) errors += " COORDINATOR_LOAD_IN_PROGRESS";
-  kafka.command("push_errors OffsetFetch" + errors);
-  HostProcess second(dir, "second", cfg);
+  s.kafka.command("push_errors OffsetFetch" + errors);
+  auto& second = s.host("host-a", {s.scripted("waybill", "orders")}, reset("latest"));
   // Nobody else may meet the injected errors: the offsets are looked at only
   // once the host has read them (or given up).
   wait_until([&] { return second.log().find("committed offsets of") != std::string::npos || !second.running(); }, 60s,
              "the host's read of the committed offsets");
-  wait_committed(kafka, "g", {{"orders", 1}}, second, 120s);
-  const auto per_key = calls_per_hex_key(calls);
+  s.wait_committed(second, 120s);
+  const auto per_key = s.calls_per_key();
   BOOST_TEST(per_key.size() == 150u);
   for (int i = 0; i < 150; ++i) {
-    const auto it = per_key.find(hex_of("K" + std::to_string(i)));
+    const auto it = per_key.find("K" + std::to_string(i));
     BOOST_TEST((it != per_key.end() && it->second == 1), "K" << i);
   }
   BOOST_TEST(second.log().find("read after") != std::string::npos);
   BOOST_TEST(second.stop() == 0);
-  auto audit = run_cli(dir, "audit", {"audit", "--config", second.config_path().string()});
-  BOOST_TEST(audit.first == 0, audit.second);
+  const auto [audit_code, audit_out] = s.audit(second);
+  BOOST_TEST(audit_code == 0, audit_out);
 }
 
 // A host started while its database is down waits for it: alive (/livez
@@ -268,18 +213,12 @@ BOOST_AUTO_TEST_CASE(an_unreadable_committed_offset_is_read_again_never_guessed,
 // once each.
 BOOST_AUTO_TEST_CASE(a_host_started_before_its_database_waits_for_it) {
   MariaDbServer server;
-  auto db = server.fresh_database("wedge_start");
+  Scenario s("wedge_start", server);
   server.kill();
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.produce("orders", order_messages(0, 300));
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const int admin = free_port();
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g", admin_line(admin)) +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}));
+  s.topic("orders", 2);
+  s.kafka.produce("orders", order_messages(0, 300));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")}, {.admin = true});
+  const int admin = s.admin_port(host);
   wait_until([&] { return http_status(admin, "/livez") == 200 || !host.running(); }, 30s, "the admin port");
   BOOST_REQUIRE(host.running());
   // The admin port answers before the first connection attempt has failed.
@@ -298,8 +237,8 @@ BOOST_AUTO_TEST_CASE(a_host_started_before_its_database_waits_for_it) {
   BOOST_TEST(http_status(admin, "/livez") == 200);
   BOOST_TEST(host.running());
   server.restart();
-  wait_committed(kafka, "g", {{"orders", 2}}, host, 120s);
-  expect_each_key_called_once(calls_per_hex_key(calls), 300);
+  s.wait_committed(host, 120s);
+  expect_each_key_called_once(s.calls_per_key(), 300);
   wait_until([&] { return http_status(admin, "/readyz") == 200; }, 30s, "ready");
   BOOST_TEST(host.stop() == 0);
 }
@@ -307,18 +246,10 @@ BOOST_AUTO_TEST_CASE(a_host_started_before_its_database_waits_for_it) {
 // A SIGTERM while the host still waits for its database: a clean exit 0.
 BOOST_AUTO_TEST_CASE(a_host_waiting_for_its_database_stops_on_sigterm) {
   MariaDbServer server;
-  auto db = server.fresh_database("wedge_start_stop");
+  Scenario s("wedge_start_stop", server);
   server.kill();
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  ScratchDir dir("wedges");
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                            "orders",
-                                                            "scripted_idempotent.so",
-                                                            "",
-                                                            {{"log", "\"" + (dir / "calls.log").string() + "\""}}}));
+  s.topic("orders", 1);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")});
   wait_until([&] { return host.log().find("unreachable at start-up") != std::string::npos || !host.running(); }, 30s,
              "the first attempt");
   BOOST_TEST(host.stop(20s) == 0);
@@ -328,20 +259,16 @@ BOOST_AUTO_TEST_CASE(a_host_waiting_for_its_database_stops_on_sigterm) {
 // credentials end the process with exit 2 and a line naming the database.
 BOOST_AUTO_TEST_CASE(a_database_configuration_error_at_start_exits_2) {
   MariaDbServer server({}, true);  // with grant tables: credentials are checked
-  auto db = server.fresh_database("wedge_config");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  ScratchDir dir("wedges");
-  const std::string route = route_config(
-      {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  auto unknown_db = db;
+  Scenario s("wedge_config", server);
+  s.topic("orders", 1);
+  auto unknown_db = s.db;
   unknown_db.database = "no_such_database";
-  HostProcess a(dir, "unknown-db", base_config(kafka, unknown_db, "host-a", "g") + route);
+  auto& a = s.host("host-a", {s.scripted("waybill", "orders")}, {.database = unknown_db});
   BOOST_TEST(a.proc().wait(30s).value_or(-1) == 2);
   BOOST_TEST(a.log().find("no_such_database") != std::string::npos, a.log());
-  auto bad_user = db;
+  auto bad_user = s.db;
   bad_user.user = "nobody_here";
-  HostProcess b(dir, "bad-user", base_config(kafka, bad_user, "host-b", "g") + route);
+  auto& b = s.host("host-b", {s.scripted("waybill", "orders")}, {.database = bad_user});
   BOOST_TEST(b.proc().wait(30s).value_or(-1) == 2);
   BOOST_TEST(b.log().find("1045") != std::string::npos, b.log());
 }
@@ -350,22 +277,16 @@ BOOST_AUTO_TEST_CASE(a_database_configuration_error_at_start_exits_2) {
 // of stored offsets: the host names it and exits 2, where it would otherwise
 // hold every partition while re-reading a table that does not exist.
 BOOST_AUTO_TEST_CASE(a_managed_schema_without_the_offsets_table_exits_2) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_no_offsets");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.produce("orders", order_messages(0, 10));
-  ScratchDir dir("wedges");
-  const std::string route = route_config(
-      {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
+  Scenario s("wedge_no_offsets");
+  s.topic("orders", 1);
+  s.kafka.produce("orders", order_messages(0, 10));
   {
-    HostProcess first(dir, "first", base_config(kafka, db, "host-a", "g") + route);  // applies the schema
-    wait_committed(kafka, "g", {{"orders", 1}}, first, 60s);
+    auto& first = s.host("host-a", {s.scripted("waybill", "orders")});  // applies the schema
+    s.wait_committed(first, 60s);
     BOOST_TEST(first.stop() == 0);
   }
-  MariaDbServer::shared().connect("wedge_no_offsets")->execute("DROP TABLE idemsink_offsets");
-  std::string cfg = base_config(kafka, db, "host-a", "g");
-  cfg.replace(cfg.find("[claim]\n"), 8, "[claim]\napply_schema = false\n");
-  HostProcess managed(dir, "managed", cfg + route);
+  s.connect()->execute("DROP TABLE idemsink_offsets");
+  auto& managed = s.host("host-a", {s.scripted("waybill", "orders")}, {.claim_lines = "apply_schema = false\n"});
   BOOST_TEST(managed.proc().wait(30s).value_or(-1) == 2);
   BOOST_TEST(managed.log().find("idemsink_offsets") != std::string::npos, managed.log());
 }
@@ -374,33 +295,22 @@ BOOST_AUTO_TEST_CASE(a_managed_schema_without_the_offsets_table_exits_2) {
 // waits; the other route's records are applied meanwhile.
 BOOST_AUTO_TEST_CASE(one_database_down_at_start_stalls_only_its_routes) {
   MariaDbServer other;
-  auto db = MariaDbServer::shared().fresh_database("wedge_start_main");
+  Scenario s("wedge_start_main");
   auto second = other.fresh_database("wedge_start_second");
   other.kill();
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  kafka.create_topic("stock", 2);
-  kafka.produce("orders", order_messages(0, 200));
-  kafka.produce("stock", order_messages(0, 200));
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  const std::string log_opt = "\"" + calls.string() + "\"";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") +
-                       route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", log_opt}}}) +
-                       route_config({"inventory",
-                                     "stock",
-                                     "scripted_idempotent.so",
-                                     "",
-                                     {{"log", log_opt}},
-                                     "[route.database]\nport = " + std::to_string(second.port) + "\ndatabase = \"" +
-                                         second.database + "\"\n"}));
-  wait_committed(kafka, "g", {{"orders", 2}}, host, 120s);
-  BOOST_TEST(kafka.committed("g", "stock", 2)[0] < 0);
+  s.topic("orders", 2).topic("stock", 2);
+  s.kafka.produce("orders", order_messages(0, 200));
+  s.kafka.produce("stock", order_messages(0, 200));
+  auto& host = s.host(
+      "host-a", {s.scripted("waybill", "orders"), s.scripted("inventory", "stock",
+                                                             "[route.database]\nport = " + std::to_string(second.port) +
+                                                                 "\ndatabase = \"" + second.database + "\"\n")});
+  s.wait_committed(host, {"orders"}, 120s);
+  BOOST_TEST(s.kafka.committed("g", "stock", 2)[0] < 0);
   other.restart();
-  wait_committed(kafka, "g", {{"orders", 2}, {"stock", 2}}, host, 120s);
+  s.wait_committed(host, 120s);
   std::map<std::string, int> per_route;
-  for (const auto& cols : read_call_log(calls)) ++per_route[cols.at(0)];
+  for (const auto& cols : s.calls()) ++per_route[cols.at(0)];
   BOOST_TEST(per_route["waybill"] == 200);
   BOOST_TEST(per_route["inventory"] == 200);
   BOOST_TEST(host.stop() == 0);
@@ -412,52 +322,30 @@ BOOST_AUTO_TEST_CASE(one_database_down_at_start_stalls_only_its_routes) {
 // retry topic written after the stuck letters, whose records finish.
 BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_letters,
                      *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_relay_partition");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.retry.1", 1);
-  kafka.create_topic("orders.dlq", 2);
-  kafka.command("partition_leader orders.dlq 0 -1");
+  Scenario s("wedge_relay_partition");
+  s.topic("orders", 1).topic("orders.retry.1", 1).topic("orders.dlq", 2);
+  s.kafka.command("partition_leader orders.dlq 0 -1");
   // Rejected orders: dead letters keyed by order, spread over both DLQ
   // partitions by their keys' hash.
-  std::vector<TestMessage> rejected;
-  for (int i = 0; i < 40; ++i) rejected.push_back({"perm-" + std::to_string(i), "{}"});
-  kafka.produce("orders", rejected);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                                         "orders",
-                                                                         "scripted_idempotent.so",
-                                                                         "",
-                                                                         {{"log", "\"" + calls.string() + "\""}},
-                                                                         "[route.retry]\ntopics = [\"1s\"]\n"}));
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
-  wait_until([&] { return !kafka.read_partitions("orders.dlq", {1}).empty(); }, 30s,
+  s.kafka.produce("orders", keyed_messages("perm-", 0, 40));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders", "[route.retry]\ntopics = [\"1s\"]\n")});
+  s.wait_committed(host, {"orders"});
+  wait_until([&] { return !s.kafka.read_partitions("orders.dlq", {1}).empty(); }, 30s,
              "letters on the partition with a leader");
   // Then orders that fail once: forwarded to the retry topic, applied from there.
-  std::vector<TestMessage> retried;
-  for (int i = 0; i < 50; ++i) retried.push_back({"retry1-" + std::to_string(i), "{}"});
-  kafka.produce("orders", retried);
-  wait_committed(kafka, "g", {{"orders", 1}, {"orders.retry.1", 1}}, host, 60s);
-  wait_until(
-      [&] {
-        int ok = 0;
-        for (const auto& cols : read_call_log(calls)) ok += cols.at(4) == "ok";
-        return ok == 50;
-      },
-      60s, "all 50 retried orders applied");
-  auto conn = MariaDbServer::shared().connect("wedge_relay_partition");
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE " +
-                               dlq::sql_purpose_is(dlq::Purpose::DeadLetter) + " AND published_at IS NULL") > 0);
-  BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 0);
+  s.kafka.produce("orders", keyed_messages("retry1-", 0, 50));
+  s.wait_committed(host, 60s);
+  wait_until([&] { return ok_calls(s) == 50; }, 60s, "all 50 retried orders applied");
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE " +
+                      dlq::sql_purpose_is(dlq::Purpose::DeadLetter) + " AND published_at IS NULL") > 0);
+  BOOST_TEST(s.scalar("SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 0);
   // The leader is back: the rest of the letters follow, each once.
-  kafka.command("partition_leader orders.dlq 0 1");
+  s.kafka.command("partition_leader orders.dlq 0 1");
   std::vector<ConsumedMessage> letters;
   wait_until(
       [&] {
         try {
-          letters = kafka.read_all("orders.dlq", 2);
+          letters = s.kafka.read_all("orders.dlq", 2);
         } catch (const std::runtime_error&) {
           return false;  // the test's own client has not seen the new leader yet
         }
@@ -476,40 +364,25 @@ BOOST_AUTO_TEST_CASE(a_dlq_partition_without_a_leader_holds_back_only_its_own_le
 // instead of being set aside, and go once the topic exists; a record is never
 // left pending with its offset committed and nothing on its way.
 BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it, *boost::unit_test::precondition(mock_only)) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_relay_unknown_topic");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.create_topic("orders.dlq", 1);
-  kafka.create_topic("orders.retry.1", 1);
+  Scenario s("wedge_relay_unknown_topic");
+  s.topic("orders", 1).topic("orders.dlq", 1).topic("orders.retry.1", 1);
   // What a broker answers for a topic whose creation has not reached it.
-  kafka.command("topic_error orders.retry.1 UNKNOWN_TOPIC_OR_PART");
-  std::vector<TestMessage> msgs;
-  for (int i = 0; i < 20; ++i) msgs.push_back({"retry1-" + std::to_string(i), "{}"});
-  kafka.produce("orders", msgs);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                                         "orders",
-                                                                         "scripted_idempotent.so",
-                                                                         "",
-                                                                         {{"log", "\"" + calls.string() + "\""}},
-                                                                         "[route.retry]\ntopics = [\"1s\"]\n"}));
-  wait_committed(kafka, "g", {{"orders", 1}}, host);
+  s.kafka.command("topic_error orders.retry.1 UNKNOWN_TOPIC_OR_PART");
+  s.kafka.produce("orders", keyed_messages("retry1-", 0, 20));
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders", "[route.retry]\ntopics = [\"1s\"]\n")});
+  s.wait_committed(host, {"orders"});
   wait_until([&] { return host.log().find("orders.retry.1") != std::string::npos; }, 30s,
              "the relay to meet the missing topic");
-  auto conn = MariaDbServer::shared().connect("wedge_relay_unknown_topic");
+  auto conn = s.connect();
   std::this_thread::sleep_for(3s);  // the relay keeps meeting the missing topic meanwhile
   BOOST_TEST(scalar(*conn, "SELECT COUNT(*) FROM idemsink_dlq_outbox WHERE unpublishable_at IS NOT NULL") == 0);
-  kafka.command("topic_error orders.retry.1 NO_ERROR");
+  s.kafka.command("topic_error orders.retry.1 NO_ERROR");
   wait_until(
       [&] {
         return scalar(*conn, "SELECT COUNT(*) FROM idemsink_claim WHERE " + sql_status_is(claim::Status::Done)) == 20;
       },
       60s, "all 20 retried orders done");
-  int ok = 0;
-  for (const auto& cols : read_call_log(calls)) ok += cols.at(4) == "ok";
-  BOOST_TEST(ok == 20);
+  BOOST_TEST(ok_calls(s) == 20);
   BOOST_TEST(host.stop() == 0);
 }
 
@@ -518,20 +391,11 @@ BOOST_AUTO_TEST_CASE(forwards_to_a_retry_topic_not_known_yet_wait_for_it, *boost
 // shutdown_grace, then the process exits, its claim left to fence the late
 // call and to be taken over.
 BOOST_AUTO_TEST_CASE(a_call_outliving_the_shutdown_grace_does_not_keep_the_host_from_exiting) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_stop_hung_call");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  kafka.produce("orders", {{"hang-1", "{}"}, {"ok-1", "{}"}});
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  HostProcess host(dir, "host",
-                   base_config(kafka, db, "host-a", "g") + route_config({"waybill",
-                                                                         "orders",
-                                                                         "scripted_idempotent.so",
-                                                                         "",
-                                                                         {{"log", "\"" + calls.string() + "\""}},
-                                                                         "call_timeout = \"120s\"\n"}));
-  wait_until([&] { return std::filesystem::exists(calls) && read_call_log(calls).size() == 2; }, 30s, "both calls");
+  Scenario s("wedge_stop_hung_call");
+  s.topic("orders", 1);
+  s.kafka.produce("orders", {{"hang-1", "{}"}, {"ok-1", "{}"}});
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders", "call_timeout = \"120s\"\n")});
+  wait_until([&] { return s.calls().size() == 2; }, 30s, "both calls");
   const auto began = std::chrono::steady_clock::now();
   BOOST_TEST(host.stop(60s) == 0);  // shutdown_grace is 10s in these tests
   BOOST_TEST((std::chrono::steady_clock::now() - began < 30s));
@@ -541,15 +405,9 @@ BOOST_AUTO_TEST_CASE(a_call_outliving_the_shutdown_grace_does_not_keep_the_host_
 // Found by the randomized checker (seed 11): a host stopped while it loads
 // its config and plugins died of the signal (exit -15) instead of draining.
 BOOST_AUTO_TEST_CASE(a_sigterm_while_the_host_starts_is_a_clean_exit) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_early_sigterm");
-  TestKafka kafka;
-  kafka.create_topic("orders", 1);
-  ScratchDir dir("wedges");
-  const std::string cfg =
-      base_config(kafka, db, "host-a", "g") +
-      route_config(
-          {"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + (dir / "calls.log").string() + "\""}}});
-  HostProcess host(dir, "host", cfg, {{"IDEMSINK_FAULT", "slow_start:1"}});
+  Scenario s("wedge_early_sigterm");
+  s.topic("orders", 1);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")}, {.env = {{"IDEMSINK_FAULT", "slow_start:1"}}});
   // Once it runs idemsink (not the test's fork before exec), while it starts.
   wait_until(
       [&] {
@@ -570,22 +428,16 @@ BOOST_AUTO_TEST_CASE(a_sigterm_while_the_host_starts_is_a_clean_exit) {
 // the first callback (the assignment) reads the protocol and the second (the
 // revoke on SIGTERM) finds it unreported: the host drains, commits and exits 0.
 BOOST_AUTO_TEST_CASE(a_rebalance_protocol_unreported_while_closing_is_a_clean_exit) {
-  auto db = MariaDbServer::shared().fresh_database("wedge_protocol_null");
-  TestKafka kafka;
-  kafka.create_topic("orders", 2);
-  ScratchDir dir("wedges");
-  const auto calls = dir / "calls.log";
-  HostProcess host(
-      dir, "host",
-      base_config(kafka, db, "host-a", "g") +
-          route_config({"waybill", "orders", "scripted_idempotent.so", "", {{"log", "\"" + calls.string() + "\""}}}),
-      {{"IDEMSINK_FAULT", "rebalance_protocol_unreported:2"}});
-  kafka.produce("orders", order_messages(0, 40));
-  wait_committed(kafka, "g", {{"orders", 2}}, host);
+  Scenario s("wedge_protocol_null");
+  s.topic("orders", 2);
+  auto& host = s.host("host-a", {s.scripted("waybill", "orders")},
+                      {.env = {{"IDEMSINK_FAULT", "rebalance_protocol_unreported:2"}}});
+  s.kafka.produce("orders", order_messages(0, 40));
+  s.wait_committed(host);
   BOOST_TEST(host.stop() == 0, host.log());
   BOOST_TEST(host.log().find("kafka: revoking") != std::string::npos);
   BOOST_TEST(host.log().find("stopped") != std::string::npos);
-  expect_each_key_called_once(calls_per_hex_key(calls), 40);
+  expect_each_key_called_once(s.calls_per_key(), 40);
 }
 
 BOOST_AUTO_TEST_CASE(a_seek_that_fails_at_the_start_is_retried_and_nothing_is_skipped) {
