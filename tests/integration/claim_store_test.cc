@@ -36,6 +36,17 @@ struct Db {
     conn->execute(dlq::Outbox::schema());
   }
   int64_t scalar(const std::string& sql) { return std::stoll(*conn->query(sql).at(0).at(0)); }
+  /// A counter of this connection's session (e.g. 'QUESTIONS', 'Com_update').
+  int64_t session_status(const std::string& variable) {
+    return scalar("SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = '" + variable +
+                  "'");
+  }
+  /// The leases of the claims `where` selects (all without it) ran out a
+  /// second ago: their owners stalled or vanished.
+  void expire_leases(const std::string& where = "") {
+    conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND" +
+                  (where.empty() ? "" : " WHERE " + where));
+  }
 };
 
 ClaimRequest req(const std::string& key, const std::string& payload = "p", int64_t ts = kNov2026,
@@ -51,6 +62,20 @@ ClaimRequest req(const std::string& key, const std::string& payload = "p", int64
 
 claim::Outcome outcome(const claim::ClaimResult& r, std::string receipt = "R") {
   return claim::Outcome{r.row, r.attempt, 1, 0, std::move(receipt), "boom"};
+}
+
+// A waybill record of "orders" at `src_offset` that host-a sets aside for the
+// DLQ as `reason`, having failed in November 2026.
+dlq::Letter letter(const std::string& reason, int64_t src_offset) {
+  dlq::Letter d;
+  d.route = "waybill";
+  d.topic = "orders.dlq";
+  d.reason = reason;
+  d.src_topic = "orders";
+  d.src_offset = src_offset;
+  d.first_failure_ms = d.last_failure_ms = kNov2026;
+  d.host = "host-a";
+  return d;
 }
 
 }  // namespace
@@ -105,7 +130,7 @@ BOOST_AUTO_TEST_CASE(expired_lease_is_taken_over_with_the_same_token_and_the_zom
   Db db("claim_takeover");
   ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
   auto first = a.claim(*db.conn, std::vector{req("k")});
-  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND");  // A stalls past its lease
+  db.expire_leases();  // A stalls past its lease
   auto second = b.claim(*db.conn, std::vector{req("k")});
   BOOST_TEST((second[0].verdict == Verdict::Owned));
   BOOST_TEST(second[0].taken_over);
@@ -134,7 +159,7 @@ BOOST_AUTO_TEST_CASE(mark_all_done_changes_every_claim_or_reports_that_it_cannot
   BOOST_TEST(!a.mark_all_done(*db.conn, first));
   BOOST_TEST(a.mark_done(*db.conn, first)[0]);
   // k3 taken over by B while A was applying: A's batch with it is refused.
-  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE biz_key = 'k3'");
+  db.expire_leases("biz_key = 'k3'");
   auto theirs = b.claim(*db.conn, std::vector{req("k3")});
   BOOST_TEST((theirs[0].verdict == Verdict::Owned));
   BOOST_TEST(!a.mark_all_done(*db.conn, std::vector{outcome(mine[2])}));
@@ -169,13 +194,10 @@ BOOST_AUTO_TEST_CASE(the_call_mark_confirms_the_claim_and_outlives_a_release) {
   ClaimStore a("host-a", "host-a#1", 30s), b("host-b", "host-b#1", 30s);
   auto first = a.claim(*db.conn, std::vector{req("sent"), req("retried"), req("never")});
   // One statement for the wave; each claim confirmed before its call.
-  const auto before = db.scalar(
-      "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = "
-      "'Com_update'");
+  const auto before = db.session_status("Com_update");
   auto marked = a.confirm_calls(*db.conn, std::vector{outcome(first[0]), outcome(first[1])}, true);
   BOOST_TEST((marked == std::vector<bool>{true, true}));
-  BOOST_TEST(db.scalar("SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = "
-                       "'Com_update'") == before + 1);
+  BOOST_TEST(db.session_status("Com_update") == before + 1);
   BOOST_TEST(db.scalar("SELECT COUNT(*) FROM idemsink_claim WHERE call_started IS NOT NULL") == 2);
 
   // "sent" is released while its call may be out (a revocation during the
@@ -184,7 +206,7 @@ BOOST_AUTO_TEST_CASE(the_call_mark_confirms_the_claim_and_outlives_a_release) {
   // "retried" is released after a call that certainly did not apply.
   a.release(*db.conn, std::vector{claim::Outcome{first[1].row, first[1].attempt, 1, 0, {}, {}}});
   // "never" was claimed and never called; its owner vanishes.
-  db.conn->execute("UPDATE idemsink_claim SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE owner IS NOT NULL");
+  db.expire_leases("owner IS NOT NULL");
 
   auto second = b.claim(*db.conn, std::vector{req("sent"), req("retried"), req("never")});
   for (const auto& r : second) BOOST_TEST((r.verdict == Verdict::Owned));
@@ -280,9 +302,7 @@ BOOST_AUTO_TEST_CASE(a_200_record_batch_takes_a_handful_of_statements) {
   ClaimStore a("host-a", "host-a#1", 30s);
   std::vector<ClaimRequest> reqs;
   for (int i = 0; i < 200; ++i) reqs.push_back(req("order-" + std::to_string(i)));
-  auto questions = [&] {
-    return db.scalar("SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
-  };
+  auto questions = [&] { return db.session_status("QUESTIONS"); };
   int64_t q0 = questions();
   uint64_t sent = db.conn->statements_sent();
   // read, then in one transaction the key directory's insert and the claim rows' insert
@@ -531,18 +551,11 @@ BOOST_AUTO_TEST_CASE(partitions_are_created_ahead_and_dropped_past_retention) {
 BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_source_record_and_handed_out_once) {
   Db db("claim_outbox");
   dlq::Outbox mine("host-a#1", 60s), theirs("host-b#1", 60s);
-  dlq::Letter d;
-  d.route = "waybill";
-  d.topic = "orders.dlq";
-  d.reason = "permanent";
+  dlq::Letter d = letter("permanent", 7);
   d.error = "rejected: 地址无效";
-  d.src_topic = "orders";
   d.src_partition = 1;
-  d.src_offset = 7;
   d.value = std::string("v\0v", 3);
   d.headers = {{"trace", std::string("abc")}, {"empty", std::nullopt}};
-  d.first_failure_ms = d.last_failure_ms = kNov2026;
-  d.host = "host-a";
   mine.insert(*db.conn, std::vector{d});
   mine.insert(*db.conn, std::vector{d});  // a re-run job or a redelivery adds nothing
   BOOST_TEST(mine.pending(*db.conn) == 1u);
@@ -567,17 +580,10 @@ BOOST_AUTO_TEST_CASE(held_dead_letters_go_out_only_while_their_claim_is_still_un
   dlq::Outbox outbox("host-a#1", 60s);
   auto claims = a.claim(*db.conn, std::vector{req("settled"), req("undecided")});
   a.mark_terminal(*db.conn, Status::Unknown, std::vector{outcome(claims[0]), outcome(claims[1])});
-  std::vector<dlq::Letter> letters(2);
+  std::vector<dlq::Letter> letters;
   for (int i = 0; i < 2; ++i) {
-    dlq::Letter& d = letters[i];
-    d.route = "waybill";
-    d.topic = "orders.dlq";
-    d.reason = "uncertain";
-    d.src_topic = "orders";
-    d.src_offset = i;
+    dlq::Letter& d = letters.emplace_back(letter("uncertain", i));
     d.idem_token = claims[i].idem_token;
-    d.first_failure_ms = d.last_failure_ms = kNov2026;
-    d.host = "host-a";
     d.hold = 1h;
   }
   outbox.insert(*db.conn, letters);
@@ -601,15 +607,9 @@ BOOST_AUTO_TEST_CASE(held_dead_letters_go_out_only_while_their_claim_is_still_un
 BOOST_AUTO_TEST_CASE(outbox_rows_are_unique_per_route_purpose_and_position) {
   Db db("claim_outbox_keys");
   dlq::Outbox box("host-a#1", 60s);
-  dlq::Letter forward;
+  dlq::Letter forward = letter("retry", 5);
   forward.purpose = dlq::Purpose::Forward;
-  forward.route = "waybill";
   forward.topic = "orders.retry.1";
-  forward.reason = "retry";
-  forward.src_topic = "orders";
-  forward.src_offset = 5;
-  forward.first_failure_ms = forward.last_failure_ms = kNov2026;
-  forward.host = "host-a";
   dlq::Letter dead = forward;
   dead.purpose = dlq::Purpose::DeadLetter;
   dead.topic = "orders.dlq";
@@ -633,15 +633,8 @@ BOOST_AUTO_TEST_CASE(published_outbox_rows_are_purged_after_the_retention) {
   dlq::Outbox box("host-a#1", 60s);
   std::vector<dlq::Letter> letters;
   for (int i = 0; i < 25; ++i) {
-    dlq::Letter d;
-    d.route = "waybill";
-    d.topic = "orders.dlq";
-    d.reason = "permanent";
-    d.src_topic = "orders";
-    d.src_offset = i;
+    dlq::Letter d = letter("permanent", i);
     d.value = std::string(1000, 'v');
-    d.first_failure_ms = d.last_failure_ms = kNov2026;
-    d.host = "host-a";
     letters.push_back(d);
   }
   box.insert(*db.conn, letters);
