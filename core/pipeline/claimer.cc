@@ -23,7 +23,7 @@ Claimer::Claimer(asio::io_context& io, db::Pool& pool, claim::ClaimStore& store,
 void Claimer::start() {
   recheck_.start(cfg_.claim.wait_recheck, [this] {
     for (uint64_t id : std::exchange(waiting_, {}))
-      if (Record* r = doors_.find(id); r && r->stage == Stage::Busy) claim(*r);
+      if (Record* r = doors_.at(id, Stage::Busy)) claim(*r);
   });
 }
 
@@ -50,8 +50,8 @@ void Claimer::flush() {
     std::vector<uint64_t> live;
     std::vector<claim::ClaimRequest> reqs;
     for (uint64_t id : ids) {
-      Record* r = doors_.find(id);
-      if (r == nullptr || r->stage != Stage::Claim) continue;  // ended meanwhile (revoked)
+      Record* r = doors_.at(id, Stage::Claim);
+      if (r == nullptr) continue;  // ended meanwhile (revoked)
       r->move_to(Stage::Claiming);
       live.push_back(id);
       claim::ClaimRequest q;
@@ -103,7 +103,7 @@ void Claimer::run_job(std::vector<uint64_t> ids, std::vector<claim::ClaimRequest
         asio::post(io_, [this, ids] {
           queue_.job_done();
           for (uint64_t id : ids)
-            if (Record* r = doors_.find(id); r && r->stage == Stage::Claiming) claim_later(*r);
+            if (Record* r = doors_.at(id, Stage::Claiming)) claim_later(*r);
           flush();
         });
       });

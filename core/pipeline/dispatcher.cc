@@ -39,8 +39,8 @@ void Dispatcher::choose_probe(Route& route, Lane& lane) {
   auto best = lane.ready.end();
   std::pair<uint32_t, uint32_t> best_rank{};
   for (auto it = lane.ready.begin(); it != lane.ready.end(); ++it) {
-    const Record* r = doors_.find(*it);
-    if (r == nullptr || r->stage != Stage::Ready) continue;
+    const Record* r = doors_.at(*it, Stage::Ready);
+    if (r == nullptr) continue;
     const std::pair<uint32_t, uint32_t> rank{r->uncounted_calls, r->calls};
     if (best == lane.ready.end() || rank < best_rank) {
       best = it;
@@ -77,8 +77,8 @@ void Dispatcher::pump() {
       const int cap = route->cfg.concurrency;
       while (!lane.ready.empty() && in_flight_ < max_in_flight_ && (cap == 0 || lane.in_flight < cap)) {
         const uint64_t id = lane.ready.front();
-        Record* r = doors_.find(id);
-        if (r == nullptr || r->stage != Stage::Ready) {
+        Record* r = doors_.at(id, Stage::Ready);
+        if (r == nullptr) {
           lane.ready.pop_front();
           continue;
         }
@@ -141,8 +141,8 @@ void Dispatcher::flush_confirmations() {
     std::vector<claim::Outcome> mark, confirm;
     std::vector<uint64_t> mark_ids, confirm_ids;
     for (uint64_t id : ids) {
-      Record* r = doors_.find(id);
-      if (r == nullptr || r->stage != Stage::Confirming) continue;
+      Record* r = doors_.at(id, Stage::Confirming);
+      if (r == nullptr) continue;
       const bool at_most_once = r->route->handler->kind() == IDEMSINK_KIND_REMOTE_AT_MOST_ONCE;
       (at_most_once ? mark : confirm).push_back(r->outcome());
       (at_most_once ? mark_ids : confirm_ids).push_back(id);
@@ -171,7 +171,7 @@ void Dispatcher::flush_confirmations() {
           asio::post(io_, [this, ids] {
             confirmations_.job_done();
             for (uint64_t id : ids)
-              if (Record* r = doors_.find(id); r && r->stage == Stage::Confirming) {
+              if (Record* r = doors_.at(id, Stage::Confirming)) {
                 end_call(*r, false);
                 make_ready(*r);
               }
@@ -188,8 +188,8 @@ void Dispatcher::confirmed(const std::vector<uint64_t>& ids, const std::vector<b
                            std::chrono::steady_clock::time_point sent) {
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < ids.size(); ++i) {
-    Record* r = doors_.find(ids[i]);
-    if (r == nullptr || r->stage != Stage::Confirming) continue;
+    Record* r = doors_.at(ids[i], Stage::Confirming);
+    if (r == nullptr) continue;
     if (!ours[i]) {
       const LogScope log_scope(log_fields_of(*r));
       spdlog::warn("route {}: claim on key {} was taken over before its call; not calling it", r->route->cfg.name,
@@ -286,8 +286,8 @@ void Dispatcher::check_deadlines(Lane& lane) {
   while (!lane.deadlines.empty() && lane.deadlines.front().at <= now) {
     const Deadline d = lane.deadlines.front();
     lane.deadlines.pop_front();
-    Record* rec = doors_.find(d.id);
-    if (rec == nullptr || rec->stage != Stage::Calling || rec->call_id != d.call_id) continue;  // it ended
+    Record* rec = doors_.at(d.id, Stage::Calling);
+    if (rec == nullptr || rec->call_id != d.call_id) continue;          // it ended
     if (!plugin::CallRegistry::instance().cancel(d.call_id)) continue;  // its report is on its way
     const LogScope log_scope(log_fields_of(*rec));
     spdlog::warn("route {}: handler did not report within call_timeout for key {}; treating the call as uncertain",
@@ -302,8 +302,8 @@ void Dispatcher::check_deadlines(Lane& lane) {
 }
 
 void Dispatcher::on_call_done(uint64_t id, uint64_t call_id, idemsink_outcome outcome, std::string detail) {
-  Record* r = doors_.find(id);
-  if (r == nullptr || r->stage != Stage::Calling || r->call_id != call_id || call_id == 0) return;
+  Record* r = doors_.at(id, Stage::Calling);
+  if (r == nullptr || r->call_id != call_id || call_id == 0) return;
   end_call(*r);
   doors_.on_call_result(*r, outcome, std::move(detail));
 }

@@ -6,8 +6,8 @@
 // hands the record to), so the table is the map of the loop.
 //
 // A report can outlive its record (a partition revoked meanwhile, a call
-// past its deadline): a door looks the record up by id and checks its stage
-// before acting.
+// past its deadline): a door looks the record up with `at()`, by its id and
+// the stage the report is for, before acting.
 #pragma once
 
 #include <idemsink/plugin_abi.h>
@@ -27,6 +27,12 @@ class EngineDoors {
  public:
   /// The record of an id, or null once it has ended.
   virtual Record* find(uint64_t id) = 0;
+  /// The record of an id if it is still at `stage`: a report for a record
+  /// that has moved on (or ended) finds nothing.
+  Record* at(uint64_t id, Stage stage) {
+    Record* r = find(id);
+    return r != nullptr && r->stage == stage ? r : nullptr;
+  }
   /// A claim job answered (Claimer): each record owned, done before, held
   /// by another host, or refused by the database.
   virtual void on_claimed(const Claimer::Claimed& claimed) = 0;

@@ -176,7 +176,7 @@ void Engine::end_record(Record& r, bool durable) {
   health_.record_left(route, on_hold);
   if (in_key_line)
     if (auto next = keys_.remove(key_id, id))
-      if (Record* n = find(*next); n && n->stage == Stage::Waiting) claimer_.claim(*n);
+      if (Record* n = at(*next, Stage::Waiting)) claimer_.claim(*n);
   if (keep_place) {
     kept_places_[part.get()].emplace_back(entity_id, id);
   } else if (!entity_id.empty()) {
@@ -196,7 +196,7 @@ void Engine::line_up_by_key(Record& r) {
 
 void Engine::next_of_entity(const std::string& entity_id, uint64_t id) {
   if (auto next = entities_.remove(entity_id, id))
-    if (Record* n = find(*next); n && n->stage == Stage::Waiting) line_up_by_key(*n);
+    if (Record* n = at(*next, Stage::Waiting)) line_up_by_key(*n);
 }
 
 }  // namespace idemsink::pipeline

@@ -143,8 +143,8 @@ void Engine::look_up_before_call(Record& r) {
 }
 
 void Engine::looked_up(uint64_t id, idemsink_outcome outcome, std::string detail) {
-  Record* r = find(id);
-  if (r == nullptr || r->stage != Stage::LookingUp) return;
+  Record* r = at(id, Stage::LookingUp);
+  if (r == nullptr) return;
   const LogScope log_scope(log_fields_of(*r));
   if (r->part->revoked) {
     release_claims({r->outcome()});
@@ -190,7 +190,7 @@ void Engine::claim_without_partition(std::vector<uint64_t> ids) {
   housekeeping_.ensure_partitions([this, ids = std::move(ids)](bool ok) {
     if (!ok) spdlog::error("claim partitions could not be created; the records are claimed again after a wait");
     for (uint64_t id : ids)
-      if (Record* r = find(id); r && r->stage == Stage::Busy) {
+      if (Record* r = at(id, Stage::Busy)) {
         if (ok) {
           claimer_.claim(*r);
         } else {
@@ -323,8 +323,8 @@ void Engine::retry_later(Record& r, std::optional<std::chrono::milliseconds> aft
   r.timer = std::make_unique<asio::steady_timer>(io_, wait);
   r.timer->async_wait([this, id = r.id](boost::system::error_code ec) {
     if (ec) return;
-    Record* rec = find(id);
-    if (rec == nullptr || rec->stage != Stage::Backoff) return;
+    Record* rec = at(id, Stage::Backoff);
+    if (rec == nullptr) return;
     dispatcher_.make_ready(*rec);
     dispatcher_.pump();
   });
