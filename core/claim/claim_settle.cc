@@ -158,10 +158,17 @@ std::vector<ClaimStore::Settled> ClaimStore::read_settled(Connection& c, std::sp
   for (auto& row : c.query("SELECT namespace, biz_key, bucket, status, attempt, idem_token, IFNULL(receipt, ''), "
                            "IFNULL(last_error, ''), src_topic, src_partition, src_offset, calls FROM idemsink_claim "
                            "WHERE idem_token IN (" +
-                           in + ")"))
-    out.push_back(Settled{RowKey{*row[0], *row[1], *row[2]}, static_cast<Status>(std::stoi(*row[3])),
-                          static_cast<uint32_t>(std::stoul(*row[4])), *row[5], *row[6], *row[7], *row[8],
-                          std::stoi(*row[9]), std::stoll(*row[10]), static_cast<uint32_t>(std::stoul(*row[11]))});
+                           in + ")")) {
+    Settled& s = out.emplace_back();
+    s.row = RowKey{*row[0], *row[1], *row[2]};
+    s.status = static_cast<Status>(std::stoi(*row[3]));
+    s.attempt = static_cast<uint32_t>(std::stoul(*row[4]));
+    s.idem_token = *row[5];
+    s.receipt = *row[6];
+    s.last_error = *row[7];
+    s.source() = {*row[8], std::stoi(*row[9]), std::stoll(*row[10])};
+    s.calls = static_cast<uint32_t>(std::stoul(*row[11]));
+  }
   return out;
 }
 

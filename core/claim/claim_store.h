@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/common/source.h"
 #include "core/db/connection.h"
 
 namespace idemsink::claim {
@@ -82,13 +83,10 @@ enum class ClaimRead { AllMonths, KeyDirectory };
 /// First day of the UTC month of a Kafka timestamp, as "YYYY-MM-01".
 std::string bucket_of(int64_t timestamp_ms);
 
-struct ClaimRequest {
+struct ClaimRequest : Source {
   RowKey key;                // bucket from the record timestamp
   std::string payload_hash;  // 16 bytes
   bool check_payload = true;
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   /// [route.order_by]: the record's entity. It is not claimed while an
   /// earlier record of the entity is unfinished (order_hold.h).
   std::optional<std::string> order_key;
@@ -229,15 +227,12 @@ class ClaimStore {
   // ---- reconciliation
 
   /// A claim the pipeline cannot finish by itself.
-  struct Unsettled {
+  struct Unsettled : Source {
     RowKey row;
     Status status = Status::Unknown;  // Unknown, or Pending when stuck
     uint32_t attempt = 0;
     uint32_t calls = 0;
     std::string idem_token;
-    std::string src_topic;
-    int32_t src_partition = 0;
-    int64_t src_offset = 0;
     std::string last_error;
     std::string updated_at;
   };
@@ -293,16 +288,13 @@ class ClaimStore {
                                          std::string_view note) const;
 
   /// A claim as its outcome event tells it (dlq/outcome_event.h).
-  struct Settled {
+  struct Settled : Source {
     RowKey row;
     Status status = Status::Pending;
     uint32_t attempt = 0;
     std::string idem_token;
     std::string receipt;
     std::string last_error;
-    std::string src_topic;
-    int32_t src_partition = 0;
-    int64_t src_offset = 0;
     uint32_t calls = 0;
   };
   /// The claims with these tokens, read in the caller's transaction right

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/source.h"
 #include "core/claim/claim_store.h"
 #include "core/db/connection.h"
 #include "core/dlq/outbox.h"
@@ -28,15 +29,12 @@ struct LetterQuery {
   uint64_t before_id = 0;  // paging: letters older than this id
 };
 
-struct LetterRow {
+struct LetterRow : Source {
   uint64_t id = 0;
   std::string route;
   std::string reason;
   std::string error;
   std::optional<std::string> biz_key;
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   std::string idem_token;
   uint32_t calls = 0;
   std::string created_at;

@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/common/source.h"
 #include "core/db/connection.h"
 
 namespace idemsink::dlq {
@@ -70,7 +71,7 @@ std::string sql_purpose_is(Purpose p, std::string_view alias = "");
 std::string sql_is_event(std::string_view alias = "");
 
 /// One outbox row.
-struct Letter {
+struct Letter : Source {
   uint64_t id = 0;  // set when read back
   Purpose purpose = Purpose::DeadLetter;
   std::string route;
@@ -80,9 +81,6 @@ struct Letter {
   std::optional<std::string> biz_key;
   std::string reason;  // to_string(Reason), see reason.h
   std::string error;   // human-readable message
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   std::optional<std::string> key;
   std::optional<std::string> value;
   std::vector<StoredHeader> headers;
@@ -104,14 +102,11 @@ std::string encode_headers(const std::vector<StoredHeader>& headers);
 std::vector<StoredHeader> decode_headers(std::string_view blob);
 
 /// A row Kafka refused for good, waiting for an operator.
-struct Unpublishable {
+struct Unpublishable : Source {
   uint64_t id = 0;
   std::string route;
   std::string topic;
   std::string reason;
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   uint64_t bytes = 0;  // key + value
   std::string publish_error;
   std::string since;

@@ -74,9 +74,7 @@ Letter outcome_event(const config::OutputConfig& out, const OutcomeFacts& f, con
   d.biz_key = f.biz_key;
   d.reason = f.outcome == Status::Done ? "done" : f.reason;
   d.error = f.error;
-  d.src_topic = f.src_topic;
-  d.src_partition = f.src_partition;
-  d.src_offset = f.src_offset;
+  d.source() = f.source();
   d.key = f.biz_key;
   d.value = envelope(f, id, at);
   d.headers = {{headers::kEventId, id}, {headers::kOutcome, claim::to_string(f.outcome)}, {headers::kRoute, f.route}};
@@ -106,9 +104,7 @@ size_t write_settlement_events(db::Connection& c, const config::Config& cfg, con
     f.receipt = s.receipt;
     f.reason = "settled";
     f.error = s.last_error;
-    f.src_topic = s.src_topic;
-    f.src_partition = s.src_partition;
-    f.src_offset = s.src_offset;
+    f.source() = s.source();
     f.calls = s.calls;
     events.push_back(outcome_event(route->output, f, cfg.host.id));
   }

@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/common/source.h"
 #include "core/claim/claim_store.h"
 #include "core/config/config.h"
 #include "core/dlq/outbox.h"
@@ -33,7 +34,7 @@
 namespace idemsink::dlq {
 
 /// What an event says of one record's outcome.
-struct OutcomeFacts {
+struct OutcomeFacts : Source {
   std::string route;
   std::string biz_key;
   std::string idem_token;
@@ -42,9 +43,6 @@ struct OutcomeFacts {
   std::string receipt;  // done
   std::string reason;   // failed, unknown: the DLQ reason
   std::string error;
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   uint32_t calls = 0;
   std::optional<std::string> traceparent;  // the source record's W3C trace context
 };

@@ -58,9 +58,7 @@ void Claimer::flush() {
       q.key = claim::RowKey{r->route->cfg.name, r->biz_key, claim::bucket_of(r->timestamp_ms)};
       q.payload_hash = r->payload_hash;
       q.check_payload = r->route->cfg.payload_check;
-      q.src_topic = r->part->tp.topic;
-      q.src_partition = r->part->tp.partition;
-      q.src_offset = r->offset;
+      q.source() = r->source();
       q.order_key = r->order_key;
       q.hold_on_dead = r->route->cfg.order_by.hold_on_dead();
       reqs.push_back(std::move(q));

@@ -293,9 +293,7 @@ dlq::Letter OutcomeWriter::letter_of(const Record& r, dlq::Reason reason) const 
   if (!r.biz_key.empty()) d.biz_key = r.biz_key;
   d.reason = dlq::to_string(reason);
   d.error = r.last_error;
-  d.src_topic = r.part->tp.topic;
-  d.src_partition = r.part->tp.partition;
-  d.src_offset = r.offset;
+  d.source() = r.source();
   // The copy keeps at most route.max_record_bytes of key and value (all of
   // it but for a record refused as too large), so every outbox row fits a
   // statement and a DLQ record.

@@ -29,6 +29,8 @@ void Record::move_to(Stage to) {
   stage = to;
 }
 
+Source Record::source() const { return Source{part->tp.topic, part->tp.partition, offset}; }
+
 idemsink_record abi_record(const Record& r, std::vector<idemsink_header>& headers) {
   headers.clear();
   rd_kafka_headers_t* hdrs = nullptr;

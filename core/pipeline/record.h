@@ -3,6 +3,7 @@
 // the engine thread.
 #pragma once
 
+#include "core/common/source.h"
 #include "core/common/asio.h"
 #include <chrono>
 #include <cstdint>
@@ -216,6 +217,8 @@ struct Record {
     return v;
   }
   claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
+  /// Where it came from: its partition's topic and partition, its offset.
+  Source source() const;
 };
 
 /// The record as handed to a plugin; `headers` backs its header array.

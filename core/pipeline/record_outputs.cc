@@ -37,9 +37,7 @@ std::optional<dlq::Letter> event_of(const Record& r, claim::Status outcome, std:
   f.receipt = receipt.substr(0, std::min(receipt.size(), kMaxEventReceipt));
   f.reason = std::string(reason);
   f.error = r.last_error;
-  f.src_topic = r.part->tp.topic;
-  f.src_partition = r.part->tp.partition;
-  f.src_offset = r.offset;
+  f.source() = r.source();
   f.calls = r.calls;
   f.traceparent = last_header(r, dlq::headers::kTraceparent);
   return dlq::outcome_event(out, f, host);

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "core/common/source.h"
 #include "core/claim/claim_store.h"
 #include "core/config/config.h"
 #include "core/plugin/plugin.h"
@@ -14,15 +15,12 @@
 
 namespace idemsink::reconcile {
 
-struct Reconciler::Candidate {
+struct Reconciler::Candidate : Source {
   claim::RowKey row;
   claim::Status status;
   uint32_t attempt = 0;
   uint32_t calls = 0;
   std::string token;
-  std::string src_topic;
-  int32_t src_partition = 0;
-  int64_t src_offset = 0;
   std::optional<std::string> key, value;  // from the DLQ outbox, when the record went there
   std::string reason;                     // of its newest outbox row
   int64_t timestamp_ms = 0;

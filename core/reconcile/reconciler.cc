@@ -87,9 +87,7 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
   cand->attempt = claim.attempt;
   cand->calls = claim.calls;
   cand->token = claim.idem_token;
-  cand->src_topic = claim.src_topic;
-  cand->src_partition = claim.src_partition;
-  cand->src_offset = claim.src_offset;
+  cand->source() = claim.source();
   cand->key = std::move(key);
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;

@@ -75,9 +75,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       cand.attempt = u.attempt;
       cand.calls = u.calls;
       cand.token = std::move(u.idem_token);
-      cand.src_topic = std::move(u.src_topic);
-      cand.src_partition = u.src_partition;
-      cand.src_offset = u.src_offset;
+      cand.source() = std::move(u.source());
       found.push_back(std::move(cand));
     }
     // The record's newest dead letter carries its payload.
