@@ -22,6 +22,62 @@ Api::Api(const config::Config& cfg, const SliceViews& slices, metrics::Metrics& 
          Reload reload)
     : cfg_(cfg), slices_(slices), metrics_(metrics), auth_(auth), reload_(std::move(reload)) {}
 
+// The router: what openapi.json documents, each with the Call function that
+// answers it; a {name} segment matches any one segment of the path. Null
+// answers with the document itself.
+struct Api::Endpoint {
+  std::string_view method;
+  std::string_view path;
+  json (Call::*answer)();
+};
+
+const Api::Endpoint Api::kEndpoints[] = {
+    {"GET", "/openapi.json", nullptr},
+    {"GET", "/whoami", &Call::whoami},
+    {"GET", "/routes", &Call::routes},
+    {"GET", "/routes/{route}", &Call::routes},
+    {"POST", "/routes/{route}/pause", &Call::route_action},
+    {"POST", "/routes/{route}/resume", &Call::route_action},
+    {"POST", "/routes/{route}/rewind", &Call::route_move},
+    {"POST", "/routes/{route}/skip", &Call::route_move},
+    {"GET", "/partitions", &Call::all_partitions},
+    {"GET", "/dead-letters", &Call::letters},
+    {"GET", "/dead-letters/{id}", &Call::letters},
+    {"POST", "/dead-letters/replay", &Call::letter_action},
+    {"POST", "/dead-letters/{id}/discard", &Call::letter_action},
+    {"GET", "/unknowns", &Call::unknowns},
+    {"GET", "/unknowns/{token}", &Call::unknown},
+    {"POST", "/unknowns/{token}/resolve", &Call::unknown_action},
+    {"POST", "/unknowns/{token}/ask", &Call::unknown_action},
+    {"GET", "/holds", &Call::holds},
+    {"POST", "/holds/release", &Call::holds_release},
+    {"POST", "/host/pause", &Call::host_action},
+    {"POST", "/host/resume", &Call::host_action},
+    {"POST", "/host/reload", &Call::host_reload},
+    {"GET", "/operator-log", &Call::operator_log},
+};
+
+std::vector<std::pair<std::string_view, std::string_view>> Api::endpoints() {
+  std::vector<std::pair<std::string_view, std::string_view>> out;
+  for (const Endpoint& e : kEndpoints) out.emplace_back(e.method, e.path);
+  return out;
+}
+
+const Api::Endpoint* Api::endpoint_for(std::string_view method, const std::vector<std::string>& parts) {
+  for (const Endpoint& e : kEndpoints) {
+    if (e.method != method) continue;
+    std::string_view rest = e.path.substr(1);
+    size_t i = 0;
+    for (; i < parts.size() && !rest.empty(); ++i) {
+      const std::string_view segment = rest.substr(0, rest.find('/'));
+      if (!segment.starts_with('{') && segment != parts[i]) break;
+      rest.remove_prefix(std::min(rest.size(), segment.size() + 1));
+    }
+    if (i == parts.size() && rest.empty()) return &e;
+  }
+  return nullptr;
+}
+
 ApiResponse Api::handle(const ApiRequest& req) const {
   Call call{*this, req, {}, {}};
   std::string_view rest = std::string_view(req.path).substr(std::string_view("/api/v1").size());
@@ -32,47 +88,12 @@ ApiResponse Api::handle(const ApiRequest& req) const {
     if (slash == std::string_view::npos) break;
     rest.remove_prefix(slash);
   }
-  const auto& p = call.parts;
-  const bool get = req.method == "GET", post = req.method == "POST";
-  const std::string first = p.empty() ? "" : p[0];
   try {
-    json out;
-    if (get && first == "openapi.json" && p.size() == 1) return {200, openapi_document()};
-    if (get && first == "whoami" && p.size() == 1) {
-      call.authorize(Need::Read);
-      out = {{"name", call.caller.name}, {"role", to_string(call.caller.role)}, {"routes", call.caller.routes}};
-    } else if (get && first == "routes" && p.size() <= 2) {
-      out = call.routes();
-    } else if (post && first == "routes" && p.size() == 3 && (p[2] == "pause" || p[2] == "resume")) {
-      out = call.route_action();
-    } else if (post && first == "routes" && p.size() == 3 && (p[2] == "rewind" || p[2] == "skip")) {
-      out = call.route_move();
-    } else if (get && first == "partitions" && p.size() == 1) {
-      call.authorize(Need::Read);
-      out = {{"partitions", call.partitions()}};
-    } else if (get && first == "dead-letters" && p.size() <= 2) {
-      out = call.letters();
-    } else if (post && first == "dead-letters" && p.size() >= 2) {
-      out = call.letter_action();
-    } else if (get && first == "unknowns" && p.size() == 1) {
-      out = call.unknowns();
-    } else if (get && first == "unknowns" && p.size() == 2) {
-      out = call.unknown();
-    } else if (post && first == "unknowns" && p.size() == 3 && (p[2] == "resolve" || p[2] == "ask")) {
-      out = call.unknown_action();
-    } else if (get && first == "holds" && p.size() == 1) {
-      out = call.holds();
-    } else if (post && first == "holds" && p.size() == 2 && p[1] == "release") {
-      out = call.holds_release();
-    } else if (post && first == "host" && p.size() == 2 && (p[1] == "pause" || p[1] == "resume")) {
-      out = call.host_action();
-    } else if (post && first == "host" && p.size() == 2 && p[1] == "reload") {
-      out = call.host_reload();
-    } else if (get && first == "operator-log" && p.size() == 1) {
-      out = call.operator_log();
-    } else {
+    const Endpoint* e = endpoint_for(req.method, call.parts);
+    if (e == nullptr)
       throw HttpError{404, "no such endpoint: " + req.method + " " + req.path + " (see /api/v1/openapi.json)"};
-    }
+    if (e->answer == nullptr) return {200, openapi_document()};
+    const json out = (call.*(e->answer))();
     return {200, out.dump(2, ' ', false, json::error_handler_t::replace) + "\n"};
   } catch (const HttpError& e) {
     return {e.status, json{{"error", e.message}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};

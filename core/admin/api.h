@@ -20,6 +20,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/admin/auth.h"
@@ -97,8 +99,16 @@ class Api {
   /// One request (an API thread).
   ApiResponse handle(const ApiRequest& req) const;
 
+  /// The endpoints handle() answers, each as openapi.json writes it
+  /// ({"GET", "/routes/{route}"}): a test holds the two to each other.
+  static std::vector<std::pair<std::string_view, std::string_view>> endpoints();
+
  private:
-  struct Call;  // one request being answered (api_call.h)
+  struct Call;      // one request being answered (api_call.h)
+  struct Endpoint;  // a method and path, and the Call function answering it
+  static const Endpoint kEndpoints[];
+  /// The endpoint a request's method and path segments name, or null.
+  static const Endpoint* endpoint_for(std::string_view method, const std::vector<std::string>& parts);
   /// Records done per second per route, from the counters between two calls
   /// at least kRateWindow apart.
   double rate(const std::string& route, uint64_t done) const;

@@ -132,8 +132,10 @@ struct Api::Call {
 
   json route_json(const config::RouteConfig& rc, const SliceView& s, const std::map<std::string, int64_t>& unknown,
                   const std::map<std::string, int64_t>& letters, const json& lag) const;
+  json whoami();
   json routes();
   json partitions() const;
+  json all_partitions();
   json route_action();
   json letters();
   json letter_action();

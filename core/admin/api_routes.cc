@@ -39,6 +39,16 @@ json Api::Call::route_json(const config::RouteConfig& rc, const SliceView& s,
   return j;
 }
 
+json Api::Call::whoami() {
+  authorize(Need::Read);
+  return {{"name", caller.name}, {"role", to_string(caller.role)}, {"routes", caller.routes}};
+}
+
+json Api::Call::all_partitions() {
+  authorize(Need::Read);
+  return {{"partitions", partitions()}};
+}
+
 json Api::Call::partitions() const {
   // Each partition as a route reads it (routes of one topic, apart).
   const json status = json::parse(api.metrics_.status_json("", false), nullptr, false);

@@ -8,8 +8,11 @@
 #define BOOST_TEST_MODULE console_api
 #include <boost/test/unit_test.hpp>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
+#include "core/admin/api.h"
+#include "core/admin/console.h"
 #include "core/common/util.h"
 #include "devkit/services.h"
 #include "tests/support/scenario.h"
@@ -223,6 +226,27 @@ int run_tool(const std::string& command, const std::filesystem::path& log) {
 }
 
 }  // namespace
+
+// The router answers exactly what openapi.json documents: every path and
+// method there has its endpoint, and no endpoint is missing from it.
+BOOST_AUTO_TEST_CASE(the_router_answers_what_openapi_json_documents) {
+  std::set<std::pair<std::string, std::string>> documented, routed;
+  const auto doc = nlohmann::json::parse(admin::openapi_document());
+  for (const auto& [path, ops] : doc.at("paths").items())
+    for (const auto& [method, op] : ops.items()) {
+      std::string upper = method;
+      for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      documented.insert({upper, path});
+    }
+  for (const auto& [method, path] : admin::Api::endpoints()) {
+    BOOST_TEST(routed.insert({std::string(method), std::string(path)}).second, "routed twice: " << path);
+  }
+  BOOST_TEST(documented.size() == 23u);
+  for (const auto& e : documented)
+    BOOST_TEST(routed.count(e) == 1u, "documented, not routed: " << e.first << " " << e.second);
+  for (const auto& e : routed)
+    BOOST_TEST(documented.count(e) == 1u, "routed, not documented: " << e.first << " " << e.second);
+}
 
 // The OpenAPI document against the answers (schemathesis: generated requests
 // to every operation, each answer's status, content type and body checked
