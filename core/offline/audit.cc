@@ -75,49 +75,80 @@ std::string ranges(const std::vector<int64_t>& offsets, size_t max_ranges) {
   return out;
 }
 
-// Reads every partition of `topic` from its low watermark (or where the
-// group began it, when it began at the log's end) up to the group's
-// committed offset, all partitions at once, and accounts for each record.
-void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
-                 pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter, const format::RecordDecoder* decoder,
-                 const std::string& topic, const std::map<std::pair<std::string, int32_t>, int64_t>& began,
-                 AuditReport& report) {
-  const int parts = partition_count(group, topic);
-  if (parts == 0) return;
+// The group's committed offset of each of the `parts` partitions of `topic`.
+kafka::PartitionListPtr committed_offsets(rd_kafka_t* group, const std::string& topic, int parts) {
   kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_new(parts));
   for (int p = 0; p < parts; ++p) rd_kafka_topic_partition_list_add(committed.get(), topic.c_str(), p);
   if (auto err = rd_kafka_committed(group, committed.get(), 10000))
     throw kafka::KafkaError("committed offsets of " + topic + ": " + rd_kafka_err2str(err));
-  const size_t first = report.partitions.size();
-  kafka::PartitionListPtr assign(rd_kafka_topic_partition_list_new(parts));
-  std::map<int32_t, size_t> index;  // partition -> report entry still being read
-  for (int p = 0; p < parts; ++p) {
-    PartitionAudit pa;
-    pa.route = route.name;
-    pa.topic = topic;
-    pa.partition = p;
-    pa.committed = std::max<int64_t>(0, committed->elems[p].offset);
-    kafka::Watermarks marks;
-    if (auto err = kafka::query_watermarks(group, topic, p, 10000, marks))
-      throw kafka::KafkaError("watermarks of " + topic + "[" + std::to_string(p) + "]: " + rd_kafka_err2str(err));
-    pa.low = marks.low;
-    if (auto b = began.find({topic, p}); b != began.end()) pa.low = std::max(pa.low, b->second);
-    if (pa.committed > pa.low) {
-      rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
-      index[p] = first + static_cast<size_t>(p);
-    }
-    // Ranges the host found deleted before it read them (outbox purpose 4).
-    for (const auto& range : dlq::lost_ranges(db, route.name, topic, p))
-      pa.lost.push_back({range.from, range.to, "noted by host " + range.host + " at " + range.noted_at});
-    if (topic == route.topic)
-      for (const auto& m : claim::OffsetMoves::skips(db, route.group_id, topic, p))
-        pa.operator_skips.push_back({*m.from, m.to,
-                                     "skip #" + std::to_string(m.id) + " by " + m.requested_by + ", applied by " +
-                                         m.applied_by + " at " + m.applied_at + ": " + m.note});
-    report.partitions.push_back(std::move(pa));
+  return committed;
+}
+
+// One partition's entry, with the span to read: from its low watermark (or
+// where the group began it, when that is later) up to `committed`.
+PartitionAudit partition_span(rd_kafka_t* group, const std::string& route, const std::string& topic, int p,
+                              int64_t committed, const std::map<std::pair<std::string, int32_t>, int64_t>& began) {
+  PartitionAudit pa;
+  pa.route = route;
+  pa.topic = topic;
+  pa.partition = p;
+  pa.committed = std::max<int64_t>(0, committed);
+  kafka::Watermarks marks;
+  if (auto err = kafka::query_watermarks(group, topic, p, 10000, marks))
+    throw kafka::KafkaError("watermarks of " + topic + "[" + std::to_string(p) + "]: " + rd_kafka_err2str(err));
+  pa.low = marks.low;
+  if (auto b = began.find({topic, p}); b != began.end()) pa.low = std::max(pa.low, b->second);
+  return pa;
+}
+
+// The partition's ranges no record of it accounts for: what retention
+// deleted first, and what an operator skipped (offset moves).
+void note_lost_and_skipped(Connection& db, const config::RouteConfig& route, const std::string& topic, int p,
+                           PartitionAudit& pa) {
+  // Ranges the host found deleted before it read them (outbox purpose 4).
+  for (const auto& range : dlq::lost_ranges(db, route.name, topic, p))
+    pa.lost.push_back({range.from, range.to, "noted by host " + range.host + " at " + range.noted_at});
+  if (topic == route.topic)
+    for (const auto& m : claim::OffsetMoves::skips(db, route.group_id, topic, p))
+      pa.operator_skips.push_back({*m.from, m.to,
+                                   "skip #" + std::to_string(m.id) + " by " + m.requested_by + ", applied by " +
+                                       m.applied_by + " at " + m.applied_at + ": " + m.note});
+}
+
+// One record below the committed offset as the host takes it: skipped by
+// the route, or the key it claims (nullopt: none could be extracted).
+Seen seen_as_the_host_takes_it(const rd_kafka_message_t* msg, const config::RouteConfig& route,
+                               pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter,
+                               const format::RecordDecoder* decoder, const std::string& topic) {
+  // Decided as the host decides it (from the record alone, decoded as
+  // the route's formats say); a retry tier's records were taken already.
+  pipeline::RecordView view = pipeline::RecordView::raw(msg);
+  format::DecodedRecord decoded;
+  if (decoder) {
+    decoded = decoder->decode_now(view.msg->payload ? std::optional(view.value) : std::nullopt, view.key);
+    if (decoded.value_json) view.value = *decoded.value_json;
+    if (decoded.key_text) view.key = *decoded.key_text;
   }
-  if (index.empty()) return;
-  rd_kafka_assign(reader, assign.get());
+  const auto replayed_for = topic == route.topic ? dlq::headers::replay_target(msg) : std::nullopt;
+  const bool filter_decides = filter && !replayed_for && !(decoded.undecodable && filter->condition().needs_json());
+  const bool skipped =
+      topic == route.topic &&
+      (replayed_for ? route.shares_topic_with(*replayed_for)
+                    : filter_decides && filter->decide(view).verdict == pipeline::RouteFilter::Verdict::Skip);
+  if (skipped) return {msg->offset, std::nullopt, true};
+  auto key = extractor.extract(view);
+  if (decoded.undecodable) key = pipeline::KeyProblem{dlq::Reason::UndecodableValue, *decoded.undecodable};
+  return {msg->offset,
+          std::holds_alternative<std::string>(key) ? std::optional(std::get<std::string>(key)) : std::nullopt};
+}
+
+// Reads the partitions in `index` (assigned to `reader`) until each is at
+// its committed offset or its end, accounting for their records a page at
+// a time in the report's entries `index` names.
+void read_and_account(rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
+                      pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter,
+                      const format::RecordDecoder* decoder, const std::string& topic, size_t first,
+                      std::map<int32_t, size_t>& index, AuditReport& report) {
   std::map<int32_t, std::vector<Seen>> pages;
   auto flush = [&](int32_t p) {
     auto& page = pages[p];
@@ -134,30 +165,8 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
     if (it == index.end()) continue;
     const PartitionAudit& pa = report.partitions[it->second];
     if (!msg->err && msg->offset < pa.committed) {
-      // Decided as the host decides it (from the record alone, decoded as
-      // the route's formats say); a retry tier's records were taken already.
-      pipeline::RecordView view = pipeline::RecordView::raw(msg.get());
-      format::DecodedRecord decoded;
-      if (decoder) {
-        decoded = decoder->decode_now(view.msg->payload ? std::optional(view.value) : std::nullopt, view.key);
-        if (decoded.value_json) view.value = *decoded.value_json;
-        if (decoded.key_text) view.key = *decoded.key_text;
-      }
-      const auto replayed_for = topic == route.topic ? dlq::headers::replay_target(msg.get()) : std::nullopt;
-      const bool filter_decides = filter && !replayed_for && !(decoded.undecodable && filter->condition().needs_json());
-      const bool skipped =
-          topic == route.topic &&
-          (replayed_for ? route.shares_topic_with(*replayed_for)
-                        : filter_decides && filter->decide(view).verdict == pipeline::RouteFilter::Verdict::Skip);
-      if (skipped) {
-        pages[msg->partition].push_back({msg->offset, std::nullopt, true});
-      } else {
-        auto key = extractor.extract(view);
-        if (decoded.undecodable) key = pipeline::KeyProblem{dlq::Reason::UndecodableValue, *decoded.undecodable};
-        pages[msg->partition].push_back({msg->offset, std::holds_alternative<std::string>(key)
-                                                          ? std::optional(std::get<std::string>(key))
-                                                          : std::nullopt});
-      }
+      Seen seen = seen_as_the_host_takes_it(msg.get(), route, extractor, filter, decoder, topic);
+      pages[msg->partition].push_back(std::move(seen));
       if (pages[msg->partition].size() == kPage) flush(msg->partition);
     }
     // Done with the partition at its committed offset (or its end).
@@ -166,6 +175,33 @@ void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const co
       index.erase(it);
     }
   }
+}
+
+// Reads every partition of `topic` from its low watermark (or where the
+// group began it, when it began at the log's end) up to the group's
+// committed offset, all partitions at once, and accounts for each record.
+void audit_topic(rd_kafka_t* group, rd_kafka_t* reader, Connection& db, const config::RouteConfig& route,
+                 pipeline::KeyExtractor& extractor, pipeline::RouteFilter* filter, const format::RecordDecoder* decoder,
+                 const std::string& topic, const std::map<std::pair<std::string, int32_t>, int64_t>& began,
+                 AuditReport& report) {
+  const int parts = partition_count(group, topic);
+  if (parts == 0) return;
+  const kafka::PartitionListPtr committed = committed_offsets(group, topic, parts);
+  const size_t first = report.partitions.size();
+  kafka::PartitionListPtr assign(rd_kafka_topic_partition_list_new(parts));
+  std::map<int32_t, size_t> index;  // partition -> report entry still being read
+  for (int p = 0; p < parts; ++p) {
+    PartitionAudit pa = partition_span(group, route.name, topic, p, committed->elems[p].offset, began);
+    if (pa.committed > pa.low) {
+      rd_kafka_topic_partition_list_add(assign.get(), topic.c_str(), p)->offset = pa.low;
+      index[p] = first + static_cast<size_t>(p);
+    }
+    note_lost_and_skipped(db, route, topic, p, pa);
+    report.partitions.push_back(std::move(pa));
+  }
+  if (index.empty()) return;
+  rd_kafka_assign(reader, assign.get());
+  read_and_account(reader, db, route, extractor, filter, decoder, topic, first, index, report);
   rd_kafka_assign(reader, nullptr);
 }
 
