@@ -80,6 +80,74 @@ std::pair<int32_t, int64_t> partition_offset(const std::string& text, const std:
 
 namespace {
 
+// Each partition's first offset stamped at `time_ms` or later.
+void add_offsets_at_time(rd_kafka_t* reader, const std::string& topic, int partitions, int64_t time_ms,
+                         std::vector<std::pair<int32_t, int64_t>>& targets) {
+  for (int32_t p = 0; p < partitions; ++p) {
+    int64_t at = 0;
+    if (auto err = kafka::offset_at_time(reader, topic, p, time_ms, kTimeoutMs, at))
+      throw kafka::KafkaError("offsets for times of " + topic + "[" + std::to_string(p) +
+                              "]: " + rd_kafka_err2str(err));
+    targets.push_back({p, at});
+  }
+}
+
+// The claims' horizon: a record stamped before `ms` may have lost its claim.
+struct ClaimsHorizon {
+  int64_t days;
+  int64_t ms;
+};
+
+// Plans the move of partition `p` to `to`: its line, or why it is refused;
+// and, once the partition exists, the move itself (refused or not).
+void plan_partition(rd_kafka_t* reader, const config::RouteConfig& route, const MoveAsk& ask, int partitions, int32_t p,
+                    int64_t to, const ClaimsHorizon& claims, MovePlan& plan, std::vector<std::string>& refused) {
+  if (p < 0 || p >= partitions) {
+    refused.push_back(route.topic + "[" + std::to_string(p) + "] does not exist (the topic has " +
+                      std::to_string(partitions) + " partitions)");
+    return;
+  }
+  kafka::Watermarks marks;
+  if (auto err = kafka::query_watermarks(reader, route.topic, p, kTimeoutMs, marks))
+    throw kafka::KafkaError("watermarks of " + route.topic + "[" + std::to_string(p) + "]: " + rd_kafka_err2str(err));
+  int64_t horizon = 0;
+  if (auto err = kafka::offset_at_time(reader, route.topic, p, claims.ms, kTimeoutMs, horizon))
+    throw kafka::KafkaError("offsets for times of " + route.topic + "[" + std::to_string(p) +
+                            "]: " + rd_kafka_err2str(err));
+  // Decided by the record's own stamp (a cluster's time index may not
+  // answer: docs/librdkafka.md); the time index names where to go instead.
+  const int64_t first = std::max(marks.low, horizon);
+  const std::string name = route.topic + "[" + std::to_string(p) + "]";
+  const bool rereads = ask.kind == claim::OffsetMove::Kind::Rewind && to >= marks.low && to < marks.high;
+  const int64_t stamp = rereads ? timestamp_at(reader, route.topic, p, to) : -1;
+  if (to < marks.low)
+    refused.push_back(name + ": " + std::to_string(to) + " is before the first offset Kafka still has, " +
+                      std::to_string(marks.low));
+  else if (rereads && stamp < 0)
+    refused.push_back(name + ": the record at " + std::to_string(to) +
+                      " could not be read to check it is within the claims' horizon");
+  else if (stamp >= 0 && stamp < claims.ms)
+    refused.push_back(name + ": the record at " + std::to_string(to) + " is past the claims' horizon of " +
+                      std::to_string(claims.days) +
+                      " days (its claim may be gone, and its effect would run again); the first offset that can "
+                      "be read again is " +
+                      std::to_string(first));
+  else if (to > marks.high)
+    refused.push_back(name + ": " + std::to_string(to) + " is beyond the partition's end, " +
+                      std::to_string(marks.high));
+  else
+    plan.lines.push_back(name + ": to " + std::to_string(to) + " (Kafka has " + std::to_string(marks.low) + ".." +
+                         std::to_string(marks.high) + ")");
+  claim::OffsetMove m;
+  m.group = route.group_id;
+  m.route = route.name;
+  m.topic = route.topic;
+  m.partition = p;
+  m.to = to;
+  m.kind = ask.kind;
+  plan.moves.push_back(std::move(m));
+}
+
 MovePlan plan_move_asking_kafka(const config::Config& cfg, const MoveAsk& ask) {
   MovePlan plan;
   const config::RouteConfig* route = cfg.route_by_name(ask.route);
@@ -94,14 +162,7 @@ MovePlan plan_move_asking_kafka(const config::Config& cfg, const MoveAsk& ask) {
     return plan;
   }
   std::vector<std::pair<int32_t, int64_t>> targets = ask.to_offsets;
-  if (ask.to_time_ms)
-    for (int32_t p = 0; p < partitions; ++p) {
-      int64_t at = 0;
-      if (auto err = kafka::offset_at_time(reader.get(), route->topic, p, *ask.to_time_ms, kTimeoutMs, at))
-        throw kafka::KafkaError("offsets for times of " + route->topic + "[" + std::to_string(p) +
-                                "]: " + rd_kafka_err2str(err));
-      targets.push_back({p, at});
-    }
+  if (ask.to_time_ms) add_offsets_at_time(reader.get(), route->topic, partitions, *ask.to_time_ms, targets);
   if (targets.empty()) {
     plan.refusal = "say where to: a time (rewind) or TOPIC:PARTITION:OFFSET";
     return plan;
@@ -111,53 +172,8 @@ MovePlan plan_move_asking_kafka(const config::Config& cfg, const MoveAsk& ask) {
   const int64_t horizon_days = cfg.claim.retention_days - cfg.claim.horizon_margin_days;
   const int64_t horizon_ms = now_ms() - horizon_days * 86'400'000;
   std::vector<std::string> refused;
-  for (const auto& [p, to] : targets) {
-    if (p < 0 || p >= partitions) {
-      refused.push_back(route->topic + "[" + std::to_string(p) + "] does not exist (the topic has " +
-                        std::to_string(partitions) + " partitions)");
-      continue;
-    }
-    kafka::Watermarks marks;
-    if (auto err = kafka::query_watermarks(reader.get(), route->topic, p, kTimeoutMs, marks))
-      throw kafka::KafkaError("watermarks of " + route->topic + "[" + std::to_string(p) +
-                              "]: " + rd_kafka_err2str(err));
-    int64_t horizon = 0;
-    if (auto err = kafka::offset_at_time(reader.get(), route->topic, p, horizon_ms, kTimeoutMs, horizon))
-      throw kafka::KafkaError("offsets for times of " + route->topic + "[" + std::to_string(p) +
-                              "]: " + rd_kafka_err2str(err));
-    // Decided by the record's own stamp (a cluster's time index may not
-    // answer: docs/librdkafka.md); the time index names where to go instead.
-    const int64_t first = std::max(marks.low, horizon);
-    const std::string name = route->topic + "[" + std::to_string(p) + "]";
-    const bool rereads = ask.kind == claim::OffsetMove::Kind::Rewind && to >= marks.low && to < marks.high;
-    const int64_t stamp = rereads ? timestamp_at(reader.get(), route->topic, p, to) : -1;
-    if (to < marks.low)
-      refused.push_back(name + ": " + std::to_string(to) + " is before the first offset Kafka still has, " +
-                        std::to_string(marks.low));
-    else if (rereads && stamp < 0)
-      refused.push_back(name + ": the record at " + std::to_string(to) +
-                        " could not be read to check it is within the claims' horizon");
-    else if (stamp >= 0 && stamp < horizon_ms)
-      refused.push_back(name + ": the record at " + std::to_string(to) + " is past the claims' horizon of " +
-                        std::to_string(horizon_days) +
-                        " days (its claim may be gone, and its effect would run again); the first offset that can "
-                        "be read again is " +
-                        std::to_string(first));
-    else if (to > marks.high)
-      refused.push_back(name + ": " + std::to_string(to) + " is beyond the partition's end, " +
-                        std::to_string(marks.high));
-    else
-      plan.lines.push_back(name + ": to " + std::to_string(to) + " (Kafka has " + std::to_string(marks.low) + ".." +
-                           std::to_string(marks.high) + ")");
-    claim::OffsetMove m;
-    m.group = route->group_id;
-    m.route = route->name;
-    m.topic = route->topic;
-    m.partition = p;
-    m.to = to;
-    m.kind = ask.kind;
-    plan.moves.push_back(std::move(m));
-  }
+  for (const auto& [p, to] : targets)
+    plan_partition(reader.get(), *route, ask, partitions, p, to, {horizon_days, horizon_ms}, plan, refused);
   for (const auto& r : refused) plan.refusal += (plan.refusal.empty() ? "" : "; ") + r;
   return plan;
 }
