@@ -341,6 +341,13 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["host"] = host;
   j["paused_by_operator"] = paused_by_operator;
   std::lock_guard lk(mu_);
+  status_host(j);
+  status_partitions(j);
+  status_routes(j);
+  return j.dump();
+}
+
+void Metrics::status_host(nlohmann::json& j) const {
   // The host as a whole (summed over its databases), then each database.
   bool paused = false, healthy = true;
   int64_t buffered = 0, assigned = 0, dlq_pending = 0, dlq_unpublishable = 0, stuck = 0;
@@ -377,6 +384,9 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
   j["dlq_unpublishable"] = dlq_unpublishable;
   j["stuck_pending"] = stuck;
   j["db_healthy"] = healthy;
+}
+
+void Metrics::status_partitions(nlohmann::json& j) const {
   j["partitions"] = nlohmann::json::array();
   for (const auto& [rtp, p] : partitions_) {
     if (!p->assigned.load()) continue;
@@ -392,6 +402,9 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                                {"in_pipeline", p->in_pipeline.load()},
                                {"gaps", p->gaps.load()}});
   }
+}
+
+void Metrics::status_routes(nlohmann::json& j) const {
   for (const auto& [name, m] : routes_) {
     j["routes"][name] = {{"paused", m->paused.load() != 0},
                          {"dlq_pending", m->dlq_pending.load()},
@@ -411,7 +424,6 @@ std::string Metrics::status_json(const std::string& host, bool paused_by_operato
                          {"holds", m->holds.load()},
                          {"rate_limit_waits", m->rate_limit_waits.load()}};
   }
-  return j.dump();
 }
 
 }  // namespace idemsink::metrics

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -246,6 +247,11 @@ class Metrics {
   void render_partitions(std::string& out) const;
   void render_slices(std::string& out) const;
   void render_clients(std::string& out) const;
+  // Parts of status_json(), under mu_: the host as a whole and each of its
+  // databases, then the assigned partitions, then the routes.
+  void status_host(nlohmann::json& j) const;
+  void status_partitions(nlohmann::json& j) const;
+  void status_routes(nlohmann::json& j) const;
 
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<RouteMetrics>> routes_;
