@@ -145,6 +145,42 @@ void number(JsonWriter& out, double d) {
   out.string(std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity");  // as JSON cannot hold them
 }
 
+void decode_value(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int depth);
+
+// An array's items or a map's entries, in blocks: each a count (negative:
+// followed by the block's size in bytes), up to a count of zero.
+void decode_blocks(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int depth) {
+  t.kind == Kind::Array ? out.begin_array() : out.begin_object();
+  for (int64_t n = in.varlong(); n != 0; n = in.varlong()) {
+    if (n < 0) {  // a block with its size in bytes after the count
+      if (n == std::numeric_limits<int64_t>::min()) throw std::runtime_error("a block count out of range");
+      n = -n;
+      in.varlong();
+    }
+    if (static_cast<uint64_t>(n) > in.left()) throw std::runtime_error("a block of more items than bytes left");
+    for (int64_t i = 0; i < n; ++i) {
+      if (t.kind == Kind::Map) out.key(in.sized());  // a view of the record's bytes, as key() needs
+      decode_value(*t.items, in, out, depth + 1);
+    }
+  }
+  return t.kind == Kind::Array ? out.end_array() : out.end_object();
+}
+
+// The branch the union's index names.
+void decode_union(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int depth) {
+  const int64_t i = in.varlong();
+  if (i < 0 || static_cast<size_t>(i) >= t.branches.size())
+    throw std::runtime_error("union has no branch " + std::to_string(i));
+  const auto& branch = *t.branches[static_cast<size_t>(i)];
+  // An optional value ([null, T]) is the value or null; a union of more
+  // types says which, as Avro's JSON encoding does: {"type": value}.
+  if (branch.kind == Kind::Null || t.non_null_branches <= 1) return decode_value(branch, in, out, depth + 1);
+  out.begin_object();
+  out.key(branch.name);
+  decode_value(branch, in, out, depth + 1);
+  return out.end_object();
+}
+
 void decode_value(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int depth) {
   if (depth > 200) throw std::runtime_error("nested more than 200 deep");
   in.count_value();
@@ -183,35 +219,8 @@ void decode_value(const AvroSchema::Type& t, Reader& in, JsonWriter& out, int de
       return out.string(t.symbols[static_cast<size_t>(i)]);
     }
     case Kind::Array:
-    case Kind::Map: {
-      t.kind == Kind::Array ? out.begin_array() : out.begin_object();
-      for (int64_t n = in.varlong(); n != 0; n = in.varlong()) {
-        if (n < 0) {  // a block with its size in bytes after the count
-          if (n == std::numeric_limits<int64_t>::min()) throw std::runtime_error("a block count out of range");
-          n = -n;
-          in.varlong();
-        }
-        if (static_cast<uint64_t>(n) > in.left()) throw std::runtime_error("a block of more items than bytes left");
-        for (int64_t i = 0; i < n; ++i) {
-          if (t.kind == Kind::Map) out.key(in.sized());  // a view of the record's bytes, as key() needs
-          decode_value(*t.items, in, out, depth + 1);
-        }
-      }
-      return t.kind == Kind::Array ? out.end_array() : out.end_object();
-    }
-    case Kind::Union: {
-      const int64_t i = in.varlong();
-      if (i < 0 || static_cast<size_t>(i) >= t.branches.size())
-        throw std::runtime_error("union has no branch " + std::to_string(i));
-      const auto& branch = *t.branches[static_cast<size_t>(i)];
-      // An optional value ([null, T]) is the value or null; a union of more
-      // types says which, as Avro's JSON encoding does: {"type": value}.
-      if (branch.kind == Kind::Null || t.non_null_branches <= 1) return decode_value(branch, in, out, depth + 1);
-      out.begin_object();
-      out.key(branch.name);
-      decode_value(branch, in, out, depth + 1);
-      return out.end_object();
-    }
+    case Kind::Map: return decode_blocks(t, in, out, depth);
+    case Kind::Union: return decode_union(t, in, out, depth);
   }
   throw std::logic_error("unknown Avro kind");
 }
@@ -239,6 +248,28 @@ const AvroSchema::Type* AvroSchema::named(const std::string& name, const std::st
     if (auto it = names_.find(ns + "." + name); it != names_.end()) return it->second;
   if (auto it = names_.find(name); it != names_.end()) return it->second;
   bad_schema("unknown type \"" + name + "\" (not defined before its use, nor in a referenced schema)");
+}
+
+// A record (or error), an enum or a fixed: named, so that later types may
+// use it by its name.
+void AvroSchema::define_named(Type& t, const void* node, const std::string& kind, const std::string& ns, int depth) {
+  const Json& j = *static_cast<const Json*>(node);
+  t.name = full_name(j, ns);
+  names_[t.name] = &t;  // before the fields: a record may hold itself
+  if (kind == "enum") {
+    t.kind = Kind::Enum;
+    t.symbols = j.at("symbols").get<std::vector<std::string>>();
+  } else if (kind == "fixed") {
+    t.kind = Kind::Fixed;
+    t.size = j.at("size").get<size_t>();
+  } else {
+    t.kind = Kind::Record;
+    for (const auto& f : j.at("fields")) {
+      t.fields.emplace_back(f.at("name").get<std::string>(), parse(&f.at("type"), space_of(t.name), depth + 1));
+      if (!valid_utf8(t.fields.back().first)) bad_schema("a field name that is not UTF-8");
+      t.printed_names.push_back(printed_key(t.fields.back().first));
+    }
+  }
 }
 
 const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& ns, int depth) {
@@ -274,22 +305,7 @@ const AvroSchema::Type* AvroSchema::parse(const void* node, const std::string& n
   if (auto p = primitives().find(kind); p != primitives().end()) {
     t.kind = p->second;
   } else if (kind == "record" || kind == "error" || kind == "enum" || kind == "fixed") {
-    t.name = full_name(j, ns);
-    names_[t.name] = &t;  // before the fields: a record may hold itself
-    if (kind == "enum") {
-      t.kind = Kind::Enum;
-      t.symbols = j.at("symbols").get<std::vector<std::string>>();
-    } else if (kind == "fixed") {
-      t.kind = Kind::Fixed;
-      t.size = j.at("size").get<size_t>();
-    } else {
-      t.kind = Kind::Record;
-      for (const auto& f : j.at("fields")) {
-        t.fields.emplace_back(f.at("name").get<std::string>(), parse(&f.at("type"), space_of(t.name), depth + 1));
-        if (!valid_utf8(t.fields.back().first)) bad_schema("a field name that is not UTF-8");
-        t.printed_names.push_back(printed_key(t.fields.back().first));
-      }
-    }
+    define_named(t, &j, kind, ns, depth);
   } else if (kind == "array") {
     t.kind = Kind::Array;
     t.items = parse(&j.at("items"), ns, depth + 1);

@@ -34,6 +34,7 @@ class AvroSchema {
 
  private:
   const Type* parse(const void* json, const std::string& ns, int depth);
+  void define_named(Type& t, const void* json, const std::string& kind, const std::string& ns, int depth);
   const Type* named(const std::string& name, const std::string& ns) const;
 
   std::vector<std::unique_ptr<Type>> types_;  // types point at each other
