@@ -284,6 +284,40 @@ std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& 
   return it->second(mc, in);
 }
 
+// Runs `io`: answers the control clients' commands until a shutdown (the
+// command, or a signal) stops it.
+void serve_control(boost::asio::io_context& io, tcp::acceptor& acceptor, rd_kafka_mock_cluster_t* mc, bool& shutdown) {
+  // One control client at a time is plenty; commands are quick.
+  std::function<void()> accept_next = [&] {
+    auto sock = std::make_shared<tcp::socket>(io);
+    acceptor.async_accept(*sock, [&, sock](boost::system::error_code ec) {
+      if (ec) return;
+      auto buf = std::make_shared<boost::asio::streambuf>();
+      auto read_line = std::make_shared<std::function<void()>>();
+      *read_line = [&, sock, buf, read_line] {
+        boost::asio::async_read_until(*sock, *buf, '\n',
+                                      [&, sock, buf, read_line](boost::system::error_code rec, size_t) {
+                                        if (rec) return;
+                                        std::istream is(buf.get());
+                                        std::string line;
+                                        std::getline(is, line);
+                                        if (!line.empty() && line.back() == '\r') line.pop_back();
+                                        auto reply = std::make_shared<std::string>(execute(mc, line, shutdown) + "\n");
+                                        boost::asio::async_write(*sock, boost::asio::buffer(*reply),
+                                                                 [&, sock, reply, read_line](auto wec, size_t) {
+                                                                   if (shutdown) io.stop();
+                                                                   if (!wec) (*read_line)();
+                                                                 });
+                                      });
+      };
+      (*read_line)();
+      accept_next();
+    });
+  };
+  accept_next();
+  io.run();
+}
+
 }  // namespace
 
 int run_dev_cluster(const DevClusterOptions& opt) {
@@ -322,35 +356,7 @@ int run_dev_cluster(const DevClusterOptions& opt) {
   std::fflush(stdout);
   spdlog::info("dev-kafka: {} broker(s) at {}", opt.brokers, rd_kafka_mock_cluster_bootstraps(mc));
 
-  // One control client at a time is plenty; commands are quick.
-  std::function<void()> accept_next = [&] {
-    auto sock = std::make_shared<tcp::socket>(io);
-    acceptor.async_accept(*sock, [&, sock](boost::system::error_code ec) {
-      if (ec) return;
-      auto buf = std::make_shared<boost::asio::streambuf>();
-      auto read_line = std::make_shared<std::function<void()>>();
-      *read_line = [&, sock, buf, read_line] {
-        boost::asio::async_read_until(*sock, *buf, '\n',
-                                      [&, sock, buf, read_line](boost::system::error_code rec, size_t) {
-                                        if (rec) return;
-                                        std::istream is(buf.get());
-                                        std::string line;
-                                        std::getline(is, line);
-                                        if (!line.empty() && line.back() == '\r') line.pop_back();
-                                        auto reply = std::make_shared<std::string>(execute(mc, line, shutdown) + "\n");
-                                        boost::asio::async_write(*sock, boost::asio::buffer(*reply),
-                                                                 [&, sock, reply, read_line](auto wec, size_t) {
-                                                                   if (shutdown) io.stop();
-                                                                   if (!wec) (*read_line)();
-                                                                 });
-                                      });
-      };
-      (*read_line)();
-      accept_next();
-    });
-  };
-  accept_next();
-  io.run();
+  serve_control(io, acceptor, mc, shutdown);
   rd_kafka_mock_cluster_destroy(mc);
   return 0;
 }
