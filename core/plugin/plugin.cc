@@ -99,6 +99,51 @@ const char* outcome_name(idemsink_outcome outcome) {
   return "invalid";
 }
 
+namespace {
+
+// No entry point of this host's ABI: an entry point of another ABI says
+// which the plugin was built for.
+[[noreturn]] void refuse_without_entry(const std::filesystem::path& path, const boost::dll::shared_library& lib) {
+  for (int v = 0; v <= 16; ++v) {
+    if (v == IDEMSINK_ABI_MAJOR) continue;
+    if (lib.has("idemsink_plugin_entry_v" + std::to_string(v)))
+      refuse(path, "built for plugin ABI v" + std::to_string(v) + ", this host supports v" +
+                       std::to_string(IDEMSINK_ABI_MAJOR));
+  }
+  refuse(path, std::string("not an idemsink plugin: it does not export ") + IDEMSINK_ENTRY_SYMBOL);
+}
+
+// Checked before the descriptor is copied: its size bounds what is read.
+void check_descriptor_abi(const std::filesystem::path& path, const idemsink_plugin& d) {
+  if (d.struct_size < kMinDescriptorSize)
+    refuse(path, "descriptor too small: struct_size " + std::to_string(d.struct_size) + ", ABI v1.0 needs at least " +
+                     std::to_string(kMinDescriptorSize));
+  if (d.abi_major != IDEMSINK_ABI_MAJOR)
+    refuse(path, "descriptor says ABI v" + std::to_string(d.abi_major) + ", this host supports v" +
+                     std::to_string(IDEMSINK_ABI_MAJOR));
+  if (d.abi_minor > IDEMSINK_ABI_MINOR)
+    refuse(path, "built for ABI v1." + std::to_string(d.abi_minor) + ", newer than this host's v1." +
+                     std::to_string(IDEMSINK_ABI_MINOR) + ": upgrade the host");
+}
+
+// Each option declared once, with a name, a valid type and a default of
+// that type.
+void check_options(const std::filesystem::path& path, const idemsink_plugin& desc) {
+  if (desc.option_count > 0 && desc.options == nullptr) refuse(path, "option_count > 0 but options is NULL");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < desc.option_count; ++i) {
+    const auto& o = desc.options[i];
+    if (o.name == nullptr || *o.name == '\0') refuse(path, "option " + std::to_string(i) + " has no name");
+    if (option_type_name(o.type) == nullptr) refuse(path, std::string("option ") + o.name + " has an invalid type");
+    if (!seen.insert(o.name).second) refuse(path, std::string("option ") + o.name + " is declared twice");
+    if (o.default_value && !canonical(o.type, o.default_value))
+      refuse(path, std::string("option ") + o.name + " has default \"" + o.default_value + "\", which is not a " +
+                       option_type_name(o.type));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
   std::error_code fs_ec;
   if (!std::filesystem::exists(path, fs_ec)) refuse(path, "file not found");
@@ -111,27 +156,11 @@ std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
   lib->lib_.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
   if (ec) refuse(path, "not a loadable shared library (" + ec.message() + ")");
 
-  if (!lib->lib_.has(IDEMSINK_ENTRY_SYMBOL)) {
-    for (int v = 0; v <= 16; ++v) {
-      if (v == IDEMSINK_ABI_MAJOR) continue;
-      if (lib->lib_.has("idemsink_plugin_entry_v" + std::to_string(v)))
-        refuse(path, "built for plugin ABI v" + std::to_string(v) + ", this host supports v" +
-                         std::to_string(IDEMSINK_ABI_MAJOR));
-    }
-    refuse(path, std::string("not an idemsink plugin: it does not export ") + IDEMSINK_ENTRY_SYMBOL);
-  }
+  if (!lib->lib_.has(IDEMSINK_ENTRY_SYMBOL)) refuse_without_entry(path, lib->lib_);
   auto entry = lib->lib_.get<const idemsink_plugin*()>(IDEMSINK_ENTRY_SYMBOL);
   const idemsink_plugin* d = entry();
   if (d == nullptr) refuse(path, std::string(IDEMSINK_ENTRY_SYMBOL) + " returned NULL");
-  if (d->struct_size < kMinDescriptorSize)
-    refuse(path, "descriptor too small: struct_size " + std::to_string(d->struct_size) + ", ABI v1.0 needs at least " +
-                     std::to_string(kMinDescriptorSize));
-  if (d->abi_major != IDEMSINK_ABI_MAJOR)
-    refuse(path, "descriptor says ABI v" + std::to_string(d->abi_major) + ", this host supports v" +
-                     std::to_string(IDEMSINK_ABI_MAJOR));
-  if (d->abi_minor > IDEMSINK_ABI_MINOR)
-    refuse(path, "built for ABI v1." + std::to_string(d->abi_minor) + ", newer than this host's v1." +
-                     std::to_string(IDEMSINK_ABI_MINOR) + ": upgrade the host");
+  check_descriptor_abi(path, *d);
   std::memcpy(&lib->desc_, d, std::min<size_t>(d->struct_size, sizeof(idemsink_plugin)));
   const idemsink_plugin& desc = lib->desc_;
 
@@ -148,17 +177,7 @@ std::shared_ptr<Library> Library::load(const std::filesystem::path& path) {
   } else if (desc.invoke == nullptr) {
     refuse(path, std::string("kind ") + kind_name(lib->kind()) + " requires an invoke callback");
   }
-  if (desc.option_count > 0 && desc.options == nullptr) refuse(path, "option_count > 0 but options is NULL");
-  std::set<std::string> seen;
-  for (size_t i = 0; i < desc.option_count; ++i) {
-    const auto& o = desc.options[i];
-    if (o.name == nullptr || *o.name == '\0') refuse(path, "option " + std::to_string(i) + " has no name");
-    if (option_type_name(o.type) == nullptr) refuse(path, std::string("option ") + o.name + " has an invalid type");
-    if (!seen.insert(o.name).second) refuse(path, std::string("option ") + o.name + " is declared twice");
-    if (o.default_value && !canonical(o.type, o.default_value))
-      refuse(path, std::string("option ") + o.name + " has default \"" + o.default_value + "\", which is not a " +
-                       option_type_name(o.type));
-  }
+  check_options(path, desc);
   if (desc.schema_count > 0 && desc.schema == nullptr) refuse(path, "schema_count > 0 but schema is NULL");
   if (desc.check_count > 0 && desc.checks == nullptr) refuse(path, "check_count > 0 but checks is NULL");
   for (size_t i = 0; i < desc.check_count; ++i)
