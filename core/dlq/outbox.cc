@@ -203,6 +203,38 @@ void Outbox::insert_replay(Connection& c, const Letter& replay) const {
   insert(c, std::span<const Letter>(&replay, 1));
 }
 
+namespace {
+
+// A row of the letters take() reads, its columns in the order it names them.
+Letter letter_of(const db::Row& r) {
+  Letter d;
+  d.id = std::stoull(*r[0]);
+  d.route = *r[1];
+  d.topic = *r[2];
+  d.biz_key = r[3];
+  d.reason = *r[4];
+  d.error = r[5].value_or("");
+  d.src_topic = *r[6];
+  d.src_partition = std::stoi(*r[7]);
+  d.src_offset = std::stoll(*r[8]);
+  d.key = r[9];
+  d.value = r[10];
+  d.headers = decode_headers(r[11].value_or(""));
+  d.timestamp_ms = std::stoll(*r[12]);
+  d.idem_token = r[13].value_or("");
+  d.calls = static_cast<uint32_t>(std::stoul(*r[14]));
+  d.first_failure_ms = std::stoll(*r[15]);
+  d.last_failure_ms = std::stoll(*r[16]);
+  d.host = *r[17];
+  // A value this version does not know (a row of a later one) is a dead letter.
+  const int purpose = std::stoi(*r[18]);
+  d.purpose = purpose >= 2 && purpose <= static_cast<int>(Purpose::EventUnknown) ? static_cast<Purpose>(purpose)
+                                                                                 : Purpose::DeadLetter;
+  return d;
+}
+
+}  // namespace
+
 std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budget, std::span<const uint64_t> exclude,
                                  std::span<const std::string> skip_topics) const {
   const std::string owner = c.quote(owner_);
@@ -242,30 +274,7 @@ std::vector<Letter> Outbox::take(Connection& c, size_t limit, uint64_t byte_budg
            "CAST(UNIX_TIMESTAMP(first_failure) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(last_failure) * 1000 AS SIGNED), "
            "host, purpose FROM idemsink_dlq_outbox WHERE published_at IS NULL AND owner = " +
            owner + " AND id IN (" + id_list(candidates) + ") ORDER BY id")) {
-    Letter d;
-    d.id = std::stoull(*r[0]);
-    d.route = *r[1];
-    d.topic = *r[2];
-    d.biz_key = r[3];
-    d.reason = *r[4];
-    d.error = r[5].value_or("");
-    d.src_topic = *r[6];
-    d.src_partition = std::stoi(*r[7]);
-    d.src_offset = std::stoll(*r[8]);
-    d.key = r[9];
-    d.value = r[10];
-    d.headers = decode_headers(r[11].value_or(""));
-    d.timestamp_ms = std::stoll(*r[12]);
-    d.idem_token = r[13].value_or("");
-    d.calls = static_cast<uint32_t>(std::stoul(*r[14]));
-    d.first_failure_ms = std::stoll(*r[15]);
-    d.last_failure_ms = std::stoll(*r[16]);
-    d.host = *r[17];
-    // A value this version does not know (a row of a later one) is a dead letter.
-    const int purpose = std::stoi(*r[18]);
-    d.purpose = purpose >= 2 && purpose <= static_cast<int>(Purpose::EventUnknown) ? static_cast<Purpose>(purpose)
-                                                                                   : Purpose::DeadLetter;
-    out.push_back(std::move(d));
+    out.push_back(letter_of(r));
   }
   return out;
 }
