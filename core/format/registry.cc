@@ -159,29 +159,44 @@ std::shared_ptr<const Schema> Registry::fetch_now(int32_t id) {
   return cache_[id] = std::move(s);
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Where one schema id's fetching is: when it is asked next, and how long
+// after that if it fails again.
+struct Attempt {
+  Clock::time_point due;
+  std::chrono::milliseconds backoff{1000};
+  bool seen_unknown = false;
+};
+
+// The waited-for id due first, and when; an id not asked yet is due now.
+std::pair<int32_t, Clock::time_point> first_due(const std::map<int32_t, std::vector<std::function<void()>>>& waiters,
+                                                std::map<int32_t, Attempt>& attempts) {
+  int32_t id = 0;
+  auto due = Clock::time_point::max();
+  for (const auto& [waiting, _] : waiters) {
+    const auto at = attempts.try_emplace(waiting, Attempt{Clock::now()}).first->second.due;
+    if (at < due) {
+      due = at;
+      id = waiting;
+    }
+  }
+  return {id, due};
+}
+
+}  // namespace
+
 // One id at a time, the one due first: an id that keeps failing backs off
 // on its own (1 s doubling to 30 s) and never holds up the others.
 void Registry::run() {
-  using Clock = std::chrono::steady_clock;
-  struct Attempt {
-    Clock::time_point due;
-    std::chrono::milliseconds backoff{1000};
-    bool seen_unknown = false;
-  };
   std::map<int32_t, Attempt> attempts;
   std::unique_lock lk(mu_);
   for (;;) {
     wake_.wait(lk, [&] { return stopping_ || !waiters_.empty(); });
     if (stopping_) return;
-    int32_t id = 0;
-    auto due = Clock::time_point::max();
-    for (const auto& [waiting, _] : waiters_) {
-      const auto at = attempts.try_emplace(waiting, Attempt{Clock::now()}).first->second.due;
-      if (at < due) {
-        due = at;
-        id = waiting;
-      }
-    }
+    const auto [id, due] = first_due(waiters_, attempts);
     if (due > Clock::now()) {
       wake_.wait_until(lk, due, [&] { return stopping_; });
       continue;
