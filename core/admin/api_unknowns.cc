@@ -31,6 +31,28 @@ json Api::Call::unknowns() {
   return {{"unknowns", out}};
 }
 
+namespace {
+
+// What the route's reconcile hook answers about `claim` now, or null when it
+// does not answer within the route's call timeout and 2 s more.
+json hook_answer(const SliceView& s, const claim::ClaimStore::Settled& claim, const std::optional<std::string>& key,
+                 const std::optional<std::string>& value, int64_t timestamp_ms) {
+  auto answer = std::make_shared<std::promise<std::pair<idemsink_outcome, std::string>>>();
+  auto asked = answer->get_future();
+  if (s.reconciler->ask_hook(claim, key, value, timestamp_ms, [answer](idemsink_outcome o, std::string detail) {
+        answer->set_value({o, std::move(detail)});
+      })) {
+    const auto deadline = s.cfg->route_by_name(claim.row.ns)->call_timeout + std::chrono::seconds(2);
+    if (asked.wait_for(deadline) == std::future_status::ready) {
+      const auto [o, detail] = asked.get();
+      return {{"answer", answer_name(o)}, {"detail", sanitize_utf8(detail, 1024)}};
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 // GET /unknowns/{token}: the claim, its record, and what the route's
 // reconcile hook answers now (nothing is settled by asking).
 json Api::Call::unknown() {
@@ -80,17 +102,7 @@ json Api::Call::unknown() {
                  {"detail", std::to_string(Api::kMaxHookQuestions) + " questions to remotes are running; ask again"}};
     return j;
   }
-  auto answer = std::make_shared<std::promise<std::pair<idemsink_outcome, std::string>>>();
-  auto asked = answer->get_future();
-  if (s->reconciler->ask_hook(*claim, key, value, timestamp_ms, [answer](idemsink_outcome o, std::string detail) {
-        answer->set_value({o, std::move(detail)});
-      })) {
-    const auto deadline = s->cfg->route_by_name(claim->row.ns)->call_timeout + std::chrono::seconds(2);
-    if (asked.wait_for(deadline) == std::future_status::ready) {
-      const auto [o, detail] = asked.get();
-      j["hook"] = {{"answer", answer_name(o)}, {"detail", sanitize_utf8(detail, 1024)}};
-    }
-  }
+  j["hook"] = hook_answer(*s, *claim, key, value, timestamp_ms);
   api.hook_questions_.fetch_sub(1);
   return j;
 }
