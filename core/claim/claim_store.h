@@ -148,6 +148,20 @@ struct ClaimJobMemory {
   std::map<std::string, Takeover> takeovers;  // "ns\0biz_key" -> takeover this job attempted
 };
 
+/// A claim row as the reconciler and the console read it: its key, state,
+/// attempts, token and where its record came from. Unsettled and Settled
+/// add what each reading needs; the reconciler's candidates hold one.
+struct ClaimFacts : Source {
+  RowKey row;
+  Status status = Status::Pending;
+  uint32_t attempt = 0;
+  uint32_t calls = 0;
+  std::string idem_token;
+
+  ClaimFacts& facts() { return *this; }
+  const ClaimFacts& facts() const { return *this; }
+};
+
 class ClaimStore {
  public:
   /// `owner` is "<host id>#<run id>"; claims held by any earlier run of the
@@ -227,12 +241,7 @@ class ClaimStore {
   // ---- reconciliation
 
   /// A claim the pipeline cannot finish by itself.
-  struct Unsettled : Source {
-    RowKey row;
-    Status status = Status::Unknown;  // Unknown, or Pending when stuck
-    uint32_t attempt = 0;
-    uint32_t calls = 0;
-    std::string idem_token;
+  struct Unsettled : ClaimFacts {  // status: Unknown, or Pending when stuck
     std::string last_error;
     std::string updated_at;
   };
@@ -288,14 +297,9 @@ class ClaimStore {
                                          std::string_view note) const;
 
   /// A claim as its outcome event tells it (dlq/outcome_event.h).
-  struct Settled : Source {
-    RowKey row;
-    Status status = Status::Pending;
-    uint32_t attempt = 0;
-    std::string idem_token;
+  struct Settled : ClaimFacts {
     std::string receipt;
     std::string last_error;
-    uint32_t calls = 0;
   };
   /// The claims with these tokens, read in the caller's transaction right
   /// after a settlement wrote them.

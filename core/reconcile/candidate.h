@@ -15,12 +15,7 @@
 
 namespace idemsink::reconcile {
 
-struct Reconciler::Candidate : Source {
-  claim::RowKey row;
-  claim::Status status;
-  uint32_t attempt = 0;
-  uint32_t calls = 0;
-  std::string token;
+struct Reconciler::Candidate : claim::ClaimFacts {
   std::optional<std::string> key, value;  // from the DLQ outbox, when the record went there
   std::string reason;                     // of its newest outbox row
   int64_t timestamp_ms = 0;
@@ -47,7 +42,7 @@ inline idemsink_record record_of(const C& c, const config::RouteConfig& route, u
   if (c.key) r.key = {c.key->data(), c.key->size()};
   if (c.value) r.value = {c.value->data(), c.value->size()};
   r.biz_key = {c.row.biz_key.data(), c.row.biz_key.size()};
-  r.idem_token = c.token.c_str();
+  r.idem_token = c.idem_token.c_str();
   r.attempt = attempt;
   r.timeout_ms = route.call_timeout.count();
   return r;

@@ -82,12 +82,7 @@ bool Reconciler::ask_hook(const claim::ClaimStore::Settled& claim, std::optional
     if (!handlers_.contains(claim.row.ns)) return false;
   }
   auto cand = std::make_shared<Candidate>();
-  cand->row = claim.row;
-  cand->status = claim.status;
-  cand->attempt = claim.attempt;
-  cand->calls = claim.calls;
-  cand->token = claim.idem_token;
-  cand->source() = claim.source();
+  cand->facts() = claim.facts();
   cand->key = std::move(key);
   cand->value = std::move(value);
   cand->timestamp_ms = timestamp_ms;

@@ -70,20 +70,15 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     if (!namespaces_.empty()) rows = r_.store_.unsettled(c, namespaces_, r_.cfg_.claim.stuck_after, limit, false);
     for (auto& u : rows) {
       Candidate cand;
-      cand.row = std::move(u.row);
-      cand.status = u.status;
-      cand.attempt = u.attempt;
-      cand.calls = u.calls;
-      cand.token = std::move(u.idem_token);
-      cand.source() = std::move(u.source());
+      cand.facts() = std::move(u.facts());
       found.push_back(std::move(cand));
     }
     // The record's newest dead letter carries its payload.
     std::vector<std::string> tokens;
-    for (const auto& cand : found) tokens.push_back(cand.token);
+    for (const auto& cand : found) tokens.push_back(cand.idem_token);
     const auto letters = dlq::dead_letter_messages(c, tokens);
     for (Candidate& cand : found)
-      if (auto it = letters.find(cand.token); it != letters.end()) {
+      if (auto it = letters.find(cand.idem_token); it != letters.end()) {
         cand.key = it->second.key;
         cand.value = it->second.value;
         cand.timestamp_ms = it->second.timestamp_ms;
@@ -219,7 +214,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
         spdlog::warn(
             "reconcile: route {} key {} (token {}) is {} and its effect did not happen; it waits for its "
             "record or `idemsink reconcile --resolve`",
-            c.row.ns, printable(c.row.biz_key), c.token, claim::to_string(c.status));
+            c.row.ns, printable(c.row.biz_key), c.idem_token, claim::to_string(c.status));
       } else {
         ++summary_.undecided;
         if (unknown) undecided_.push_back(claim::Outcome{c.row, c.attempt, 0, 0, {}, {}});
@@ -263,12 +258,12 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     c.begin();
     for (size_t i : resolve_) {
       const Candidate& cand = cands_[i];
-      if (r_.store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) done.push_back(cand.token);
+      if (r_.store_.resolve_applied(c, cand.row, cand.attempt, cand.detail)) done.push_back(cand.idem_token);
     }
     for (size_t i : not_applied_) {
       const Candidate& cand = cands_[i];
       if (r_.store_.resolve_not_applied(c, cand.row, cand.attempt, cand.detail))
-        failed.push_back({cand.token, dlq::Reason::NotApplied,
+        failed.push_back({cand.idem_token, dlq::Reason::NotApplied,
                           "settled by reconciliation: the remote never applied it (" + cand.detail +
                               "), and its attempts are spent (" + std::to_string(cand.calls) + " calls)"});
     }
@@ -321,7 +316,7 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
       Candidate& cand = self->cands_[i];
       const config::RouteConfig& route = self->route_of(cand);
       spdlog::info("reconcile: route {} key {} was not applied; re-driving it once with token {}", route.name,
-                   printable(cand.row.biz_key), cand.token);
+                   printable(cand.row.biz_key), cand.idem_token);
       const uint64_t call_id = plugin::call_with_deadline(
           self->r_.io_, route.call_timeout, "re-drive " + route.name,
           {IDEMSINK_OUTCOME_UNCERTAIN, "no result within call_timeout"},
@@ -374,11 +369,11 @@ class Reconciler::Round : public std::enable_shared_from_this<Round> {
     if (r_.store_.record_redrive(c, cand.row, cand.attempt + 1, calls, result, d.detail)) {
       if (result == Result::Applied) {
         counted.redriven_done = 1;
-        write_settled(c, {cand.token}, {});
+        write_settled(c, {cand.idem_token}, {});
       } else if (result == Result::Rejected) {
         counted.failed = 1;
         write_settled(c, {},
-                      {{cand.token, spent ? dlq::Reason::RetriesExhausted : dlq::Reason::Permanent,
+                      {{cand.idem_token, spent ? dlq::Reason::RetriesExhausted : dlq::Reason::Permanent,
                         "re-driven after reconcile: " + d.detail}});
       } else {
         counted.undecided = 1;
