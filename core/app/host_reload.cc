@@ -23,7 +23,7 @@ namespace {
 
 // A route whose new handler instance refused its options: the reload is
 // refused with nothing changed.
-struct Refusal : std::runtime_error {
+struct ReloadRefused : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -129,7 +129,7 @@ operate::Done HostRun::try_reload(bool force) {
   std::vector<Change> changes;
   try {
     changes = prepare_changes(draft, force, routes);
-  } catch (const Refusal& e) {
+  } catch (const ReloadRefused& e) {
     return refused(e.what());
   }
   std::vector<Addition> additions;
@@ -177,7 +177,7 @@ HostRun::Draft HostRun::read_draft() const {
 }
 
 // The routes changed in place, each with a new handler instance when its
-// options changed (a Refusal when the plugin refuses them); `routes` gets
+// options changed (ReloadRefused when the plugin refuses them); `routes` gets
 // what changed of each.
 std::vector<HostRun::Change> HostRun::prepare_changes(const Draft& draft, bool force, json& routes) {
   std::vector<Change> changes;
@@ -192,7 +192,7 @@ std::vector<HostRun::Change> HostRun::prepare_changes(const Draft& draft, bool f
       try {
         c.handler = retirer_.adopt(std::make_unique<plugin::Instance>(draft.libs[index], rc));
       } catch (const std::exception& e) {
-        throw Refusal("route " + name + ": " + e.what());
+        throw ReloadRefused("route " + name + ": " + e.what());
       }
     }
     routes.push_back({{"route", name}, {"changed", keys}, {"new_instance", c.handler != nullptr}});

@@ -1,10 +1,9 @@
 // Host configuration: the typed result of reading and validating a TOML file.
 //
-// Every setting is declared once in settings.cc (name, field, default, bounds,
-// doc). Loading rejects unknown keys and bad values with an error naming the
-// file, line and key; conf/CONFIGURATION.md is generated from the same table.
-// The structs below carry no defaults of their own: a default-constructed one
-// is zero/empty, and only loading fills in the declared defaults.
+// Every setting is declared once in settings.cc or, a route's, in
+// settings_route.cc (name, field, default, bounds, doc). Loading rejects unknown keys and bad values with an error
+// naming the file, line and key; conf/CONFIGURATION.md is generated from the same table. The structs below carry no
+// defaults of their own: a default-constructed one is zero/empty, and only loading fills in the declared defaults.
 #pragma once
 
 #include <chrono>

@@ -82,7 +82,7 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
         if (!node.is_array_of_tables()) fail(pos, path, "expected [[" + path + "]] tables");
         for (const auto& elem : *node.as_array()) check_table(*elem.as_table(), path, file);
         break;
-      case Type::Condition:  // its content is read by read_condition (config.cc)
+      case Type::Condition:  // its content is read by read_condition (config_route.cc)
         if (!node.is_table()) fail(pos, path, "expected a table");
         break;
       case Type::StringMap:

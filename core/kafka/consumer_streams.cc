@@ -1,7 +1,8 @@
 // The consumer's partitions as streams of records: what the poll thread
 // admits of each, the holes and stalls it reports, and the fetch commands
 // (pause, resume, seek) the engine sends, applied on the poll thread. The
-// group side (assignment, commits, offsets) is in consumer.cc.
+// group side is in consumer.cc (commits, offsets) and consumer_rebalance.cc
+// (assignment).
 #include <cstring>
 
 #include "core/common/fault.h"
