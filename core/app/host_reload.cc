@@ -72,7 +72,7 @@ std::invoke_result_t<Fn> HostRun::on_engine(Fn fn) {
 // changes, then each changed route reconfigured on the engine thread.
 // One at a time; logged, counted and in the operator log whatever came of it.
 operate::Done HostRun::reload(const operate::Actor& who, bool force, const std::string& note) {
-  if (draining_) return {false, "refused, nothing changed: the host is stopping", {{"result", "refused"}}};
+  if (draining_) return refused("the host is stopping");
   std::lock_guard lock(reload_mu_);
   operate::Done done;
   try {

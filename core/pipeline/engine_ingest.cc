@@ -69,10 +69,7 @@ bool Engine::route_takes(Arrival& a, rd_kafka_message_t& msg, std::optional<std:
     return false;
   }
   if (route.filter && a.tier == 0 && !replayed_for && !(undecodable && route.filter->condition().needs_json())) {
-    RecordView view = RecordView::raw(&msg);
-    if (a.decoded.value_json) view.value = *a.decoded.value_json;
-    if (a.decoded.key_text) view.key = *a.decoded.key_text;
-    auto decided = route.filter->decide(view);
+    auto decided = route.filter->decide(RecordView::decoded(&msg, a.decoded.value_json, a.decoded.key_text));
     if (decided.verdict == RouteFilter::Verdict::Skip) {
       skip(route, *a.part, msg.offset);
       return false;

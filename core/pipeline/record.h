@@ -210,12 +210,7 @@ struct Record {
   void move_to(Stage to);
   bool maybe_applied() const { return uncertain_calls > 0 || owner_died; }
   /// The record as its route reads it (decoded where its formats say so).
-  RecordView view() const {
-    RecordView v = RecordView::raw(msg.get());
-    if (value_json) v.value = *value_json;
-    if (key_text) v.key = *key_text;
-    return v;
-  }
+  RecordView view() const { return RecordView::decoded(msg.get(), value_json, key_text); }
   claim::Outcome outcome() const { return claim::Outcome{row, attempt, calls, uncertain_calls, receipt, last_error}; }
   /// Where it came from: its partition's topic and partition, its offset.
   Source source() const;
