@@ -142,7 +142,8 @@ operate::Done HostRun::try_reload(bool force) {
     routes.push_back({{"route", name}, {"added", true}});
   for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
     routes.push_back({{"route", name}, {"removed", true}});
-  const std::string level = plan.log_level_changed ? next.host.log_level : "";
+  const std::optional<LogLevel> level =
+      plan.log_level_changed ? std::optional<LogLevel>(next.host.log_level) : std::nullopt;
   if (const std::string late = apply_changes(std::move(changes), level, routes.size()); !late.empty())
     return {false, late, {{"result", "refused"}, {"routes", routes}}};
   // Routes added, then removed: a consumer of their own starts or closes;
@@ -204,7 +205,7 @@ std::vector<HostRun::Change> HostRun::prepare_changes(const Draft& draft, bool f
 // Applied on the engine thread, each route on its own (a local_tx route
 // once its apply jobs ended); the others never notice. Empty when all are
 // applied; else why not all (`routes`: how many the reload touches).
-std::string HostRun::apply_changes(std::vector<Change> changes, const std::string& log_level, size_t routes) {
+std::string HostRun::apply_changes(std::vector<Change> changes, std::optional<LogLevel> log_level, size_t routes) {
   struct Pending {
     std::mutex mu;
     std::condition_variable cv;
@@ -217,7 +218,7 @@ std::string HostRun::apply_changes(std::vector<Change> changes, const std::strin
     if (--pending->left == 0) pending->cv.notify_all();
   };
   asio::post(io_, [changes = std::move(changes), one_done, log_level]() mutable {
-    if (!log_level.empty()) spdlog::set_level(spdlog::level::from_str(log_level));
+    if (log_level) set_log_level(*log_level);
     for (auto& c : changes) {
       Slice* s = c.slice;
       // The reconciler reads the routes as the engine runs them now (a

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -14,6 +15,7 @@
 
 #include "core/admin/admin_server.h"
 #include "core/common/asio.h"
+#include "core/common/log_settings.h"
 #include "core/common/periodic.h"
 #include "core/common/util.h"
 #include "core/config/config.h"
@@ -93,7 +95,7 @@ class HostRun {
   std::vector<Addition> prepare_additions(const config::Config& next,
                                           const std::vector<std::shared_ptr<plugin::Library>>& libs,
                                           const std::vector<std::string>& names);
-  std::string apply_changes(std::vector<Change> changes, const std::string& log_level, size_t routes);
+  std::string apply_changes(std::vector<Change> changes, std::optional<LogLevel> log_level, size_t routes);
   std::set<std::string> add_groups(std::vector<Addition>& additions, std::string& failures);
   void add_group(Addition& a);
   void remove_group(Slice& s, const std::string& group);

@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
   // A SIGTERM while the host starts (config, plugins) waits for run_host to drain.
   if (argc >= 2 && std::string(argv[1]) == "run") app::block_stop_signals();
   app::install_crash_report();
-  init_logging("info");
+  init_logging(LogLevel::Info);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage << "\n";
     return argc < 2 ? 2 : 0;

@@ -88,7 +88,7 @@ std::shared_ptr<ReopenableFileSink> g_file_sink;
 
 }  // namespace
 
-void init_logging(const std::string& level, const std::string& format, const std::string& file) {
+void init_logging(LogLevel level, LogFormat format, const std::string& file) {
   static bool logger_installed = false;
   if (!logger_installed) {
     // stderr: stdout belongs to command output (schema print, plugin-info, dev-kafka's address line).
@@ -102,12 +102,22 @@ void init_logging(const std::string& level, const std::string& format, const std
     logger->sinks().push_back(g_file_sink);
     logger->flush_on(spdlog::level::info);  // a line is on disk before the next one is logged
   }
-  if (format == "json") {
+  if (format == LogFormat::Json) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
   } else {
     logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(kTextPattern));
   }
-  spdlog::set_level(spdlog::level::from_str(level));
+  set_log_level(level);
+}
+
+void set_log_level(LogLevel level) {
+  switch (level) {
+    case LogLevel::Trace: spdlog::set_level(spdlog::level::trace); return;
+    case LogLevel::Debug: spdlog::set_level(spdlog::level::debug); return;
+    case LogLevel::Info: spdlog::set_level(spdlog::level::info); return;
+    case LogLevel::Warn: spdlog::set_level(spdlog::level::warn); return;
+    case LogLevel::Error: spdlog::set_level(spdlog::level::err); return;
+  }
 }
 
 std::string reopen_log_file() {

@@ -12,12 +12,15 @@
 #include <cstdint>
 #include <string>
 
+#include "core/common/log_settings.h"
+
 namespace idemsink {
 
-/// Sets the global level ("trace".."error"), the line format ("text" or
-/// "json") and where lines go (a file, or stderr when empty). Safe to call
-/// again (e.g. after the config is read).
-void init_logging(const std::string& level, const std::string& format = "text", const std::string& file = "");
+/// Sets the global level, the line format and where lines go (a file, or
+/// stderr when empty). Safe to call again (e.g. after the config is read).
+void init_logging(LogLevel level, LogFormat format = LogFormat::Text, const std::string& file = "");
+/// Changes the global level alone (a reload).
+void set_log_level(LogLevel level);
 
 /// Reopens the log file (after logrotate moved it away). Empty when done;
 /// otherwise why not (logging to stderr, or the file cannot be opened: the

@@ -13,8 +13,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/common/log_settings.h"
 #include "core/common/util.h"
 
 namespace idemsink::config {
@@ -34,6 +36,54 @@ struct SourcePos {
   std::string where() const;  // "file:line:col"
 };
 
+/// database.tls_mode: no TLS, TLS if the server offers it, TLS required, or
+/// TLS with the server's certificate checked against tls_ca.
+enum class TlsMode { Disabled, Preferred, Required, Verify };
+/// route.rate_limit.scope: the rate is the consumer group's, shared among its
+/// hosts, or each host's own.
+enum class RateScope { Group, Host };
+/// route.start_at: where a route in a new consumer group begins; Unset
+/// follows the consumer's auto.offset.reset.
+enum class StartAt { Unset, Earliest, Latest };
+/// route.order_by.on_dead: a dead record lets its entity's later records go
+/// on, or holds them until a person settles it.
+enum class OnDead { GoOn, Hold };
+
+/// The settings whose value is one of a closed list hold an enum. `names`
+/// are the values as the file writes them, in the enum's order; the settings
+/// table takes its choices from here.
+template <class E>
+struct Choices;
+template <>
+struct Choices<LogLevel> {
+  static constexpr std::string_view names[] = {"trace", "debug", "info", "warn", "error"};
+};
+template <>
+struct Choices<LogFormat> {
+  static constexpr std::string_view names[] = {"text", "json"};
+};
+template <>
+struct Choices<TlsMode> {
+  static constexpr std::string_view names[] = {"disabled", "preferred", "required", "verify"};
+};
+template <>
+struct Choices<RateScope> {
+  static constexpr std::string_view names[] = {"group", "host"};
+};
+template <>
+struct Choices<StartAt> {
+  static constexpr std::string_view names[] = {"", "earliest", "latest"};  // "": left unset
+};
+template <>
+struct Choices<OnDead> {
+  static constexpr std::string_view names[] = {"go_on", "hold"};
+};
+/// A choice as the file writes it: "verify" for TlsMode::Verify.
+template <class E>
+constexpr std::string_view choice_name(E e) {
+  return Choices<E>::names[static_cast<size_t>(e)];
+}
+
 /// Who may use the admin port, and for what (admin/auth.h).
 struct AdminToken {
   std::string name;                 // shown in the operator log
@@ -47,8 +97,8 @@ struct HostConfig {
   int max_in_flight{};  // handler calls in flight, all routes
   int max_buffered_records{};
   Millis shutdown_grace{};
-  std::string log_level;
-  std::string log_format;    // "text" or "json"
+  LogLevel log_level{};
+  LogFormat log_format{};
   std::string log_file;      // "" = stderr
   std::string admin_listen;  // "" = no admin HTTP server
   std::string admin_token;   // from the variable host.admin_token_env names; "" = none; never logged
@@ -120,7 +170,7 @@ struct DatabaseConfig {
   Millis connect_timeout{};
   Millis reconnect_backoff_max{};
   Millis job_give_up_after{};
-  std::string tls_mode;  // disabled | preferred | required | verify
+  TlsMode tls_mode{};
   std::string tls_ca;    // PEM file of the CA(s) that signed the server's certificate
   std::string tls_cert;  // client certificate (PEM), with tls_key
   std::string tls_key;
@@ -180,8 +230,8 @@ struct CircuitConfig {
 struct RateLimitConfig {
   int64_t rate{};
   Millis per{};
-  int64_t burst{};    // 0: one period's worth
-  std::string scope;  // "group" or "host"
+  int64_t burst{};  // 0: one period's worth
+  RateScope scope{};
   Millis max_hold{};  // the longest Retry-After honoured
 };
 
@@ -209,12 +259,12 @@ struct OrderByConfig {
   KeySource source{};
   std::string header;
   std::string json_path;
-  std::string on_dead;          // "go_on" or "hold"
+  OnDead on_dead{};
   int64_t max_waiting = 10000;  // records waiting for holds, kept apart from the host's buffer
   bool enabled() const { return !from.empty(); }
   /// An earlier record of the entity that ended failed or unknown keeps
   /// holding the later ones until a person settles it.
-  bool hold_on_dead() const { return on_dead == "hold"; }
+  bool hold_on_dead() const { return on_dead == OnDead::Hold; }
 };
 
 /// [route.when]: which records a route takes, decided from the record alone
@@ -252,8 +302,7 @@ struct RouteConfig {
   /// set): routes of one topic need groups of their own, each with its own
   /// offsets, lag and rebalances, as Kafka Connect's connectors do.
   std::string group_id;
-  /// "earliest", "latest", or empty: the consumer's auto.offset.reset.
-  std::string start_at;
+  StartAt start_at{};
   /// The other routes reading the same topic (in groups of their own).
   std::vector<std::string> topic_siblings;
   bool shares_topic_with(std::string_view route) const {

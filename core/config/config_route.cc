@@ -170,9 +170,6 @@ void check_formats(const RouteConfig& rc, const Reader& r) {
 void read_order_by(OrderByConfig& ob, const Reader& order_by) {
   if (ob.from.empty()) fail(order_by.table_pos(), "route.order_by.from", "required in [route.order_by]");
   ob.source = key_source(order_by, "route.order_by", ob.from, ob.header, ob.json_path);
-  if (ob.on_dead != "go_on" && ob.on_dead != "hold")
-    fail(order_by.pos_of_key("on_dead"), "route.order_by.on_dead",
-         "must be \"go_on\" or \"hold\", not \"" + ob.on_dead + "\"");
 }
 
 // [route.retry], [route.circuit] and [route.rate_limit]: the bounds one
@@ -187,11 +184,6 @@ void check_limits(const RouteConfig& rc, const Reader& r) {
     fail(circuit.table_pos(), "route.circuit.probe_max", "must not be smaller than probe_initial");
   if (rc.circuit.min_calls > rc.circuit.window)
     fail(circuit.table_pos(), "route.circuit.min_calls", "must not be larger than window");
-
-  const Reader rate_limit = r.sub("rate_limit");
-  if (rc.rate_limit.scope != "group" && rc.rate_limit.scope != "host")
-    fail(rate_limit.pos_of_key("scope"), "route.rate_limit.scope",
-         "must be \"group\" or \"host\", got \"" + rc.rate_limit.scope + "\"");
 }
 
 // [route.options]: the handler's options as written (strings with ${ENV}
@@ -258,7 +250,7 @@ SchemaRegistryConfig route_registry(const SchemaRegistryConfig& inherited, const
     for (const auto& s : settings()) {
       if (s.store == nullptr || !s.path.starts_with("schema_registry.")) continue;
       if (const toml::node* n = t.get(s.path.substr(16)))
-        s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, *own)));
+        s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, *own), "route." + std::string(s.path)));
     }
     finish_registry(scratch.schema_registry, r.sub("schema_registry"), "route.schema_registry");
   }
@@ -279,7 +271,7 @@ DatabaseConfig route_database(const DatabaseConfig& inherited, const toml::node&
   for (const auto& s : settings()) {
     if (s.store == nullptr || !s.path.starts_with("database.")) continue;
     if (const toml::node* n = t.get(s.path.substr(9)))
-      s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, own)));
+      s.store(Target{&scratch, nullptr}, read_value(s, n, file, pos_of(file, own), "route." + std::string(s.path)));
   }
   finish_database(scratch.database, Reader(&t, "route.database", file, pos_of(file, own)), "route.database");
   return std::move(scratch.database);
@@ -313,9 +305,6 @@ void read_routes(const toml::table& doc, Config& c, const std::string& file, con
                ".retry.N); give the new one a group of its own: group_id = \"" + rc.group_id + "." + rc.name +
                "\" if " + rc.name + " is new, \"" + rc.group_id + "." + it->second + "\" if " + it->second +
                " is (and start_at)");
-    if (!rc.start_at.empty() && rc.start_at != "earliest" && rc.start_at != "latest")
-      fail(route.pos_of_key("start_at"), "route.start_at",
-           "must be \"earliest\" or \"latest\", not \"" + rc.start_at + "\"");
     // The route reading its topic in kafka.group_id keeps the retry topics a
     // topic's route always had; a route in a group of its own gets its own,
     // named after it. So adding a route never renames another's retry

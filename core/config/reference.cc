@@ -9,6 +9,7 @@ namespace idemsink::config {
 const char* type_name(Type t) {
   switch (t) {
     case Type::String: return "string";
+    case Type::Choice: return "string";  // the choices are in the setting's description
     case Type::Int: return "integer";
     case Type::Bool: return "boolean";
     case Type::Duration: return "duration";

@@ -65,7 +65,7 @@ Class class_of(std::string_view key) {
 // A rate limit newly shared by the group needs the partition counts of the
 // route's topics, which the engine reads at assignment.
 bool newly_group_limited(const RouteConfig& before, const RouteConfig& after) {
-  const auto group = [](const RateLimitConfig& r) { return r.rate > 0 && r.scope == "group"; };
+  const auto group = [](const RateLimitConfig& r) { return r.rate > 0 && r.scope == RateScope::Group; };
   return group(after.rate_limit) && !group(before.rate_limit);
 }
 

@@ -4,6 +4,7 @@
 // and `declare()`. Included by settings.cc and settings_route.cc only.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -99,6 +100,8 @@ template <class F>
 constexpr Type type_of() {
   if constexpr (std::is_same_v<F, std::string> || std::is_same_v<F, std::filesystem::path>) {
     return Type::String;
+  } else if constexpr (std::is_enum_v<F>) {
+    return Type::Choice;
   } else if constexpr (std::is_same_v<F, int> || std::is_same_v<F, int64_t>) {
     return Type::Int;
   } else if constexpr (std::is_same_v<F, bool>) {
@@ -121,6 +124,10 @@ void store(const Target& t, Value&& v) {
     dst = static_cast<int>(std::get<int64_t>(v));  // within the declared bounds
   } else if constexpr (std::is_same_v<F, std::filesystem::path>) {
     dst = std::get<std::string>(std::move(v));
+  } else if constexpr (std::is_enum_v<F>) {
+    // read_value() let through only the declared choices
+    const auto& names = Choices<F>::names;
+    dst = static_cast<F>(std::find(std::begin(names), std::end(names), std::get<std::string>(v)) - std::begin(names));
   } else {
     dst = std::get<F>(std::move(v));
   }
@@ -139,13 +146,15 @@ struct Row {
 template <auto Member>
 constexpr Setting field(Row r) {
   using M = MemberOf<decltype(Member)>;
-  return Setting{r.path,         type_of<typename M::Field>(),     r.default_value, r.required, r.min, r.max, r.doc,
-                 &store<Member>, Section<typename M::Struct>::path};
+  std::span<const std::string_view> choices;
+  if constexpr (std::is_enum_v<typename M::Field>) choices = Choices<typename M::Field>::names;
+  return Setting{r.path,         type_of<typename M::Field>(),      r.default_value, r.required, r.min, r.max, r.doc,
+                 &store<Member>, Section<typename M::Struct>::path, choices};
 }
 
 // A section, or a setting the loading code reads itself.
 constexpr Setting declare(Type type, Row r) {
-  return Setting{r.path, type, r.default_value, r.required, r.min, r.max, r.doc, nullptr, {}};
+  return Setting{r.path, type, r.default_value, r.required, r.min, r.max, r.doc, nullptr, {}, {}};
 }
 
 // Every bound setting lives under the section its field's struct stands for.
@@ -158,6 +167,15 @@ constexpr bool bindings_match_sections(const Setting (&table)[N]) {
     if (sec.empty()) continue;
     if (s.path.size() <= sec.size() || s.path.substr(0, sec.size()) != sec || s.path[sec.size()] != '.') return false;
   }
+  return true;
+}
+
+// Every choice's declared default is one of its choices.
+template <size_t N>
+constexpr bool defaults_are_choices(const Setting (&table)[N]) {
+  for (const auto& s : table)
+    if (s.type == Type::Choice && std::find(s.choices.begin(), s.choices.end(), s.default_value) == s.choices.end())
+      return false;
   return true;
 }
 

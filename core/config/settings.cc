@@ -324,6 +324,7 @@ constexpr Setting kProcessSettings[] = {
                                                   "after publishing, in small batches."}),
 };
 static_assert(bindings_match_sections(kProcessSettings), "a setting is bound to a field of another section");
+static_assert(defaults_are_choices(kProcessSettings), "a choice's default is not one of its choices");
 
 }  // namespace
 

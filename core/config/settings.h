@@ -16,7 +16,20 @@
 
 namespace idemsink::config {
 
-enum class Type { String, Int, Bool, Duration, DurationList, Section, SectionArray, StringMap, Options, Condition };
+// Choice: a string from a closed list, held as an enum (config.h's Choices).
+enum class Type {
+  String,
+  Choice,
+  Int,
+  Bool,
+  Duration,
+  DurationList,
+  Section,
+  SectionArray,
+  StringMap,
+  Options,
+  Condition
+};
 
 // One setting's value, read from the file or taken from its declared default.
 using Value = std::variant<std::string, int64_t, bool, Millis, std::vector<Millis>, std::map<std::string, std::string>>;
@@ -40,8 +53,9 @@ struct Setting {
   int64_t min;  // Int: value; Duration: milliseconds
   int64_t max;
   std::string_view doc;
-  Store store;                     // null for sections and settings read by code
-  std::string_view store_section;  // path of the section the bound field lives in
+  Store store;                                // null for sections and settings read by code
+  std::string_view store_section;             // path of the section the bound field lives in
+  std::span<const std::string_view> choices;  // Choice: the values the file may write, in the enum's order
 };
 
 /// Every declared setting, in file order.

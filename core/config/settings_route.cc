@@ -250,6 +250,7 @@ constexpr Setting kRouteSettings[] = {
              .doc = "Handler options, checked against the plugin's declarations (`idemsink plugin-info`)."}),
 };
 static_assert(bindings_match_sections(kRouteSettings), "a setting is bound to a field of another section");
+static_assert(defaults_are_choices(kRouteSettings), "a choice's default is not one of its choices");
 
 }  // namespace
 

@@ -94,6 +94,7 @@ void check_table(const toml::table& t, const std::string& prefix, const std::str
         }
         break;
       case Type::String:
+      case Type::Choice:
         if (!node.is_string()) fail(pos, path, "expected a string");
         break;
       case Type::Int:
@@ -126,19 +127,32 @@ std::string scalar_text(const toml::node& n) {
 namespace {
 
 // A duration string (expanded, parsed, within the setting's bounds).
-Millis duration_of(const Setting& s, const toml::node& n, const std::string& file, const std::string& hint) {
+Millis duration_of(const Setting& s, std::string_view key, const toml::node& n, const std::string& file,
+                   const std::string& hint) {
   const SourcePos pos = pos_of(file, n);
-  const std::optional<Millis> v = parse_duration(expand_env(**n.as_string(), pos, s.path, looks_secret(leaf(s.path))));
-  if (!v) fail(pos, s.path, hint);
+  const std::optional<Millis> v = parse_duration(expand_env(**n.as_string(), pos, key, looks_secret(leaf(key))));
+  if (!v) fail(pos, key, hint);
   if (v->count() < s.min || v->count() > s.max)
-    fail(pos, s.path, "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
+    fail(pos, key, "must be between " + std::to_string(s.min) + "ms and " + std::to_string(s.max) + "ms");
   return *v;
+}
+
+// One of a Choice setting's values (expanded).
+std::string choice_of(const Setting& s, std::string_view key, const toml::node& n, const std::string& file) {
+  const SourcePos pos = pos_of(file, n);
+  std::string v = expand_env(**n.as_string(), pos, key, false);
+  if (std::find(s.choices.begin(), s.choices.end(), v) != s.choices.end()) return v;
+  std::string names;
+  for (const std::string_view c : s.choices)
+    if (!c.empty()) names += (names.empty() ? "" : ", ") + std::string(c);  // "" stands for leaving it out
+  fail(pos, key, "must be one of " + names + "; not \"" + v + "\"");
 }
 
 Value declared_default(const Setting& s) {
   const std::string text(s.default_value);
   switch (s.type) {
-    case Type::String: return text;
+    case Type::String:
+    case Type::Choice: return text;
     case Type::Int: return Value(std::in_place_type<int64_t>, std::stoll(text));
     case Type::Bool: return Value(std::in_place_type<bool>, text == "true");
     case Type::Duration:
@@ -156,37 +170,40 @@ Value declared_default(const Setting& s) {
 
 }  // namespace
 
-Value read_value(const Setting& s, const toml::node* n, const std::string& file, const SourcePos& table_pos) {
+Value read_value(const Setting& s, const toml::node* n, const std::string& file, const SourcePos& table_pos,
+                 std::string_view as) {
+  const std::string_view key = as.empty() ? s.path : as;
   if (n == nullptr) {
     if (s.required)
-      fail(table_pos, s.path, "required key is missing in [" + std::string(s.path.substr(0, s.path.rfind('.'))) + "]");
+      fail(table_pos, key, "required key is missing in [" + std::string(key.substr(0, key.rfind('.'))) + "]");
     return declared_default(s);
   }
   const SourcePos pos = pos_of(file, *n);
   switch (s.type) {
-    case Type::String: return expand_env(**n->as_string(), pos, s.path, looks_secret(leaf(s.path)));
+    case Type::String: return expand_env(**n->as_string(), pos, key, looks_secret(leaf(key)));
+    case Type::Choice: return choice_of(s, key, *n, file);
     case Type::Int: {
       const int64_t v = **n->as_integer();
       if (v < s.min || v > s.max)
-        fail(pos, s.path, "must be between " + std::to_string(s.min) + " and " + std::to_string(s.max));
+        fail(pos, key, "must be between " + std::to_string(s.min) + " and " + std::to_string(s.max));
       return Value(std::in_place_type<int64_t>, v);
     }
     case Type::Bool: return Value(std::in_place_type<bool>, **n->as_boolean());
     case Type::Duration:
-      return duration_of(s, *n, file, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
+      return duration_of(s, key, *n, file, "expected a duration string such as \"250ms\", \"2s\", \"5m\", \"1h\"");
     case Type::DurationList: {
       std::vector<Millis> out;
       for (const auto& elem : *n->as_array())
-        out.push_back(duration_of(s, elem, file, "expected a duration string such as \"10s\""));
+        out.push_back(duration_of(s, key, elem, file, "expected a duration string such as \"10s\""));
       return out;
     }
     case Type::StringMap: {
       std::map<std::string, std::string> out;
       for (const auto& [k, v] : *n->as_table()) {
-        const std::string key(k.str());
-        out[key] = v.is_string() ? expand_env(**v.as_string(), pos_of(file, v), std::string(s.path) + "." + key,
-                                              looks_secret(key))
-                                 : scalar_text(v);
+        const std::string name(k.str());
+        out[name] = v.is_string() ? expand_env(**v.as_string(), pos_of(file, v), std::string(key) + "." + name,
+                                               looks_secret(name))
+                                  : scalar_text(v);
       }
       return out;
     }

@@ -33,7 +33,10 @@ std::string scalar_text(const toml::node& n);
 /// The value of setting `s` from node `n` (null when the file leaves it
 /// out): typed, expanded and bounds-checked, or else the declared default. A
 /// missing required key is reported at `table_pos`, its enclosing table.
-Value read_value(const Setting& s, const toml::node* n, const std::string& file, const SourcePos& table_pos);
+/// Errors name the key `as`, where the file's key is not the setting's path
+/// ("route.database.port" for database.port); empty: the setting's path.
+Value read_value(const Setting& s, const toml::node* n, const std::string& file, const SourcePos& table_pos,
+                 std::string_view as = {});
 /// Reads every bound setting in `scope` from table `t` into `target`: scope
 /// "" is the top-level sections of the document, "route" one [[route]] table.
 void read_bound(const toml::table& t, std::string_view scope, const std::string& file, const SourcePos& t_pos,

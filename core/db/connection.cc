@@ -58,17 +58,18 @@ Connection::Connection(const config::DatabaseConfig& cfg) {
   mysql_options(mysql_, MYSQL_SET_CHARSET_NAME, "utf8mb4");
   const bool via_socket = !cfg.socket.empty();
   std::string tls;  // for error messages
-  if (cfg.tls_mode != "disabled" && !cfg.tls_mode.empty() && !via_socket) {
+  if (cfg.tls_mode != config::TlsMode::Disabled && !via_socket) {
     // Any TLS option makes Connector/C ask for TLS; enforce refuses a server
     // without it; verify checks the chain to tls_ca and the host name (given
     // a CA, Connector/C checks the chain, so only verify passes one).
     auto opt = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
-    const bool verifying = cfg.tls_mode == "verify";
+    const bool verifying = cfg.tls_mode == config::TlsMode::Verify;
     mysql_ssl_set(mysql_, opt(cfg.tls_key), opt(cfg.tls_cert), verifying ? opt(cfg.tls_ca) : nullptr, nullptr, nullptr);
-    my_bool enforce = cfg.tls_mode != "preferred", verify = verifying;
+    my_bool enforce = cfg.tls_mode != config::TlsMode::Preferred, verify = verifying;
     mysql_optionsv(mysql_, MYSQL_OPT_SSL_ENFORCE, &enforce);
     mysql_optionsv(mysql_, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify);
-    tls = ", tls_mode " + cfg.tls_mode + (cfg.tls_ca.empty() ? "" : ", tls_ca " + cfg.tls_ca);
+    tls = ", tls_mode " + std::string(config::choice_name(cfg.tls_mode)) +
+          (cfg.tls_ca.empty() ? "" : ", tls_ca " + cfg.tls_ca);
   }
   if (mysql_real_connect(mysql_, via_socket ? nullptr : cfg.host.c_str(), cfg.user.c_str(), cfg.password.c_str(),
                          cfg.database.c_str(), via_socket ? 0 : static_cast<unsigned>(cfg.port),

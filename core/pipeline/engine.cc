@@ -267,7 +267,7 @@ void Engine::on_assigned(Feed& feed, const std::vector<kafka::TopicPartitionOffs
   // for the cluster).
   std::set<std::string> topics;
   for (Route* route : feed.routes)
-    if (route->limiter.limited() && route->cfg.rate_limit.scope == "group")
+    if (route->limiter.limited() && route->cfg.rate_limit.scope == config::RateScope::Group)
       for (const auto& topic : route->topics()) topics.insert(topic);
   std::map<std::string, int> sizes;
   for (const auto& topic : topics)
@@ -286,7 +286,7 @@ void Engine::on_assigned(Feed& feed, const std::vector<kafka::TopicPartitionOffs
 void Engine::update_rate_shares() {
   const auto now = std::chrono::steady_clock::now();
   for (const auto& route : routes_) {
-    if (!route->limiter.limited() || route->cfg.rate_limit.scope != "group") continue;
+    if (!route->limiter.limited() || route->cfg.rate_limit.scope != config::RateScope::Group) continue;
     const auto topics = route->topics();
     int total = 0;
     bool known = true;

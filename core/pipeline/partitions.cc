@@ -26,7 +26,8 @@ Partitions::Partitions(asio::io_context& io, const config::Config& cfg, metrics:
     if (auto it = props->find("auto.offset.reset"); it != props->end())
       consumer_latest = it->second == "latest" || it->second == "largest" || it->second == "end";
   for (const config::RouteConfig* rc : routes) {
-    if (rc->start_at.empty() ? consumer_latest : rc->start_at == "latest") latest_topics_.insert(rc->topic);
+    if (rc->start_at == config::StartAt::Unset ? consumer_latest : rc->start_at == config::StartAt::Latest)
+      latest_topics_.insert(rc->topic);
     for (const auto& topic : rc->topics()) route_of_topic_[topic] = TopicOf{rc->name, &metrics.route(rc->name)};
   }
 }

@@ -26,14 +26,14 @@ void RateLimiter::set_config(const config::RateLimitConfig& cfg, Clock::time_poi
   const bool was_limited = limited();
   refill(now);  // the time until now at the old rate
   cfg_ = cfg;
-  if (cfg_.scope == "host") share_ = 1.0;
+  if (cfg_.scope == config::RateScope::Host) share_ = 1.0;
   // A limit newly set starts with a full bucket, as one set at start does;
   // a changed one keeps what it holds, up to its new depth.
   tokens_ = was_limited ? std::min(tokens_, capacity()) : capacity();
 }
 
 void RateLimiter::set_share(double share, Clock::time_point now) {
-  if (cfg_.scope == "host") return;
+  if (cfg_.scope == config::RateScope::Host) return;
   refill(now);
   share_ = std::clamp(share, 0.0, 1.0);
   tokens_ = std::min(tokens_, capacity());

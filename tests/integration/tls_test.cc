@@ -34,7 +34,7 @@ struct TlsServer {
   config::DatabaseConfig as_app(config::DatabaseConfig cfg) {
     cfg.user = "app";
     cfg.password = "app-pw";
-    cfg.tls_mode = "verify";
+    cfg.tls_mode = config::TlsMode::Verify;
     cfg.tls_ca = certs.path("ca.pem");
     return cfg;
   }
@@ -70,12 +70,12 @@ BOOST_AUTO_TEST_CASE(verify_mode_connects_over_tls_and_refuses_a_wrong_ca) {
 
   // Required: TLS without checking the certificate (any CA, or none).
   auto required = wrong;
-  required.tls_mode = "required";
+  required.tls_mode = config::TlsMode::Required;
   BOOST_CHECK_NO_THROW(db::Connection{required});
 
   // Disabled: the server refuses a plain TCP client.
   auto plain = cfg;
-  plain.tls_mode = "disabled";
+  plain.tls_mode = config::TlsMode::Disabled;
   plain.tls_ca.clear();
   try {
     db::Connection c(plain);

@@ -46,8 +46,9 @@ std::string Scenario::config(const std::string& id, const std::vector<RouteSpec>
   }
   std::string database_lines;
   if (!d.password.empty()) database_lines += "password = \"" + d.password + "\"\n";
-  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"tls_mode", &d.tls_mode},
-                                   {"tls_ca", &d.tls_ca},
+  if (d.tls_mode != config::TlsMode::Disabled)
+    database_lines += "tls_mode = \"" + std::string(config::choice_name(d.tls_mode)) + "\"\n";
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"tls_ca", &d.tls_ca},
                                    {"tls_cert", &d.tls_cert},
                                    {"tls_key", &d.tls_key}})
     if (!value->empty()) database_lines += std::string(key) + " = \"" + *value + "\"\n";

@@ -241,7 +241,7 @@ BOOST_AUTO_TEST_CASE(defaults_come_from_the_declarations) {
   Config c = load_string(kMinimal, "test.toml");
   BOOST_TEST(c.host.max_buffered_records == 20000);
   BOOST_TEST(c.host.shutdown_grace.count() == 30000);
-  BOOST_TEST(c.host.log_level == "info");
+  BOOST_TEST((c.host.log_level == idemsink::LogLevel::Info));
   BOOST_TEST(c.host.admin_listen.empty());
   BOOST_TEST(c.kafka.poll_timeout.count() == 100);
   BOOST_TEST(c.kafka.commit_interval.count() == 1000);
@@ -438,8 +438,57 @@ BOOST_AUTO_TEST_CASE(database_tls_settings_are_checked_by_name) {
   expect_error(with_db("tls_mode = \"required\"\ntls_cert = \"/etc/passwd\"\n"), {"tls_cert and tls_key go together"});
   expect_error(with_db("tls_ca = \"/etc/passwd\"\n"), {"database.tls_ca", "tls_mode is \"disabled\""});
   Config c = load_string(with_db("tls_mode = \"verify\"\ntls_ca = \"/etc/passwd\"\n"), "test.toml");
-  BOOST_TEST(c.database.tls_mode == "verify");
+  BOOST_TEST((c.database.tls_mode == TlsMode::Verify));
   BOOST_TEST(c.database.tls_ca == "/etc/passwd");
+}
+
+// A setting whose value is one of a closed list takes only its choices and
+// holds an enum; the error names the line, the key as the file writes it,
+// the choices and the value.
+BOOST_AUTO_TEST_CASE(closed_list_settings_take_only_their_choices) {
+  Config d = load_string(kMinimal, "test.toml");
+  BOOST_TEST((d.host.log_level == idemsink::LogLevel::Info));
+  BOOST_TEST((d.host.log_format == idemsink::LogFormat::Text));
+  BOOST_TEST((d.database.tls_mode == TlsMode::Disabled));
+  BOOST_TEST((d.routes[0].rate_limit.scope == RateScope::Group));
+  BOOST_TEST((d.routes[0].start_at == StartAt::Unset));
+  BOOST_TEST((d.routes[0].order_by.on_dead == OnDead::GoOn));
+
+  ::setenv("IDEMSINK_TEST_LOG_LEVEL", "warn", 1);
+  Config c = load_string("[host]\nlog_level = \"${IDEMSINK_TEST_LOG_LEVEL}\"\nlog_format = \"json\"\n" + kMinimal +
+                             "start_at = \"latest\"\nrate_limit = { rate = 10, per = \"1s\", scope = \"host\" }\n"
+                             "order_by = { from = \"key\", on_dead = \"hold\" }\n"
+                             "[route.database]\ntls_mode = \"required\"\n",
+                         "test.toml");
+  BOOST_TEST((c.host.log_level == idemsink::LogLevel::Warn));
+  BOOST_TEST((c.host.log_format == idemsink::LogFormat::Json));
+  const RouteConfig& r = c.routes.at(0);
+  BOOST_TEST((r.start_at == StartAt::Latest));
+  BOOST_TEST((r.rate_limit.scope == RateScope::Host));
+  BOOST_TEST((r.order_by.on_dead == OnDead::Hold));
+  BOOST_TEST(r.order_by.hold_on_dead());
+  BOOST_TEST((c.database_of(r).tls_mode == TlsMode::Required));
+  BOOST_TEST((c.database.tls_mode == TlsMode::Disabled));
+  BOOST_TEST(choice_name(TlsMode::Required) == "required");
+  // "" is start_at left unset.
+  BOOST_TEST((load_string(kMinimal + "start_at = \"\"\n", "test.toml").routes[0].start_at == StartAt::Unset));
+
+  expect_error("[host]\nlog_level = \"loud\"\n" + kMinimal,
+               {"test.toml:2:13: host.log_level: must be one of trace, debug, info, warn, error; not \"loud\""});
+  expect_error("[host]\nlog_format = \"xml\"\n" + kMinimal,
+               {"test.toml:2:14: host.log_format: must be one of text, json; not \"xml\""});
+  expect_error("[host]\nlog_level = 3\n" + kMinimal, {"test.toml:2:13: host.log_level: expected a string"});
+  expect_error(kMinimal + "start_at = \"beginning\"\n",
+               {"route.start_at: must be one of earliest, latest; not \"beginning\""});
+  expect_error(kMinimal + "rate_limit = { rate = 10, per = \"1s\", scope = \"hosts\" }\n",
+               {"route.rate_limit.scope: must be one of group, host; not \"hosts\""});
+  expect_error(kMinimal + "order_by = { from = \"key\", on_dead = \"stop\" }\n",
+               {"route.order_by.on_dead: must be one of go_on, hold; not \"stop\""});
+  // A route's own [route.database] names its keys as the file writes them.
+  expect_error(kMinimal + "[route.database]\ntls_mode = \"on\"\n",
+               {"test.toml:12:12: route.database.tls_mode: must be one of disabled, preferred, required, verify; "
+                "not \"on\""});
+  expect_error(kMinimal + "[route.database]\nport = 0\n", {"route.database.port: must be between"});
 }
 
 BOOST_AUTO_TEST_CASE(a_route_database_inherits_what_it_does_not_set) {

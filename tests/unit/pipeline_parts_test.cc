@@ -211,7 +211,7 @@ BOOST_AUTO_TEST_CASE(circuit_wait_counts_per_open_period) {
 }
 
 namespace {
-config::RateLimitConfig rate_cfg(int64_t rate, int64_t burst, const std::string& scope) {
+config::RateLimitConfig rate_cfg(int64_t rate, int64_t burst, config::RateScope scope) {
   config::RateLimitConfig c;
   c.rate = rate;
   c.per = std::chrono::seconds(1);
@@ -225,7 +225,7 @@ config::RateLimitConfig rate_cfg(int64_t rate, int64_t burst, const std::string&
 BOOST_AUTO_TEST_CASE(rate_limiter_spends_its_burst_then_one_call_per_token) {
   using namespace std::chrono_literals;
   const auto t0 = RateLimiter::Clock::time_point{} + 1h;
-  RateLimiter l(rate_cfg(50, 10, "host"), t0);
+  RateLimiter l(rate_cfg(50, 10, config::RateScope::Host), t0);
   int started = 0;
   while (l.try_call(t0)) ++started;
   BOOST_TEST(started == 10);                   // the burst
@@ -244,7 +244,7 @@ BOOST_AUTO_TEST_CASE(rate_limiter_spends_its_burst_then_one_call_per_token) {
   l.give_back();
   BOOST_TEST(l.try_call(t1));
   // No rate: always, unless held.
-  RateLimiter free(rate_cfg(0, 0, "group"), t0);
+  RateLimiter free(rate_cfg(0, 0, config::RateScope::Group), t0);
   BOOST_TEST(free.try_call(t0));
   BOOST_TEST(free.rate_per_second() == 0.0);
 }
@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(rate_limiter_spends_its_burst_then_one_call_per_token) {
 BOOST_AUTO_TEST_CASE(rate_limiter_shares_scale_the_rate_and_holds_stop_every_call) {
   using namespace std::chrono_literals;
   const auto t0 = RateLimiter::Clock::time_point{} + 1h;
-  RateLimiter l(rate_cfg(50, 0, "group"), t0);
+  RateLimiter l(rate_cfg(50, 0, config::RateScope::Group), t0);
   l.set_share(0.25, t0);  // one of four partitions
   BOOST_TEST(l.rate_per_second() == 12.5);
   int started = 0;
@@ -260,14 +260,14 @@ BOOST_AUTO_TEST_CASE(rate_limiter_shares_scale_the_rate_and_holds_stop_every_cal
     while (l.try_call(t)) ++started;
   BOOST_TEST(started >= 50);  // 12.5 burst + 12.5/s x 4 s
   BOOST_TEST(started <= 63);
-  RateLimiter host(rate_cfg(50, 0, "host"), t0);
+  RateLimiter host(rate_cfg(50, 0, config::RateScope::Host), t0);
   host.set_share(0.25, t0);  // per host: shares do not apply
   BOOST_TEST(host.rate_per_second() == 50.0);
   // No partitions: no calls; look again later.
   l.set_share(0, t0 + 5s);
   BOOST_TEST((l.next_call(t0 + 5s) > t0 + 5s));
   // A hold stops calls until it ends, and is capped by max_hold.
-  RateLimiter h(rate_cfg(0, 0, "group"), t0);
+  RateLimiter h(rate_cfg(0, 0, config::RateScope::Group), t0);
   h.hold(t0 + 2s, t0);
   BOOST_TEST(!h.try_call(t0 + 1999ms));
   BOOST_TEST((h.next_call(t0 + 1s) == t0 + 2s));
