@@ -287,7 +287,8 @@ std::string execute(rd_kafka_mock_cluster_t* mc, const std::string& line, bool& 
 // Runs `io`: answers the control clients' commands until a shutdown (the
 // command, or a signal) stops it.
 void serve_control(boost::asio::io_context& io, tcp::acceptor& acceptor, rd_kafka_mock_cluster_t* mc, bool& shutdown) {
-  // One control client at a time is plenty; commands are quick.
+  // Every connected control client is served, side by side on this one
+  // thread: a command is quick, so none waits long behind another's.
   std::function<void()> accept_next = [&] {
     auto sock = std::make_shared<tcp::socket>(io);
     acceptor.async_accept(*sock, [&, sock](boost::system::error_code ec) {

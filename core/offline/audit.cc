@@ -5,10 +5,10 @@
 #include <map>
 #include <set>
 
-#include "core/db/connection.h"
 #include "core/claim/claim_store.h"
 #include "core/claim/offset_moves.h"
 #include "core/claim/offsets.h"
+#include "core/db/connection.h"
 #include "core/dlq/headers.h"
 #include "core/dlq/letters.h"
 #include "core/dlq/outbox.h"
@@ -18,8 +18,8 @@
 #include "core/kafka/oauth.h"
 #include "core/kafka/watermarks.h"
 #include "core/offline/reader.h"
-#include "core/pipeline/route_filter.h"
 #include "core/pipeline/key_extractor.h"
+#include "core/pipeline/route_filter.h"
 
 namespace idemsink::offline {
 namespace {

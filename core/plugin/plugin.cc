@@ -1,14 +1,14 @@
 #include "core/plugin/plugin.h"
 
-#include <system_error>
 #include <charconv>
-#include <cstdlib>
-#include <optional>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include "core/common/log.h"
 #include "core/common/util.h"
