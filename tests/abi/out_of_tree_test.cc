@@ -36,6 +36,7 @@ BOOST_AUTO_TEST_CASE(template_plugin_builds_against_the_installed_sdk_and_runs_i
   const auto prefix = (dir / "prefix").string();
   run(dir, "install", {CMAKE_COMMAND, "--install", IDEMSINK_BUILD_DIR, "--prefix", prefix});
   BOOST_TEST(std::filesystem::exists(prefix + "/include/idemsink/plugin_abi.h"));
+  BOOST_TEST(std::filesystem::exists(prefix + "/include/idemsink/testing/fake_tx.h"));  // testing.h includes it
   BOOST_TEST(std::filesystem::exists(prefix + "/lib/cmake/idemsink/idemsinkConfig.cmake"));
 
   const auto build = (dir / "hello-build").string();
