@@ -142,8 +142,7 @@ operate::Done HostRun::try_reload(bool force) {
     routes.push_back({{"route", name}, {"added", true}});
   for (const auto& name : plan.routes_of(config::RouteChange::Kind::Removed))
     routes.push_back({{"route", name}, {"removed", true}});
-  const std::optional<LogLevel> level =
-      plan.log_level_changed ? std::optional<LogLevel>(next.host.log_level) : std::nullopt;
+  const auto level = plan.log_level_changed ? std::optional(next.host.log_level) : std::nullopt;
   if (const std::string late = apply_changes(std::move(changes), level, routes.size()); !late.empty())
     return {false, late, {{"result", "refused"}, {"routes", routes}}};
   // Routes added, then removed: a consumer of their own starts or closes;

@@ -165,15 +165,13 @@ void check_formats(const RouteConfig& rc, const Reader& r) {
   if (rc.when && rc.when->needs_json()) fail(rc.when->pos, "route.when", "a json test cannot be decided: " + why);
 }
 
-// [route.order_by]: where an entity's key comes from, and what a dead
-// record does to the records behind it.
+// [route.order_by]: where an entity's key comes from.
 void read_order_by(OrderByConfig& ob, const Reader& order_by) {
   if (ob.from.empty()) fail(order_by.table_pos(), "route.order_by.from", "required in [route.order_by]");
   ob.source = key_source(order_by, "route.order_by", ob.from, ob.header, ob.json_path);
 }
 
-// [route.retry], [route.circuit] and [route.rate_limit]: the bounds one
-// setting puts on another.
+// [route.retry] and [route.circuit]: the bounds one setting puts on another.
 void check_limits(const RouteConfig& rc, const Reader& r) {
   const Reader retry = r.sub("retry");
   if (rc.retry.backoff_max < rc.retry.backoff_initial)

@@ -181,7 +181,7 @@ struct HttpClient::Impl {
     // of the call an earlier one (what setting a header means).
     for (size_t i = 0; i < call.headers.size(); ++i) {
       const auto& [name, value] = call.headers[i];
-      if (!framing(name) && !has_header(call.headers, name, i + 1)) append_header(out, name, value);
+      if (!is_framing_header(name) && !has_header(call.headers, name, i + 1)) append_header(out, name, value);
     }
     if (!call.body.empty() || call.method == "POST" || call.method == "PUT" || call.method == "PATCH")
       append_header(out, "Content-Length", std::to_string(call.body.size()));

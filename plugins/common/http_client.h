@@ -64,7 +64,7 @@ bool valid_header_name(std::string_view name);
 bool valid_header_value(std::string_view value);
 /// Content-Length or Transfer-Encoding: the body's framing, the client's to
 /// write from the body it sends, never a caller's.
-bool framing(std::string_view name);
+bool is_framing_header(std::string_view name);
 
 /// Parses "Name: value; Name2: value2" (the plugins' `headers` option);
 /// throws std::invalid_argument naming the bad entry. Values never appear in

@@ -67,7 +67,7 @@ Endpoint parse_url(const std::string& url) {
   return e;
 }
 
-bool framing(std::string_view name) {
+bool is_framing_header(std::string_view name) {
   const beast::string_view n(name.data(), name.size());
   return beast::iequals(n, "Content-Length") || beast::iequals(n, "Transfer-Encoding");
 }
@@ -117,7 +117,7 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
     if (!valid_header_name(name)) throw std::invalid_argument("headers: \"" + name + "\" is not a valid header name");
     // The body's framing is the client's: a length or transfer coding from
     // the configuration would contradict the one it writes.
-    if (framing(name))
+    if (is_framing_header(name))
       throw std::invalid_argument("headers: " + name + " is set by the client from the body; leave it out");
     const std::string value = trim(entry.substr(colon + 1));
     if (!valid_header_value(value))

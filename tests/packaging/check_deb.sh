@@ -61,5 +61,7 @@ grace=$(seconds "$(grep -E '^shutdown_grace' "$src/conf/idemsink.toml" | cut -d'
 
 has sdk /usr/include/idemsink/plugin_abi.h
 has sdk /usr/include/idemsink/sdk.h
+has sdk /usr/include/idemsink/detail/descriptor.h
+has sdk /usr/include/idemsink/testing/fake_tx.h
 has sdk /usr/lib/cmake/idemsink/idemsinkConfig.cmake
 echo "check_deb: ok ($(basename "$host"), $(basename "$sdk"))"

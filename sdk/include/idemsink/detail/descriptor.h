@@ -5,6 +5,7 @@
 #pragma once
 
 #include <idemsink/plugin_abi.h>
+#include <idemsink/sdk.h>
 
 #include <exception>
 #include <string>

@@ -82,7 +82,8 @@ class FakeTx {
 
   /// The handle passed to a descriptor's apply.
   idemsink_tx* raw() { return reinterpret_cast<idemsink_tx*>(this); }
-  /// The Tx passed to a handler's apply when driving the class directly.
+  /// The Tx passed to a handler's apply when driving the class directly
+  /// (defined in testing.h, after FakeHost).
   sdk::Tx tx(const FakeHost& host);
 
  private:
