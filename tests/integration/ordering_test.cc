@@ -260,33 +260,3 @@ BOOST_AUTO_TEST_CASE(a_held_entity_never_stalls_the_other_routes) {
   BOOST_TEST(host.stop() == 0);
   s.audit_clean(host);
 }
-
-// What ordering costs: the same 20,000 events of 2,000 entities through a
-// route without and with order_by, on the same host in the same run, timed
-// from the first claim to the last done. The ratio of the two times is
-// printed; within 2× it passes.
-BOOST_AUTO_TEST_CASE(ordering_costs_less_than_half_the_throughput) {
-  Scenario s("ordering_cost");
-  s.topic("plain", 8).topic("plain.dlq", 1).topic("ordered", 8).topic("ordered.dlq", 1);
-  const auto msgs = entity_events(2000, 10, 0);
-  s.kafka.produce("plain", msgs);
-  s.kafka.produce("ordered", msgs);
-  auto run = [&](const std::string& topic, const std::string& extra) {
-    RouteSpec route = with_delay(s.scripted(topic, topic, extra), "2ms");
-    route.key_toml = kById;
-    auto& host = s.host(topic, {route}, Scenario::HostOptions{.group = topic});
-    // The group's join is not the route's cost.
-    wait_claimed(s, topic);
-    const auto start = std::chrono::steady_clock::now();
-    wait_done(s, 20000, topic);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    BOOST_TEST(host.stop() == 0);
-    return seconds;
-  };
-  const double plain = run("plain", "");
-  const double ordered = run("ordered", kOrderByKey);
-  BOOST_TEST_MESSAGE("20,000 events: without order_by " << plain << " s (" << 20000 / plain << "/s), with " << ordered
-                                                        << " s (" << 20000 / ordered << "/s): ratio "
-                                                        << ordered / plain);
-  BOOST_TEST(ordered / plain < 2.0);
-}
