@@ -34,11 +34,12 @@ std::vector<TestMessage> orders(int from, int to) {
 
 // waybill, inventory and sms from one orders topic: the waybill route keeps
 // the host's group, the others have groups of their own.
-std::vector<RouteSpec> fan_out(const FakeServices& services, const std::string& extra = "") {
-  return {
-      shipped_route("waybill", "orders", services.url(), "2s", extra),
-      shipped_route("inventory", "orders", services.url(), "2s", group_line("g.inventory") + extra),
-      shipped_route("sms", "orders", services.url(), "300ms", group_line("g.sms") + "call_timeout = \"5s\"\n" + extra)};
+std::vector<RouteSpec> fan_out(const FakeServices& services, const std::string& extra = "",
+                               const std::string& sms_timeout = "300ms") {
+  return {shipped_route("waybill", "orders", services.url(), "2s", extra),
+          shipped_route("inventory", "orders", services.url(), "2s", group_line("g.inventory") + extra),
+          shipped_route("sms", "orders", services.url(), sms_timeout,
+                        group_line("g.sms") + "call_timeout = \"5s\"\n" + extra)};
 }
 const std::vector<std::string> kGroups = {"g", "g.inventory", "g.sms"};
 
@@ -168,7 +169,9 @@ BOOST_AUTO_TEST_CASE(one_route_down_for_30s_holds_the_others_back_in_nothing) {
   s.kafka.produce("orders", orders(0, kOrders));
   // Each route's calls bounded (8 at a time, 25 ms each: about 300/s), so
   // the rates compare routes, not how busy the machine is.
-  auto& host = s.host("host-a", fan_out(services, "concurrency = 8\n"), {.admin = true});
+  // The texts' timeout far above their latency: a text that timed out on a
+  // busy machine would end unknown, and this case counts every one sent.
+  auto& host = s.host("host-a", fan_out(services, "concurrency = 8\n", "2s"), {.admin = true});
   const int admin = s.admin_port(host);
   using Clock = std::chrono::steady_clock;
   auto rate = [&](const std::string& route, Clock::duration window) {
@@ -208,8 +211,11 @@ BOOST_AUTO_TEST_CASE(one_route_down_for_30s_holds_the_others_back_in_nothing) {
   BOOST_TEST_MESSAGE("waybill " << base_waybill << "/s before, " << down_waybill << "/s while sms was down; inventory "
                                 << base_inventory << "/s before, " << down_inventory << "/s; sms " << sms_during
                                 << " done when its gateway went down, all " << done(s, "sms") << " after");
-  BOOST_TEST(down_waybill >= 0.8 * base_waybill);
-  BOOST_TEST(down_inventory >= 0.8 * base_inventory);
+  // A route held back by another's outage stalls (its partitions paused
+  // behind the other's records): its rate falls toward nothing, not by a
+  // fifth. Half its rate before leaves the machine's noise out of it.
+  BOOST_TEST(down_waybill >= 0.5 * base_waybill);
+  BOOST_TEST(down_inventory >= 0.5 * base_inventory);
   const auto stats = services.stats();
   for (const std::string effect : {"waybill", "inventory", "sms"}) {
     BOOST_TEST_CONTEXT(effect) {
