@@ -42,21 +42,34 @@ inline void wait_for_admin_port(int admin) {
       std::chrono::seconds(60), "the host's admin port");
 }
 
+/// Where a wait for outcomes ended: when, and the outcomes counted then.
+struct Reached {
+  std::chrono::steady_clock::time_point at;
+  double outcomes = 0;
+};
+
 /// Polls the host's /metrics (admin port `admin`) until the sum of `series`
-/// reaches `target`; returns when it did. Throws naming `what` after `timeout`.
-inline std::chrono::steady_clock::time_point wait_for_outcomes(int admin, const std::vector<std::string>& series,
-                                                               double target, std::chrono::seconds timeout,
-                                                               const std::string& what) {
+/// reaches `target`; returns when it did, with the sum read then. Throws
+/// naming `what` after `timeout`.
+inline Reached reach_outcomes(int admin, const std::vector<std::string>& series, double target,
+                              std::chrono::seconds timeout, const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const std::string scrape = devkit::http_request(admin, "GET", "/metrics").second;
     const auto now = std::chrono::steady_clock::now();
     double sum = 0;
     for (const auto& s : series) sum += metric(scrape, s);  // a misspelt series throws, not waits
-    if (sum >= target) return now;
+    if (sum >= target) return {now, sum};
     if (now > deadline) throw std::runtime_error("timed out waiting for " + what);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+/// reach_outcomes(), when only the time matters.
+inline std::chrono::steady_clock::time_point wait_for_outcomes(int admin, const std::vector<std::string>& series,
+                                                               double target, std::chrono::seconds timeout,
+                                                               const std::string& what) {
+  return reach_outcomes(admin, series, target, timeout, what).at;
 }
 
 }  // namespace idemsink::bench

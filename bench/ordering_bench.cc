@@ -11,8 +11,9 @@
 //   bunched   an entity's ten events one after the other: the worst case,
 //             where a poll holds all ten and nine of them wait
 //
-// One host drains each topic ROUNDS times each way, alternately, each drain
-// in a group of its own on a fresh database:
+// One host drains each topic ROUNDS times each way, alternately (which goes
+// first swaps each round), each drain in a group of its own on a fresh
+// database:
 //
 //   plain     the baseline: the route without order_by
 //   ordered   the same route with [route.order_by] from = "key": an entity's
@@ -20,9 +21,12 @@
 //
 // It prints each drain's rate (from its first 1 % of outcomes to its last,
 // read from the host's counters) and the host's and MariaDB's CPU per record
-// over that span, each round's ratio of the two times and, per layout, their
-// median, and the count (every event done, none twice). What order costs is
-// less batching and one more statement per claim batch (docs/outputs.md).
+// over that span; the pairs of an entity's consecutive events whose later
+// one was claimed before the earlier was done (from the claim rows: none
+// when order is kept); each round's ratio of the two times and, per layout,
+// their median; and the count (every event done once, by the host's
+// counters and by the claim rows). What order costs is less batching and
+// one more statement per claim batch (docs/outputs.md).
 //
 //   build/bench/ordering_bench [RECORDS] [ROUNDS]
 #include <signal.h>
@@ -32,6 +36,7 @@
 #include <iostream>
 
 #include "bench_kafka.h"
+#include "core/claim/claim_store.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "host_metrics.h"
@@ -62,11 +67,30 @@ std::string topic_of(const Layout& layout) { return "bench.ordering." + layout.n
 
 struct Result {
   double seconds = 0;  // from the first 1 % of outcomes to the last
+  double timed = 0;    // the outcomes in that span
   double host_cpu_us = 0;
   double db_cpu_us = 0;
   double done = 0;
   double skipped = 0;
+  int64_t done_rows = 0;
+  int64_t claimed_early = 0;  // an entity's event claimed before the one before it was done
 };
+
+int64_t scalar(db::Connection& c, const std::string& sql) { return std::stoll(c.query(sql).at(0).at(0).value()); }
+
+// The claim rows' count of done events, and of pairs of an entity's
+// consecutive events ("E12#3", "E12#4") whose later one's claim was written
+// before the earlier one's done mark: both on the database's clock (NOW(3)).
+void read_claims(const config::DatabaseConfig& database, Result& out) {
+  db::Connection c(database);
+  out.done_rows = scalar(c, "SELECT COUNT(*) FROM idemsink_claim WHERE namespace = 'orders' AND " +
+                                claim::sql_status_is(claim::Status::Done));
+  out.claimed_early = scalar(c,
+                             "SELECT COUNT(*) FROM idemsink_claim a JOIN idemsink_claim b ON b.namespace = a.namespace "
+                             "AND b.biz_key = CONCAT(SUBSTRING_INDEX(a.biz_key, '#', 1), '#', "
+                             "SUBSTRING_INDEX(a.biz_key, '#', -1) + 1) "
+                             "WHERE a.namespace = 'orders' AND b.created_at < a.updated_at");
+}
 
 // Produces the layout's events; an entity's events get seq 0, 1, ... in offset order.
 void produce(const DevKafka& kafka, const Layout& layout, int records, int entities) {
@@ -82,7 +106,7 @@ void produce(const DevKafka& kafka, const Layout& layout, int records, int entit
 Result drain(const DevKafka& kafka, const std::string& topic, int records, const std::string& name, bool ordered,
              const ScratchDir& dir) {
   auto& mariadb = MariaDbServer::shared();
-  mariadb.fresh_database("bench_ordering");
+  const config::DatabaseConfig database = mariadb.fresh_database("bench_ordering");
   const int admin = free_port();
   const std::string cfg =
       "[host]\nid = \"bench-ordering\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
@@ -97,11 +121,12 @@ Result drain(const DevKafka& kafka, const std::string& topic, int records, const
   Process host({IDEMSINK_BINARY, "run", "--config", config.string()}, dir / (name + ".out"), dir / (name + ".log"));
   bench::wait_for_admin_port(admin);
   // The group's join and the first claims are not the route's cost.
-  const auto t0 = bench::wait_for_outcomes(admin, {kDone, kSkipped}, records / 100.0, 600s, "1 % of " + name);
+  const auto first = bench::reach_outcomes(admin, {kDone, kSkipped}, records / 100.0, 600s, "1 % of " + name);
   const double host_cpu0 = bench::cpu_micros(host.pid()), db_cpu0 = bench::cpu_micros(mariadb.pid());
   const auto last = bench::wait_for_outcomes(admin, {kDone, kSkipped}, records, 1800s, "every record of " + name);
   Result out;
-  out.seconds = std::chrono::duration<double>(last - t0).count();
+  out.seconds = std::chrono::duration<double>(last - first.at).count();
+  out.timed = records - first.outcomes;
   out.host_cpu_us = bench::cpu_micros(host.pid()) - host_cpu0;
   out.db_cpu_us = bench::cpu_micros(mariadb.pid()) - db_cpu0;
   const std::string scrape = http_request(admin, "GET", "/metrics").second;
@@ -109,6 +134,7 @@ Result drain(const DevKafka& kafka, const std::string& topic, int records, const
   out.skipped = bench::metric(scrape, kSkipped);
   host.signal(SIGTERM);
   host.wait(60s);
+  read_claims(database, out);
   return out;
 }
 
@@ -120,8 +146,13 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int records = argc > 1 ? std::stoi(argv[1]) : 100000;
-  const int rounds = argc > 2 ? std::stoi(argv[2]) : 3;
+  int records = 100000, rounds = 3;
+  try {
+    if (argc > 1) records = std::stoi(argv[1]);
+    if (argc > 2) rounds = std::stoi(argv[2]);
+  } catch (const std::exception&) {
+    records = 0;  // not a number: the usage below
+  }
   if (records < 100 * kPerEntity || records % kPerEntity != 0 || rounds < 1) {
     std::cerr << "usage: ordering_bench [RECORDS, a multiple of 10 >= 1000] [ROUNDS >= 1]\n";
     return 2;
@@ -137,22 +168,25 @@ int main(int argc, char** argv) {
   std::cout << "ordering_bench: " << records << " events of " << entities
             << " entities in the topic before the host starts, 16 partitions, no-op handler, one host\n"
             << "  " << std::left << std::setw(20) << "drain" << std::right << std::setw(12) << "records/s"
-            << std::setw(16) << "host us/record" << std::setw(15) << "db us/record"
+            << std::setw(16) << "host us/record" << std::setw(15) << "db us/record" << std::setw(16) << "claimed early"
             << "\n";
-  bool counted = true;
+  bool counted = true, ordered_kept = true;
   std::vector<std::vector<double>> ratios(kLayouts.size());
   for (int round = 1; round <= rounds; ++round)
     for (size_t l = 0; l < kLayouts.size(); ++l) {
       double seconds[2] = {0, 0};
-      for (const bool ordered : {false, true}) {
+      const bool ordered_first = round % 2 == 0;  // neither way always drains first
+      for (const bool ordered : {ordered_first, !ordered_first}) {
         const std::string name = kLayouts[l].name + (ordered ? "-ordered-" : "-plain-") + std::to_string(round);
         const Result r = drain(kafka, topic_of(kLayouts[l]), records, name, ordered, dir);
         seconds[ordered] = r.seconds;
-        counted = counted && r.done == records && r.skipped == 0;
+        counted = counted && r.done == records && r.skipped == 0 && r.done_rows == records;
+        ordered_kept = ordered_kept && (!ordered || r.claimed_early == 0);
         std::cout << "  " << std::left << std::setw(20) << name << std::right << std::fixed << std::setprecision(0)
-                  << std::setw(12) << records / r.seconds << std::setprecision(1) << std::setw(16)
-                  << r.host_cpu_us / records << std::setw(15) << r.db_cpu_us / records << "    (" << int64_t(r.done)
-                  << " done, " << int64_t(r.skipped) << " skipped)\n";
+                  << std::setw(12) << r.timed / r.seconds << std::setprecision(1) << std::setw(16)
+                  << r.host_cpu_us / r.timed << std::setw(15) << r.db_cpu_us / r.timed << std::setw(16)
+                  << r.claimed_early << "    (" << int64_t(r.done) << " done, " << int64_t(r.skipped) << " skipped, "
+                  << r.done_rows << " rows done)\n";
       }
       ratios[l].push_back(seconds[1] / seconds[0]);
       std::cout << "  " << kLayouts[l].name << ", round " << round << ": ordered takes " << std::setprecision(2)
@@ -161,6 +195,7 @@ int main(int argc, char** argv) {
   for (size_t l = 0; l < kLayouts.size(); ++l)
     std::cout << kLayouts[l].name << ", median over " << rounds << " rounds: ordered takes " << median(ratios[l])
               << "x the plain route's time\n";
-  std::cout << (counted ? "every event done once in every drain\n" : "WRONG: records lost, skipped or applied twice\n");
-  return counted ? 0 : 1;
+  std::cout << (counted ? "every event done once in every drain\n" : "WRONG: records lost, skipped or applied twice\n")
+            << (ordered_kept ? "" : "WRONG: an ordered drain claimed an event before the one before it was done\n");
+  return counted && ordered_kept ? 0 : 1;
 }

@@ -206,11 +206,14 @@ void Engine::refresh_gauges() {
     assigned += static_cast<int64_t>(f->partitions.assigned());
     paused = paused || f->gate.paused_all();
   }
+  // The statement count is read after the lag was computed and stored
+  // before it: a scrape that reads the lag caught up (the lag comes first in
+  // /metrics) reads every statement of the outcomes it counts.
+  slice_.db_statements.store(pool_.statements());
   slice_.lag.store(lag);
   slice_.buffered.store(buffered);
   slice_.assigned_partitions.store(assigned);
   slice_.paused.store(paused ? 1 : 0);
-  slice_.db_statements.store(pool_.statements());
   slice_.db_reconnects.store(pool_.reconnects());
   slice_.db_healthy.store(pool_.healthy() ? 1 : 0);
   slice_.db_jobs_failing.store(pool_.failing_jobs());

@@ -128,8 +128,9 @@ BOOST_AUTO_TEST_CASE(ordinary_latency_and_timeouts_never_open_the_circuit) {
 // circuit opens. The route fetches again to find one, and once the gateway
 // recovers the texts that arrived meanwhile go out, each once.
 BOOST_AUTO_TEST_CASE(a_circuit_with_no_record_left_fetches_one_to_probe_with) {
-  // Answers held 3 s, past the plugin's 1 s timeout; no call of the later
-  // texts comes near that timeout, so each is sent once even on a busy machine.
+  // Answers held 3 s, past the plugin's 1 s timeout. The later texts' calls
+  // come nowhere near that timeout even on a busy machine: none fails a
+  // probe or ends unknown, to be sent only after its offset is committed.
   FakeServices services(fake_services_binary(), {"--hold", "3000", "--faults", "sms:timeout_after_apply=1.0"});
   Scenario s("outage_probe");
   s.topic("texts", 2).topic("texts.dlq", 1);
