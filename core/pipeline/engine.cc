@@ -208,7 +208,8 @@ void Engine::refresh_gauges() {
   }
   // The statement count is read after the lag was computed and stored
   // before it: a scrape that reads the lag caught up (the lag comes first in
-  // /metrics) reads every statement of the outcomes it counts.
+  // /metrics) reads the statements of the outcomes it counts, all but the
+  // last job's few, which its worker adds just after posting the results.
   slice_.db_statements.store(pool_.statements());
   slice_.lag.store(lag);
   slice_.buffered.store(buffered);
