@@ -25,6 +25,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "bench_kafka.h"
+#include "host_config.h"
 #include "host_metrics.h"
 #include "proc_stats.h"
 
@@ -67,12 +68,12 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, const Run& 
   mariadb.fresh_database("bench_fanout");
   const std::string group = "bench-fanout-" + topic;
   const int admin = free_port();
-  std::string cfg =
-      "[host]\nid = \"bench-fanout\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
-      "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() + "\"\ngroup_id = \"" + group +
-      "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-      "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-      mariadb.socket() + "\"\ndatabase = \"bench_fanout\"\n";
+  std::string cfg = bench::host_toml({.id = "bench-fanout",
+                                      .admin_port = admin,
+                                      .bootstrap = kafka.bootstrap(),
+                                      .group = group,
+                                      .socket = mariadb.socket(),
+                                      .database = "bench_fanout"});
   for (size_t r = 0; r < run.routes; ++r)
     cfg += route_toml(kRoutes[r], topic, group, r == 0,
                       run.filtered ? "{ json = \"type\", equals = \"" + kTypes[r] + "\" }" : "");

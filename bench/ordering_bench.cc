@@ -39,13 +39,13 @@
 #include "core/claim/claim_store.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
+#include "host_config.h"
 #include "host_metrics.h"
 #include "proc_stats.h"
 
 using namespace idemsink;
 using namespace idemsink::devkit;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -108,14 +108,15 @@ Result drain(const DevKafka& kafka, const std::string& topic, int records, const
   auto& mariadb = MariaDbServer::shared();
   const config::DatabaseConfig database = mariadb.fresh_database("bench_ordering");
   const int admin = free_port();
-  const std::string cfg =
-      "[host]\nid = \"bench-ordering\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
-      "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() + "\"\ngroup_id = \"bench-ordering-" + name +
-      "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-      "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-      mariadb.socket() + "\"\ndatabase = \"bench_ordering\"\n[[route]]\nname = \"orders\"\ntopic = \"" + topic +
-      "\"\nplugin = \"" + IDEMSINK_BENCH_PLUGIN + "\"\nkey = { from = \"json\", json = \"id\" }\n" +
-      (ordered ? "[route.order_by]\nfrom = \"key\"\n" : "");
+  const std::string cfg = bench::host_toml({.id = "bench-ordering",
+                                            .admin_port = admin,
+                                            .bootstrap = kafka.bootstrap(),
+                                            .group = "bench-ordering-" + name,
+                                            .socket = mariadb.socket(),
+                                            .database = "bench_ordering"}) +
+                          "[[route]]\nname = \"orders\"\ntopic = \"" + topic + "\"\nplugin = \"" +
+                          IDEMSINK_BENCH_PLUGIN + "\"\nkey = { from = \"json\", json = \"id\" }\n" +
+                          (ordered ? "[route.order_by]\nfrom = \"key\"\n" : "");
   const auto config = dir / (name + ".toml");
   write_file(config, cfg);
   Process host({IDEMSINK_BINARY, "run", "--config", config.string()}, dir / (name + ".out"), dir / (name + ".log"));

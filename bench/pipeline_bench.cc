@@ -16,6 +16,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "bench_kafka.h"
+#include "host_config.h"
 #include "host_metrics.h"
 #include "proc_stats.h"
 
@@ -51,13 +52,15 @@ Run run(const std::string& name, int in_flight, const std::string& topic, int re
   auto& mariadb = MariaDbServer::shared();
   mariadb.fresh_database("bench_" + name);
   const int admin = free_port();
-  std::string cfg = "[host]\nid = \"bench-" + name + "\"\nmax_in_flight = " + std::to_string(in_flight) +
-                    "\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) + "\"\n[kafka]\nbootstrap_servers = \"" +
-                    kafka.bootstrap() + "\"\ngroup_id = \"bench-" + name +
-                    "\"\nmax_poll_records = 200\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-                    "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-                    mariadb.socket() + "\"\ndatabase = \"bench_" + name +
-                    "\"\n[[route]]\nname = \"waybill\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_PLUGIN_DIR +
+  std::string cfg = bench::host_toml({.id = "bench-" + name,
+                                      .admin_port = admin,
+                                      .bootstrap = kafka.bootstrap(),
+                                      .group = "bench-" + name,
+                                      .socket = mariadb.socket(),
+                                      .database = "bench_" + name,
+                                      .max_in_flight = in_flight,
+                                      .max_poll_records = 200}) +
+                    "[[route]]\nname = \"waybill\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_PLUGIN_DIR +
                     "/libidemsink_waybill.so\"\n"
                     "key = { from = \"json\", json = \"order_id\" }\n[route.options]\nendpoint = \"" +
                     services.url() + "\"\nmax_connections = " + std::to_string(in_flight) + "\n";

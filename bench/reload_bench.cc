@@ -27,6 +27,7 @@
 #include "bench_kafka.h"
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
+#include "host_config.h"
 #include "host_metrics.h"
 
 using namespace idemsink;
@@ -62,12 +63,13 @@ Result drain(DevKafka& kafka, const std::string& topic, int records, std::chrono
   auto& mariadb = MariaDbServer::shared();
   mariadb.fresh_database("bench_reload");
   const int admin = free_port();
-  const std::string head =
-      "[host]\nid = \"bench-reload\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
-      "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() + "\"\ngroup_id = \"bench-reload-" + topic +
-      "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n"
-      "[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-      mariadb.socket() + "\"\ndatabase = \"bench_reload\"\n" + route_toml("a", topic, "");
+  const std::string head = bench::host_toml({.id = "bench-reload",
+                                             .admin_port = admin,
+                                             .bootstrap = kafka.bootstrap(),
+                                             .group = "bench-reload-" + topic,
+                                             .socket = mariadb.socket(),
+                                             .database = "bench_reload"}) +
+                           route_toml("a", topic, "");
   const std::string b_group = "group_id = \"bench-reload-b-" + topic + "\"\n";
   const std::vector<std::string> files = {head, head + route_toml("b", "bench.reload.idle", b_group),
                                           head + route_toml("b", "bench.reload.idle", b_group + "concurrency = 8\n")};

@@ -43,6 +43,7 @@
 #include "devkit/mariadb_server.h"
 #include "devkit/services.h"
 #include "bench_kafka.h"
+#include "host_config.h"
 #include "host_metrics.h"
 #include "proc_stats.h"
 
@@ -156,14 +157,15 @@ E2e run_host(DevKafka& kafka, const std::string& topic, const std::vector<std::s
   }
   const std::string group = "bench-throughput-" + std::to_string(prefill_rows);
   const int admin = free_port();
-  const std::string cfg =
-      "[host]\nid = \"bench-throughput\"\nmax_in_flight = 2000\nadmin_listen = \"127.0.0.1:" + std::to_string(admin) +
-      "\"\n[kafka]\nbootstrap_servers = \"" + kafka.bootstrap() + "\"\ngroup_id = \"" + group +
-      "\"\nmax_poll_records = 500\n[kafka.consumer]\n\"session.timeout.ms\" = "
-      "\"6000\"\n[kafka.properties]\n\"log_level\" = \"3\"\n[database]\nsocket = \"" +
-      mariadb.socket() +
-      "\"\ndatabase = \"bench_throughput\"\n[claim]\nretention_days = " + std::to_string(months * 31) +
-      "\n[[route]]\nname = \"noop\"\ntopic = \"" + topic + "\"\nplugin = \"" + IDEMSINK_BENCH_PLUGIN + "\"\n";
+  const std::string cfg = bench::host_toml({.id = "bench-throughput",
+                                            .admin_port = admin,
+                                            .bootstrap = kafka.bootstrap(),
+                                            .group = group,
+                                            .socket = mariadb.socket(),
+                                            .database = "bench_throughput"}) +
+                          "[claim]\nretention_days = " + std::to_string(months * 31) +
+                          "\n[[route]]\nname = \"noop\"\ntopic = \"" + topic + "\"\nplugin = \"" +
+                          IDEMSINK_BENCH_PLUGIN + "\"\n";
   write_file(dir / "host.toml", cfg);
   Process host({IDEMSINK_BINARY, "run", "--config", (dir / "host.toml").string()}, dir / "host.out", dir / "host.log");
   wait_until(
